@@ -1,0 +1,46 @@
+# zapstream: `make dev` runs the whole pipeline locally, `make test` runs the tests.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+ARGS   ?=
+SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: setup postgres dev test unit integration lint bench clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $@
+
+# The tests and `make dev` start their own throwaway PostgreSQL from the binaries
+# of Debian's postgresql package; install it when no initdb is on the machine.
+postgres:
+	@if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then :; else \
+		echo "installing Debian's postgresql package (initdb, pg_ctl)"; \
+		$(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q postgresql; \
+	fi
+
+setup: $(BIN)/.installed postgres
+
+dev: setup
+	$(BIN)/zapstream dev $(ARGS)
+
+test: setup
+	$(BIN)/pytest -q -p no:cacheprovider
+
+unit: setup
+	$(BIN)/pytest -q tests/unit
+
+integration: setup
+	$(BIN)/pytest -q tests/integration
+
+lint: setup
+	$(BIN)/ruff check streams connectors tests
+	$(BIN)/mypy
+
+bench: setup
+	$(BIN)/python -m tests.bench $(ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

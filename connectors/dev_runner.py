@@ -1,0 +1,158 @@
+"""``zapstream dev``: the whole pipeline on embedded defaults, with a demo batch and a summary.
+
+Starts a throwaway PostgreSQL and Tansu, the gateway simulator, a relay and a
+worker; enqueues ``--messages`` intents over ``--instances`` WhatsApp instances
+and ``--conversations`` conversations through the application API; shows
+progress; and ends with what arrived at the gateway: accepted, duplicates,
+per-conversation order violations, commit-to-gateway latency and throughput.
+Without ``--exit`` it keeps everything running until Ctrl-C so you can poke at it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+import psycopg
+
+from connectors.delivery_audit import DeliveryReport, audit, demo_key, demo_text
+from connectors.enqueue import enqueue
+from connectors.local_pipeline import LocalPipeline
+
+
+def demo_recipient(conversation: int) -> str:
+    return f"+55 11 9{conversation:08d}"
+
+
+def enqueue_demo(
+    dsn: str,
+    *,
+    run: str,
+    messages: int,
+    instances: int,
+    conversations: int,
+    batch: int = 500,
+) -> tuple[list[str], dict[str, float]]:
+    """Enqueue the demo batch in transactions of ``batch``; return keys and commit times."""
+    keys: list[str] = []
+    committed: dict[str, float] = {}
+    with psycopg.connect(dsn) as conn:
+        for start in range(0, messages, batch):
+            chunk: list[str] = []
+            with conn.transaction():
+                for i in range(start, min(messages, start + batch)):
+                    conversation = i % conversations
+                    instance = f"inst-{conversation % instances:02d}"
+                    key = demo_key(run, instance, conversation, i // conversations)
+                    enqueue(
+                        conn,
+                        instance_id=instance,
+                        to=demo_recipient(conversation),
+                        text=demo_text(key),
+                        idempotency_key=key,
+                        purpose="demo",
+                    )
+                    chunk.append(key)
+            now = time.time()
+            committed.update((k, now) for k in chunk)
+            keys.extend(chunk)
+    return keys, committed
+
+
+def wait_for_delivery(
+    pipeline: LocalPipeline,
+    keys: list[str],
+    committed: dict[str, float],
+    *,
+    timeout_s: float,
+    out: object = sys.stdout,
+) -> DeliveryReport:
+    deadline = time.monotonic() + timeout_s
+    started = time.monotonic()
+    report = audit(keys, [], committed_at=committed)
+    while time.monotonic() < deadline:
+        report = audit(keys, pipeline.sim_messages(), committed_at=committed)
+        elapsed = time.monotonic() - started
+        print(
+            f"  [{elapsed:5.1f}s] accepted by gateway {report.accepted_unique}/{report.expected}"
+            f"  duplicates {report.duplicate_count}",
+            file=out,  # type: ignore[arg-type]
+            flush=True,
+        )
+        if not report.missing:
+            break
+        time.sleep(1.0)
+    return report
+
+
+def wait_for_outbox(dsn: str, count: int, timeout_s: float) -> dict[str, int]:
+    """Wait until the state sink wrote ``count`` jobs back as sent; return counts by status."""
+    deadline = time.monotonic() + timeout_s
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while True:
+            rows = conn.execute("SELECT status, count(*) FROM outbox_jobs GROUP BY status").fetchall()
+            by_status = {str(s): int(n) for s, n in rows}
+            if by_status.get("ACCEPTED", 0) >= count or time.monotonic() > deadline:
+                return by_status
+            time.sleep(0.5)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="zapstream dev", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=10_000)
+    parser.add_argument("--instances", type=int, default=20)
+    parser.add_argument("--conversations", type=int, default=2_000)
+    parser.add_argument("--partitions", type=int, default=8)
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for delivery")
+    parser.add_argument("--exit", action="store_true", help="exit after the summary")
+    parser.add_argument("--dir", type=Path, default=None, help="keep logs and data here")
+    args = parser.parse_args(argv)
+
+    print("zapstream dev: starting PostgreSQL, Tansu and the gateway simulator ...", flush=True)
+    pipeline = LocalPipeline(args.dir, partitions=args.partitions, keep=args.dir is not None)
+    try:
+        pipeline.start()
+        print(f"  PostgreSQL  {pipeline.dsn}")
+        print(f"  Kafka       {pipeline.kafka.bootstrap} (Tansu)")
+        print(f"  gateway     {pipeline.sim_url} (simulator)")
+        print(f"  logs        {pipeline.dir}")
+        print("starting relay and worker ...", flush=True)
+        pipeline.start_relay()
+        pipeline.start_worker()
+        run = uuid.uuid4().hex[:8]
+        print(
+            f"enqueueing {args.messages} messages over {args.instances} instances and "
+            f"{args.conversations} conversations ...",
+            flush=True,
+        )
+        keys, committed = enqueue_demo(
+            pipeline.dsn,
+            run=run,
+            messages=args.messages,
+            instances=args.instances,
+            conversations=args.conversations,
+        )
+        report = wait_for_delivery(pipeline, keys, committed, timeout_s=args.timeout)
+        states = wait_for_outbox(pipeline.dsn, len(keys), timeout_s=60)
+        print("\nsummary")
+        print(report.summary())
+        print(f"outbox_jobs by status:    {states}")
+        ok = report.ok and states.get("ACCEPTED", 0) == len(keys)
+        print("result: OK" if ok else "result: PROBLEMS (see above)", flush=True)
+        if not args.exit:
+            print("\nthe pipeline keeps running; environment to talk to it:")
+            for name, value in pipeline.env().items():
+                if "KEY" not in name and "TOKEN" not in name:
+                    print(f"  export {name}={value}")
+            print("Ctrl-C stops everything.", flush=True)
+            stop_signals = {signal.SIGINT, signal.SIGTERM}
+            signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
+            signal.sigwait(stop_signals)
+        return 0 if ok else 1
+    finally:
+        pipeline.stop()

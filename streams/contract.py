@@ -1,0 +1,280 @@
+"""The wire contract between the CDC relay and the stream processor.
+
+Topic names, record schemas, header names, the partition key and the job
+statuses live here and nowhere else. Both ``connectors/`` (relay, state sink,
+webhook intake) and ``streams/`` (agents) import this module. It is pure: no
+Faust, no Kafka client, no I/O, so importing it never builds an app or opens a
+connection.
+
+Records are frozen dataclasses serialised with orjson. Every record carries a
+``schema`` string so a consumer can tell versions apart and send what it does
+not understand to a dead-letter topic instead of guessing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Mapping
+from typing import Any, ClassVar, TypeVar
+
+import orjson
+
+# --- topics -----------------------------------------------------------------
+
+INTENTS = "zapstream.intents"
+"""New send intents (and, later, commands on them) keyed by instance and conversation."""
+RESULTS = "zapstream.results"
+"""One :class:`AttemptFinished` per gateway attempt or decision. Append-only."""
+STATE = "zapstream.state"
+"""Latest :class:`StatusChanged` per job (compacted). Changelog of the worker's job table."""
+INVALID = "zapstream.invalid"
+"""Outbox rows the relay could not turn into an intent, with the reason."""
+DEAD = "zapstream.dead"
+"""Jobs that exhausted their attempts or hit a poison record, with every error."""
+
+# Headers set on every record the relay produces.
+HEADER_SCHEMA = "zapstream-schema"
+HEADER_LSN = "zapstream-lsn"
+HEADER_JOB_ID = "zapstream-job-id"
+
+
+class JobStatus(enum.StrEnum):
+    """Where a job is. Stored as text in ``outbox_jobs.status`` and on the state topic."""
+
+    PENDING = "PENDING"
+    ATTEMPTING = "ATTEMPTING"
+    ACCEPTED = "ACCEPTED"
+    DELIVERED = "DELIVERED"
+    READ = "READ"
+    RETRY_WAIT = "RETRY_WAIT"
+    FAILED = "FAILED"
+    DEAD = "DEAD"
+    EXPIRED = "EXPIRED"
+    CANCELLED = "CANCELLED"
+    UNCERTAIN = "UNCERTAIN"
+    REVIEW = "REVIEW"
+
+
+class Priority(enum.StrEnum):
+    """Operational traffic (codes, confirmations) versus bulk (campaigns)."""
+
+    OPERATIONAL = "operational"
+    BULK = "bulk"
+
+
+class AttemptOutcome(enum.StrEnum):
+    """How one attempt (or a decision not to attempt) ended."""
+
+    ACCEPTED = "accepted"
+    TRANSIENT = "transient"
+    PERMANENT = "permanent"
+    UNCERTAIN = "uncertain"
+    REVIEW = "review"
+    DUPLICATE = "duplicate"
+    EXPIRED = "expired"
+
+
+# --- partitioning -------------------------------------------------------------
+
+
+def conversation_partition_key(instance_id: str, conversation_key: str) -> bytes:
+    """The Kafka key of every record about a conversation.
+
+    All intents of one conversation on one WhatsApp instance share this key, so
+    the producer's murmur2 partitioner puts them in one partition, in order.
+    """
+    return f"{instance_id}\x1f{conversation_key}".encode()
+
+
+def job_state_key(job_id: int) -> bytes:
+    """Key of a job on the state topic (and in the worker's job table)."""
+    return str(job_id).encode()
+
+
+# --- records -------------------------------------------------------------------
+
+R = TypeVar("R", bound="Record")
+
+
+class ContractError(ValueError):
+    """Bytes that do not decode into the record the topic promises."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Record:
+    """Base of every record on a zapstream topic."""
+
+    SCHEMA: ClassVar[str] = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["schema"] = self.SCHEMA
+        return data
+
+    def dumps(self) -> bytes:
+        return orjson.dumps(self.to_dict())
+
+    @classmethod
+    def from_dict(cls: type[R], data: Mapping[str, Any]) -> R:
+        schema = data.get("schema")
+        if schema != cls.SCHEMA:
+            raise ContractError(f"expected schema {cls.SCHEMA!r}, got {schema!r}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        try:
+            return cls(**{k: v for k, v in data.items() if k in names})
+        except TypeError as exc:
+            raise ContractError(f"{cls.SCHEMA}: {exc}") from exc
+
+    @classmethod
+    def loads(cls: type[R], raw: bytes | str) -> R:
+        try:
+            data = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise ContractError(f"{cls.SCHEMA}: not JSON: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ContractError(f"{cls.SCHEMA}: not a JSON object")
+        return cls.from_dict(data)
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class IntentCaptured(Record):
+    """A new outbox row, validated and normalised by the relay."""
+
+    SCHEMA: ClassVar[str] = "zapstream.intent.v1"
+
+    job_id: int
+    instance_id: str
+    conversation_key: str
+    idempotency_key: str
+    message_type: str
+    to: str
+    text: str
+    priority: str = Priority.OPERATIONAL
+    purpose: str | None = None
+    expires_at: str | None = None
+    max_attempts: int = 5
+    created_at: str | None = None
+    committed_at: str | None = None
+    """Commit timestamp of the outbox transaction (ISO 8601), for commit-to-gateway latency."""
+    lsn: str = "0/0"
+    """End LSN of the outbox transaction, for tracing a record back to the WAL."""
+
+    @property
+    def partition_key(self) -> bytes:
+        return conversation_partition_key(self.instance_id, self.conversation_key)
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class IntentRejected(Record):
+    """An outbox row that cannot become an intent. Published to :data:`INVALID`."""
+
+    SCHEMA: ClassVar[str] = "zapstream.invalid.v1"
+
+    job_id: int | None
+    reason: str
+    row: dict[str, str | None]
+    """Every column of the row as PostgreSQL's text output, so nothing is lost."""
+    lsn: str = "0/0"
+    committed_at: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class AttemptFinished(Record):
+    """The outcome of one attempt to hand a job to the gateway. Published to :data:`RESULTS`."""
+
+    SCHEMA: ClassVar[str] = "zapstream.attempt.v1"
+
+    job_id: int
+    idempotency_key: str
+    instance_id: str
+    conversation_key: str
+    attempt: int
+    attempt_id: str
+    outcome: str
+    gateway: str
+    gateway_job_id: str | None = None
+    gateway_status: str | None = None
+    error: str | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    committed_at: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class StatusChanged(Record):
+    """A job's latest state. Published to :data:`STATE` (compacted), keyed by job id."""
+
+    SCHEMA: ClassVar[str] = "zapstream.status.v1"
+
+    job_id: int
+    idempotency_key: str
+    instance_id: str
+    conversation_key: str
+    status: str
+    previous: str
+    version: int
+    attempts: int = 0
+    gateway_job_id: str | None = None
+    reason: str | None = None
+    actor: str = "worker"
+    at: str = ""
+    sent_at: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class JobDead(Record):
+    """A job that will not be attempted again, with every attempt's error. On :data:`DEAD`."""
+
+    SCHEMA: ClassVar[str] = "zapstream.dead.v1"
+
+    job_id: int | None
+    idempotency_key: str | None
+    reason: str
+    errors: list[str] = dataclasses.field(default_factory=list)
+    record: dict[str, Any] | None = None
+
+
+def decode_topic_record(raw: bytes) -> Record:
+    """Decode any zapstream record by its ``schema`` field."""
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ContractError(f"not JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ContractError("not a JSON object")
+    schema = data.get("schema")
+    for cls in (IntentCaptured, IntentRejected, AttemptFinished, StatusChanged, JobDead):
+        if cls.SCHEMA == schema:
+            return cls.from_dict(data)
+    raise ContractError(f"unknown schema {schema!r}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TopicSpec:
+    """How a topic is created: partitions and configs (Kafka semantics)."""
+
+    name: str
+    partitions: int
+    configs: Mapping[str, str]
+
+
+def topic_specs(partitions: int, changelog_topics: tuple[str, ...] = ()) -> list[TopicSpec]:
+    """Every topic zapstream uses, with explicit partition counts.
+
+    The intents topic, the state topic and every Faust changelog must have the
+    same partition count: the worker's tables are co-partitioned with intents.
+    ``min.compaction.lag.ms`` keeps each state transition readable by the state
+    sink for an hour before compaction may fold it away.
+    """
+    compacted = {"cleanup.policy": "compact", "min.compaction.lag.ms": "3600000"}
+    week = {"cleanup.policy": "delete", "retention.ms": str(7 * 24 * 3600 * 1000)}
+    specs = [
+        TopicSpec(INTENTS, partitions, week),
+        TopicSpec(RESULTS, partitions, week),
+        TopicSpec(STATE, partitions, compacted),
+        TopicSpec(INVALID, 1, {"cleanup.policy": "delete", "retention.ms": "-1"}),
+        TopicSpec(DEAD, 1, {"cleanup.policy": "delete", "retention.ms": "-1"}),
+    ]
+    specs.extend(TopicSpec(name, partitions, compacted) for name in changelog_topics)
+    return specs

@@ -1,0 +1,99 @@
+"""Conversation lanes: serial per conversation, concurrent across conversations.
+
+The dispatcher agent reads one partition stream in order and hands each event
+to the lane of its conversation. A lane runs its events one after another, so a
+conversation's messages reach the gateway in commit order; different lanes run
+at the same time, bounded by ``max_in_flight`` events across all lanes. When
+the bound is reached :meth:`ConversationLanes.submit` waits, which stops the
+agent from reading further and lets Faust's flow control pause fetching.
+
+Events are acknowledged by the handler when their outcome is recorded, in
+whatever order lanes finish; Faust commits only the contiguous acknowledged
+prefix of each partition, so the committed offset never passes an event whose
+send is unfinished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Generic, TypeVar
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class ConversationLanes(Generic[T]):
+    """Runs ``handler(item)`` serially per key, concurrently across keys."""
+
+    def __init__(
+        self,
+        handler: Callable[[T], Awaitable[None]],
+        *,
+        max_in_flight: int,
+        on_error: Callable[[BaseException], None],
+    ) -> None:
+        self._handler = handler
+        self._on_error = on_error
+        self._slots = asyncio.Semaphore(max_in_flight)
+        self._queues: dict[Hashable, collections.deque[T]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._failed: BaseException | None = None
+
+    @property
+    def in_flight(self) -> int:
+        return sum(len(q) for q in self._queues.values())
+
+    @property
+    def lanes(self) -> int:
+        return len(self._queues)
+
+    async def submit(self, key: Hashable, item: T) -> None:
+        """Queue ``item`` behind earlier items of ``key``; wait while the bound is reached."""
+        if self._failed is not None:
+            raise RuntimeError("a lane failed; no new work is taken") from self._failed
+        await self._slots.acquire()
+        queue = self._queues.get(key)
+        if queue is not None:
+            queue.append(item)
+            return
+        self._queues[key] = collections.deque([item])
+        task = asyncio.create_task(self._run(key), name=f"lane-{key!r}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, key: Hashable) -> None:
+        queue = self._queues[key]
+        try:
+            while queue:
+                await self._handler(queue[0])
+                queue.popleft()
+                self._slots.release()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            # A handler error is a bug (gateway errors are classified and handled
+            # inside it). Stop taking work and let the supervisor restart us.
+            self._failed = exc
+            log.exception("lane %r failed", key)
+            self._on_error(exc)
+        finally:
+            if self._queues.get(key) is queue:
+                del self._queues[key]
+
+    async def join(self, timeout_s: float) -> bool:
+        """Wait until every lane is idle or ``timeout_s`` passed; True if idle."""
+        tasks = set(self._tasks)
+        if not tasks:
+            return True
+        done, pending = await asyncio.wait(tasks, timeout=timeout_s)
+        return not pending
+
+    async def cancel_all(self) -> None:
+        tasks = set(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

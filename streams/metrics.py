@@ -1,0 +1,19 @@
+"""Prometheus metrics of the worker, served on Faust's web port at ``/metrics``."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+INTENTS = Counter(
+    "zapstream_intents_total", "Intents handled by the dispatcher, by decision", ["decision"]
+)
+ATTEMPTS = Counter(
+    "zapstream_gateway_attempts_total", "Gateway attempts by gateway and outcome", ["gateway", "outcome"]
+)
+POISON = Counter("zapstream_poison_records_total", "Records sent to zapstream.dead", ["topic"])
+IN_FLIGHT = Gauge("zapstream_dispatch_in_flight", "Intents queued or being sent in conversation lanes")
+COMMIT_TO_GATEWAY = Histogram(
+    "zapstream_commit_to_gateway_seconds",
+    "From the outbox transaction's commit to the gateway's acceptance",
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+)

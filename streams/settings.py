@@ -1,0 +1,214 @@
+"""Configuration of every zapstream deployable, read once in ``main()`` and passed down.
+
+Nothing else reads ``os.environ``. Blocks shared by several deployables
+(Kafka, PostgreSQL, gateway) are their own classes. Secrets are ``SecretStr``
+and can come from a secrets directory (``ZAPSTREAM_SECRETS_DIR``, e.g. a
+Kubernetes volume with one file per variable name).
+
+Our variables never use the ``FAUST_``/``F_`` prefixes: Faust reads those itself.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from typing import Any
+
+from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _secrets_dir() -> str | None:
+    # The one place besides pydantic that looks at the environment: where secrets live.
+    path = os.environ.get("ZAPSTREAM_SECRETS_DIR")
+    return path if path and os.path.isdir(path) else None
+
+
+class _Base(BaseSettings):
+    model_config = SettingsConfigDict(extra="ignore", populate_by_name=True)
+
+    def __init__(self, **values: Any) -> None:
+        super().__init__(_secrets_dir=_secrets_dir(), **values)  # type: ignore[call-arg]
+
+
+class BrokerFlavor(enum.StrEnum):
+    """Which Kafka-protocol broker we talk to. Kafka-only features follow it."""
+
+    KAFKA = "kafka"
+    TANSU = "tansu"
+
+
+class KafkaSettings(_Base):
+    """The Kafka cluster (``ZAPSTREAM_KAFKA_*``)."""
+
+    model_config = SettingsConfigDict(env_prefix="ZAPSTREAM_KAFKA_", extra="ignore")
+
+    brokers: str = "127.0.0.1:9092"
+    flavor: BrokerFlavor = BrokerFlavor.KAFKA
+    partitions: int = Field(default=12, ge=1)
+    replication_factor: int = Field(default=1, ge=1)
+    session_timeout_s: float = Field(default=30.0, gt=0)
+    heartbeat_interval_s: float = Field(default=3.0, gt=0)
+    idempotent_producer: bool | None = None
+    """None: on for Apache Kafka, off for Tansu (it rejects InitProducerId)."""
+    one_record_per_batch: bool = False
+    """Test-only: send state/changelog records one per produce request, because Tansu's
+    ListOffsets is wrong after multi-record batches and Faust recovery reads up to it."""
+
+    @property
+    def use_idempotent_producer(self) -> bool:
+        if self.idempotent_producer is not None:
+            return self.idempotent_producer
+        return self.flavor is BrokerFlavor.KAFKA
+
+    @property
+    def bootstrap_servers(self) -> list[str]:
+        return [b.strip() for b in self.brokers.split(",") if b.strip()]
+
+
+class PostgresSettings(_Base):
+    """The application's PostgreSQL (``ZAPSTREAM_DATABASE_URL``)."""
+
+    model_config = SettingsConfigDict(env_prefix="ZAPSTREAM_DATABASE_", extra="ignore")
+
+    url: SecretStr = SecretStr("postgresql://postgres@127.0.0.1:5432/postgres")
+
+    @property
+    def dsn(self) -> str:
+        return self.url.get_secret_value()
+
+
+class GatewayKind(enum.StrEnum):
+    STACKZAP = "stackzap"
+    ZAPAPI = "zapapi"
+
+
+def _default_stackzap_labels() -> dict[str, str]:
+    return {
+        "queued": "ACCEPTED",
+        "pending": "ACCEPTED",
+        "scheduled": "ACCEPTED",
+        "processing": "ACCEPTED",
+        "sending": "ACCEPTED",
+        "sent": "ACCEPTED",
+        "delivered": "DELIVERED",
+        "read": "READ",
+        "failed": "FAILED",
+        "error": "FAILED",
+        "cancelled": "CANCELLED",
+        "canceled": "CANCELLED",
+    }
+
+
+def _default_zapapi_labels() -> dict[str, str]:
+    return {
+        "queued": "ACCEPTED",
+        "pending": "ACCEPTED",
+        "sent": "ACCEPTED",
+        "server_ack": "ACCEPTED",
+        "delivered": "DELIVERED",
+        "delivery_ack": "DELIVERED",
+        "read": "READ",
+        "played": "READ",
+        "failed": "FAILED",
+        "error": "FAILED",
+    }
+
+
+class GatewaySettings(_Base):
+    """Which gateway to call and how (``ZAPSTREAM_GATEWAY``, ``STACKZAP_*``, ``ZAP_*``)."""
+
+    model_config = SettingsConfigDict(extra="ignore", populate_by_name=True)
+
+    kind: GatewayKind = Field(
+        default=GatewayKind.STACKZAP, validation_alias=AliasChoices("ZAPSTREAM_GATEWAY", "kind")
+    )
+    stackzap_api_url: str = Field(
+        default="http://127.0.0.1:8088",
+        validation_alias=AliasChoices("STACKZAP_API_URL", "stackzap_api_url"),
+    )
+    stackzap_api_key: SecretStr = Field(
+        default=SecretStr(""),
+        validation_alias=AliasChoices("STACKZAP_API_KEY", "stackzap_api_key"),
+    )
+    stackzap_labels: dict[str, str] = Field(
+        default_factory=_default_stackzap_labels,
+        validation_alias=AliasChoices("ZAPSTREAM_STACKZAP_LABELS", "stackzap_labels"),
+    )
+    zap_api_url: str = Field(
+        default="http://127.0.0.1:8088", validation_alias=AliasChoices("ZAP_API_URL", "zap_api_url")
+    )
+    zap_token: SecretStr = Field(
+        default=SecretStr(""), validation_alias=AliasChoices("ZAP_TOKEN", "zap_token")
+    )
+    zapapi_labels: dict[str, str] = Field(
+        default_factory=_default_zapapi_labels,
+        validation_alias=AliasChoices("ZAPSTREAM_ZAPAPI_LABELS", "zapapi_labels"),
+    )
+    connect_timeout_s: float = Field(
+        default=5.0, gt=0, validation_alias=AliasChoices("ZAPSTREAM_GATEWAY_CONNECT_TIMEOUT_S", "connect_timeout_s")
+    )
+    read_timeout_s: float = Field(
+        default=15.0, gt=0, validation_alias=AliasChoices("ZAPSTREAM_GATEWAY_READ_TIMEOUT_S", "read_timeout_s")
+    )
+    pool_timeout_s: float = Field(
+        default=5.0, gt=0, validation_alias=AliasChoices("ZAPSTREAM_GATEWAY_POOL_TIMEOUT_S", "pool_timeout_s")
+    )
+    max_connections: int = Field(
+        default=100, ge=1, validation_alias=AliasChoices("ZAPSTREAM_GATEWAY_MAX_CONNECTIONS", "max_connections")
+    )
+
+    @field_validator("stackzap_labels", "zapapi_labels")
+    @classmethod
+    def _labels_are_statuses(cls, value: dict[str, str]) -> dict[str, str]:
+        from streams.contract import JobStatus
+
+        for label, status in value.items():
+            if status not in JobStatus.__members__:
+                raise ValueError(f"label {label!r} maps to unknown status {status!r}")
+        return {k.lower(): v for k, v in value.items()}
+
+
+class RelaySettings(_Base):
+    """``zapstream relay`` (``ZAPSTREAM_RELAY_*``)."""
+
+    model_config = SettingsConfigDict(env_prefix="ZAPSTREAM_RELAY_", extra="ignore")
+
+    slot: str = "zapstream_outbox"
+    publication: str = "zapstream_outbox"
+    status_interval_s: float = Field(default=1.0, gt=0)
+    """How often the confirmed LSN is reported to PostgreSQL."""
+    standby_retry_s: float = Field(default=2.0, gt=0)
+    """How often a standby relay retries to take the slot."""
+    drain_timeout_s: float = Field(default=30.0, gt=0)
+    max_in_flight: int = Field(default=20_000, ge=1)
+    """Records sent to Kafka and not yet acknowledged before the relay stops reading WAL."""
+    metrics_port: int = Field(default=0, ge=0)
+
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    postgres: PostgresSettings = Field(default_factory=PostgresSettings)
+
+
+class WorkerSettings(_Base):
+    """``zapstream worker`` (``ZAPSTREAM_WORKER_*``)."""
+
+    model_config = SettingsConfigDict(env_prefix="ZAPSTREAM_WORKER_", extra="ignore")
+
+    app_id: str = "zapstream-worker"
+    data_dir: str = "/tmp/zapstream-worker"
+    web_port: int = Field(default=6066, ge=1)
+    web_bind_local: bool = True
+    """Bind Faust's web server (metrics) to 127.0.0.1; set false in containers."""
+    max_in_flight: int = Field(default=256, ge=1)
+    """Intents being sent at once by one worker (across conversations)."""
+    transient_retries: int = Field(default=4, ge=0)
+    """In-place retries of a transient gateway error before the attempt counts as failed."""
+    retry_base_s: float = Field(default=0.2, gt=0)
+    retry_cap_s: float = Field(default=5.0, gt=0)
+    state_sink_batch: int = Field(default=500, ge=1)
+    state_sink_within_s: float = Field(default=0.2, gt=0)
+    commit_interval_s: float = Field(default=1.0, gt=0)
+
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    postgres: PostgresSettings = Field(default_factory=PostgresSettings)
+    gateway: GatewaySettings = Field(default_factory=GatewaySettings)

@@ -1,0 +1,94 @@
+"""The job states and the transitions allowed between them.
+
+Every state change goes through :func:`transition`, which refuses a move the
+table below does not allow (the caller logs it and applies nothing) and bumps
+the job's version by one. The version is what the state sink compares, so a
+job in PostgreSQL never moves backwards whatever order records arrive in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+
+from streams.contract import JobStatus, StatusChanged
+
+S = JobStatus
+
+ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
+    S.PENDING: frozenset(
+        {S.ATTEMPTING, S.ACCEPTED, S.DELIVERED, S.READ, S.RETRY_WAIT, S.FAILED, S.DEAD,
+         S.EXPIRED, S.CANCELLED, S.UNCERTAIN, S.REVIEW}
+    ),
+    S.ATTEMPTING: frozenset(
+        {S.ACCEPTED, S.DELIVERED, S.READ, S.RETRY_WAIT, S.FAILED, S.DEAD, S.EXPIRED,
+         S.CANCELLED, S.UNCERTAIN, S.REVIEW, S.ATTEMPTING}
+    ),
+    S.RETRY_WAIT: frozenset({S.ATTEMPTING, S.DEAD, S.EXPIRED, S.CANCELLED, S.FAILED}),
+    S.ACCEPTED: frozenset({S.DELIVERED, S.READ, S.FAILED, S.CANCELLED, S.REVIEW}),
+    S.DELIVERED: frozenset({S.READ}),
+    S.READ: frozenset(),
+    S.UNCERTAIN: frozenset({S.ACCEPTED, S.DELIVERED, S.READ, S.ATTEMPTING, S.FAILED}),
+    S.REVIEW: frozenset({S.ACCEPTED, S.DELIVERED, S.READ, S.FAILED, S.ATTEMPTING}),
+    S.FAILED: frozenset({S.ATTEMPTING}),
+    S.DEAD: frozenset({S.ATTEMPTING}),
+    S.EXPIRED: frozenset(),
+    S.CANCELLED: frozenset(),
+}
+"""From each state, the states a job may move to. Reprocessing re-enters ATTEMPTING."""
+
+SENT = frozenset({S.ACCEPTED, S.DELIVERED, S.READ})
+"""The gateway has the message: sending it again would be a duplicate."""
+
+SETTLED = SENT | {S.FAILED, S.DEAD, S.EXPIRED, S.CANCELLED, S.UNCERTAIN, S.REVIEW}
+"""No automatic attempt follows from these; only an operator moves the job on."""
+
+
+class InvalidTransition(ValueError):
+    """A state change the table does not allow. Logged and never applied."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobRef:
+    """What identifies a job on the state topic."""
+
+    job_id: int
+    idempotency_key: str
+    instance_id: str
+    conversation_key: str
+
+
+def transition(
+    job: JobRef,
+    current: StatusChanged | None,
+    to: JobStatus,
+    *,
+    reason: str | None = None,
+    actor: str = "worker",
+    attempts: int | None = None,
+    gateway_job_id: str | None = None,
+    now: dt.datetime | None = None,
+) -> StatusChanged:
+    """The record that moves ``job`` from ``current`` (None: PENDING, version 0) to ``to``."""
+    previous = JobStatus(current.status) if current else JobStatus.PENDING
+    if to not in ALLOWED[previous]:
+        raise InvalidTransition(f"job {job.job_id}: {previous} -> {to} is not allowed")
+    at = (now or dt.datetime.now(dt.UTC)).isoformat()
+    sent_at = current.sent_at if current else None
+    if to in SENT and sent_at is None:
+        sent_at = at
+    return StatusChanged(
+        job_id=job.job_id,
+        idempotency_key=job.idempotency_key,
+        instance_id=job.instance_id,
+        conversation_key=job.conversation_key,
+        status=to,
+        previous=previous,
+        version=(current.version if current else 0) + 1,
+        attempts=attempts if attempts is not None else (current.attempts if current else 0),
+        gateway_job_id=gateway_job_id or (current.gateway_job_id if current else None),
+        reason=reason,
+        actor=actor,
+        at=at,
+        sent_at=sent_at,
+    )

@@ -1,0 +1,41 @@
+"""Wires the worker: app, topics, tables, agents and the resources given by the caller.
+
+The composition root (``zapstream worker`` in :mod:`connectors.cli`) builds the
+concrete gateway client and state sink and passes them here; ``streams`` never
+imports ``connectors``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from faust.sensors.prometheus import setup_prometheus_sensors
+
+from streams.agents import Dispatcher
+from streams.app import Resource, WorkerApp, build_app
+from streams.dispatcher import RetryPolicy
+from streams.gateway import Gateway
+from streams.settings import WorkerSettings
+from streams.tables import register_tables
+from streams.topics import register_topics
+
+
+def build_worker_app(
+    settings: WorkerSettings, gateway: Gateway, resources: Sequence[Resource] = ()
+) -> tuple[WorkerApp, Dispatcher]:
+    app = build_app(settings, resources=[gateway, *resources])
+    partitions = settings.kafka.partitions
+    topics = register_topics(app, partitions)
+    jobs = register_tables(app, topics, partitions)
+    dispatcher = Dispatcher(
+        app,
+        topics,
+        jobs,
+        gateway,
+        RetryPolicy(base_s=settings.retry_base_s, cap_s=settings.retry_cap_s),
+        max_in_flight=settings.max_in_flight,
+    )
+    app.agent(topics.intents, name="dispatcher", concurrency=1)(dispatcher.consume)
+    app.on_stopping.append(dispatcher.drain)
+    setup_prometheus_sensors(app)
+    return app, dispatcher

@@ -1,0 +1,66 @@
+"""Conversation lanes keep each key in order, run keys concurrently, and bound in-flight work."""
+
+import asyncio
+
+import pytest
+
+from streams.lanes import ConversationLanes
+
+
+async def test_order_per_key_and_concurrency_across_keys() -> None:
+    done: list[tuple[str, int]] = []
+    running = 0
+    peak = 0
+    release = asyncio.Event()
+
+    async def handler(item: tuple[str, int]) -> None:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await release.wait()
+        running -= 1
+        done.append(item)
+
+    lanes: ConversationLanes[tuple[str, int]] = ConversationLanes(
+        handler, max_in_flight=100, on_error=lambda exc: None
+    )
+    for seq in range(5):
+        for key in ("a", "b", "c"):
+            await lanes.submit(key, (key, seq))
+    await asyncio.sleep(0)
+    assert peak == 3  # one per key at a time
+    release.set()
+    assert await lanes.join(5)
+    for key in "abc":
+        assert [s for k, s in done if k == key] == list(range(5))
+
+
+async def test_submit_waits_when_bound_reached() -> None:
+    gate = asyncio.Event()
+
+    async def handler(item: int) -> None:
+        await gate.wait()
+
+    lanes: ConversationLanes[int] = ConversationLanes(handler, max_in_flight=2, on_error=lambda e: None)
+    await lanes.submit("a", 1)
+    await lanes.submit("b", 2)
+    third = asyncio.ensure_future(lanes.submit("c", 3))
+    await asyncio.sleep(0.01)
+    assert not third.done()
+    gate.set()
+    await asyncio.wait_for(third, 1)
+    assert await lanes.join(1)
+
+
+async def test_handler_error_is_reported_and_stops_intake() -> None:
+    errors: list[BaseException] = []
+
+    async def handler(item: int) -> None:
+        raise RuntimeError("bug")
+
+    lanes: ConversationLanes[int] = ConversationLanes(handler, max_in_flight=4, on_error=errors.append)
+    await lanes.submit("a", 1)
+    await lanes.join(1)
+    assert len(errors) == 1
+    with pytest.raises(RuntimeError, match="lane failed"):
+        await lanes.submit("b", 2)
