@@ -29,7 +29,7 @@ def _configure_logging(level: str) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    for noisy in ("aiokafka", "kafka"):
+    for noisy in ("aiokafka", "kafka", "httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
@@ -120,15 +120,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("relay", help="run the CDC relay").set_defaults(func=_cmd_relay)
     sub.add_parser("worker", help="run the stream worker").set_defaults(func=_cmd_worker)
 
+    # These two parse their own options (see their --help).
     sim = sub.add_parser("gateway-sim", help="run the gateway simulator", add_help=False)
-    sim.add_argument("sim_args", nargs=argparse.REMAINDER)
-    sim.set_defaults(func=_cmd_gateway_sim)
-
+    sim.set_defaults(func=_cmd_gateway_sim, passthrough="sim_args")
     dev = sub.add_parser("dev", help="run the whole pipeline locally", add_help=False)
-    dev.add_argument("dev_args", nargs=argparse.REMAINDER)
-    dev.set_defaults(func=_cmd_dev)
+    dev.set_defaults(func=_cmd_dev, passthrough="dev_args")
 
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    passthrough = getattr(args, "passthrough", None)
+    if passthrough:
+        setattr(args, passthrough, extra)
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     _configure_logging(args.log_level)
     return int(args.func(args))
 

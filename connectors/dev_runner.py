@@ -74,9 +74,11 @@ def wait_for_delivery(
 ) -> DeliveryReport:
     deadline = time.monotonic() + timeout_s
     started = time.monotonic()
-    report = audit(keys, [], committed_at=committed)
+    arrivals: list[dict[str, object]] = []
+    report = audit(keys, arrivals, committed_at=committed)
     while time.monotonic() < deadline:
-        report = audit(keys, pipeline.sim_messages(), committed_at=committed)
+        arrivals.extend(pipeline.sim_messages(since=len(arrivals)))
+        report = audit(keys, arrivals, committed_at=committed)
         elapsed = time.monotonic() - started
         print(
             f"  [{elapsed:5.1f}s] accepted by gateway {report.accepted_unique}/{report.expected}"

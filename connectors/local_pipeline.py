@@ -178,8 +178,9 @@ class LocalPipeline:
                     raise
                 time.sleep(0.05)
 
-    def sim_messages(self) -> list[dict[str, Any]]:
-        response = httpx.get(f"{self.sim_url}/_sim/messages", timeout=30.0)
+    def sim_messages(self, since: int = 0) -> list[dict[str, Any]]:
+        """Messages the simulator accepted, in arrival order, from sequence ``since`` on."""
+        response = httpx.get(f"{self.sim_url}/_sim/messages", params={"since": since}, timeout=30.0)
         response.raise_for_status()
         data = response.json()
         return list(data["messages"] if isinstance(data, dict) else data)

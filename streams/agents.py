@@ -2,10 +2,10 @@
 
 Per event, in its conversation's lane: read the job's state from the ``jobs``
 table, call :func:`streams.dispatcher.dispatch`, publish every attempt to
-``zapstream.results``, write the new state to the table (which publishes it to
-``zapstream.state``), then acknowledge the event. Faust flushes the producer
-before it commits offsets, so a committed offset never passes an outcome that
-was not handed to Kafka.
+``zapstream.results``, write the new state to the table and its changelog
+``zapstream.state``, wait until Kafka acknowledged those records, and only then
+acknowledge the event. Faust commits the contiguous acknowledged prefix, so a
+committed offset never passes an outcome that is not durable in Kafka.
 
 A record on the intents topic that does not decode is a poison record: it goes
 to ``zapstream.dead`` with the reason and is acknowledged; it never stops the
@@ -15,14 +15,9 @@ partition and never disappears.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import logging
-import weakref
-from collections.abc import Iterator
 from typing import Any
-
-from faust.streams import _current_event
 
 from streams import metrics
 from streams.contract import (
@@ -38,16 +33,6 @@ from streams.lanes import ConversationLanes
 from streams.topics import Topics
 
 log = logging.getLogger(__name__)
-
-
-@contextlib.contextmanager
-def processing(event: Any) -> Iterator[None]:
-    """Make ``event`` Faust's current event in this task, so table writes go to its partition."""
-    token = _current_event.set(weakref.ref(event))
-    try:
-        yield
-    finally:
-        _current_event.reset(token)
 
 
 class Dispatcher:
@@ -95,26 +80,49 @@ class Dispatcher:
 
     async def _handle(self, item: tuple[Any, IntentCaptured]) -> None:
         event, intent = item
-        with processing(event):
-            key = job_state_key(intent.job_id)
-            raw = self.jobs.get(key)
-            current = StatusChanged.loads(raw) if raw is not None else None
-            decision = await dispatch(intent, current, self.gateway, self.policy)
-            for attempt in decision.attempts:
-                self.topics.results.send_soon(key=intent.partition_key, value=attempt.dumps())
-                metrics.ATTEMPTS.labels(self.gateway.name, attempt.outcome).inc()
-            if decision.state is not None:
-                self.jobs[key] = decision.state.dumps()
-                metrics.INTENTS.labels(decision.state.status).inc()
-                if decision.state.sent_at and intent.committed_at:
-                    latency = dt.datetime.fromisoformat(
-                        decision.state.sent_at
-                    ) - dt.datetime.fromisoformat(intent.committed_at)
-                    metrics.COMMIT_TO_GATEWAY.observe(latency.total_seconds())
-            else:
-                metrics.INTENTS.labels("duplicate").inc()
+        key = job_state_key(intent.job_id)
+        raw = self.jobs.get(key)
+        current = StatusChanged.loads(raw) if raw is not None else None
+        decision = await dispatch(intent, current, self.gateway, self.policy)
+        pending = [
+            await self.topics.results.send(key=intent.partition_key, value=attempt.dumps())
+            for attempt in decision.attempts
+        ]
+        for attempt in decision.attempts:
+            metrics.ATTEMPTS.labels(self.gateway.name, attempt.outcome).inc()
+        if decision.state is not None:
+            pending.append(await self.record_state(event, key, decision.state))
+            metrics.INTENTS.labels(decision.state.status).inc()
+            self._observe_latency(intent, decision.state)
+        else:
+            metrics.INTENTS.labels("duplicate").inc()
+        # The outcome is durable in Kafka before the intent is acknowledged.
+        await asyncio.gather(*pending)
         event.ack()
         metrics.IN_FLIGHT.set(self.lanes.in_flight)
+
+    async def record_state(self, event: Any, key: bytes, state: StatusChanged) -> Any:
+        """Write ``state`` to the job table and its changelog (the state topic).
+
+        Faust's own ``table[key] = value`` goes through its producer buffer, whose
+        flush before each offset commit never finishes while lanes keep writing; we
+        send the changelog record ourselves, to the partition of the intent being
+        processed (co-partitioning), update the table's local store, and return the
+        delivery future so the caller can wait for Kafka before acknowledging.
+        """
+        value = state.dumps()
+        future = await self.topics.state.send(
+            key=key, value=value, partition=event.message.partition
+        )
+        self.jobs.data[key] = value
+        return future
+
+    @staticmethod
+    def _observe_latency(intent: IntentCaptured, state: StatusChanged) -> None:
+        if state.sent_at and intent.committed_at:
+            sent = dt.datetime.fromisoformat(state.sent_at)
+            committed = dt.datetime.fromisoformat(intent.committed_at)
+            metrics.COMMIT_TO_GATEWAY.observe((sent - committed).total_seconds())
 
     async def _poison(self, event: Any, reason: str) -> None:
         message = event.message

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import psycopg
 import pytest
 
+from connectors.delivery_audit import DeliveryReport, audit, demo_key, demo_text
 from connectors.devstack import PostgresCluster
+from connectors.enqueue import enqueue
+from connectors.local_pipeline import LocalPipeline
 from connectors.migrate import migrate
 
 
@@ -40,3 +44,70 @@ def count_rows(dsn: str, sql: str, params: tuple[object, ...] = ()) -> int:
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute(sql, params).fetchone()
         return int(row[0]) if row else 0
+
+
+class Arrivals:
+    """What the gateway simulator accepted, fetched incrementally."""
+
+    def __init__(self, pipeline: LocalPipeline) -> None:
+        self.pipeline = pipeline
+        self.items: list[dict[str, Any]] = []
+
+    def refresh(self) -> list[dict[str, Any]]:
+        self.items.extend(self.pipeline.sim_messages(since=len(self.items)))
+        return self.items
+
+    def wait_for(self, keys: list[str], timeout_s: float) -> DeliveryReport:
+        """Wait until every key arrived at least once; return the audit."""
+        report = audit(keys, self.refresh())
+        deadline = time.monotonic() + timeout_s
+        while report.missing and time.monotonic() < deadline:
+            time.sleep(0.25)
+            report = audit(keys, self.refresh())
+        assert not report.missing, (
+            f"{len(report.missing)} of {len(keys)} never reached the gateway, "
+            f"e.g. {report.missing[:5]}"
+        )
+        return report
+
+
+def enqueue_conversations(
+    dsn: str,
+    run: str,
+    *,
+    messages: int,
+    conversations: int,
+    per_transaction: int = 100,
+    instances: int = 5,
+    after_transaction: Callable[[int], None] | None = None,
+) -> list[str]:
+    """Enqueue ``messages`` spread round-robin over ``conversations``, in commit order."""
+    keys: list[str] = []
+    with psycopg.connect(dsn) as conn:
+        for start in range(0, messages, per_transaction):
+            with conn.transaction():
+                for i in range(start, min(messages, start + per_transaction)):
+                    conversation = i % conversations
+                    instance = f"inst-{conversation % instances}"
+                    key = demo_key(run, instance, conversation, i // conversations)
+                    enqueue(
+                        conn,
+                        instance_id=instance,
+                        to=f"+55 11 9{conversation:08d}",
+                        text=demo_text(key),
+                        idempotency_key=key,
+                    )
+                    keys.append(key)
+            if after_transaction is not None:
+                after_transaction(len(keys))
+    return keys
+
+
+def wait_for_status(dsn: str, keys: list[str], status: str, timeout_s: float) -> None:
+    """Wait until the state sink wrote ``status`` for every key into outbox_jobs."""
+    sql = "SELECT count(*) FROM outbox_jobs WHERE idempotency_key = ANY(%s) AND status = %s"
+    wait_until(
+        lambda: count_rows(dsn, sql, (keys, status)) == len(keys),
+        timeout_s,
+        f"{len(keys)} jobs {status} in outbox_jobs (have {count_rows(dsn, sql, (keys, status))})",
+    )

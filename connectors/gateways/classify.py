@@ -1,0 +1,276 @@
+"""Map httpx outcomes onto the gateway error tree, once, at the edge.
+
+Every gateway client sends through :func:`send_request`, which turns transport
+exceptions and non-2xx answers into :class:`~streams.gateway.PermanentGatewayError`,
+:class:`~streams.gateway.TransientGatewayError` or
+:class:`~streams.gateway.UncertainGatewayError`. Callers look at ``retriable``
+and never at httpx types.
+
+What "no effect" means here:
+
+- ``ConnectError``, ``ConnectTimeout``, ``PoolTimeout``: the request never left
+  this process, so it is **transient**.
+- ``WriteTimeout``, ``WriteError``, ``ReadTimeout``, ``ReadError``,
+  ``RemoteProtocolError``, ``CloseError``: some or all of the request may have
+  been written and the gateway may have acted on it, so it is **uncertain**.
+- An HTTP answer means the gateway decided. 429 and 503 are **transient** and
+  carry ``Retry-After`` (delay-seconds, fractional accepted, or an HTTP date).
+  500/502/504 and other 5xx are **transient** too: the gateways we speak to
+  answer 5xx only when they did not enqueue the message. 408 is **transient**
+  (the gateway gave up reading the request). Every other 4xx (400, 401, 403,
+  404, 409, 422, ...) is **permanent**, with the gateway's error message,
+  truncated and masked, as the reason. A 3xx is permanent as well: we do not
+  follow redirects, so it means a misconfigured base URL.
+
+Error messages never carry a full phone number, message text, API key or token:
+digit runs that look like phone numbers are masked and the caller passes the
+request's sensitive values to be redacted wherever the gateway echoed them.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import math
+import re
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import httpx
+import orjson
+
+from streams.gateway import (
+    GatewayError,
+    PermanentGatewayError,
+    TransientGatewayError,
+    UncertainGatewayError,
+)
+
+MAX_REASON_CHARS = 200
+"""Longest gateway error message kept in an exception (after masking)."""
+
+_TRANSIENT_EXCEPTIONS: tuple[type[httpx.HTTPError], ...] = (
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    httpx.PoolTimeout,
+    httpx.ProxyError,
+)
+_UNCERTAIN_EXCEPTIONS: tuple[type[httpx.HTTPError], ...] = (
+    httpx.WriteTimeout,
+    httpx.WriteError,
+    httpx.ReadTimeout,
+    httpx.ReadError,
+    httpx.RemoteProtocolError,
+    httpx.CloseError,
+)
+_PERMANENT_EXCEPTIONS: tuple[type[httpx.HTTPError], ...] = (
+    # Our own request is malformed or the URL scheme is wrong: a retry fails the same way.
+    httpx.LocalProtocolError,
+    httpx.UnsupportedProtocol,
+)
+
+# Phone numbers in E.164 or local form, possibly with a leading "+": 8 to 15 digits.
+_PHONE_RE = re.compile(r"\+?\d{8,15}")
+
+
+# --- masking --------------------------------------------------------------------
+
+
+def mask_phone(phone: str) -> str:
+    """Keep the country/area prefix and the last four digits: ``5511*****4321``.
+
+    Short values keep only their last two characters so nothing identifying is left.
+    """
+    if len(phone) > 8:
+        return phone[:4] + "*" * (len(phone) - 8) + phone[-4:]
+    if len(phone) > 2:
+        return "*" * (len(phone) - 2) + phone[-2:]
+    return "*" * len(phone)
+
+
+def mask_secret(secret: str) -> str:
+    """``***`` plus, for long secrets only, the last four characters to tell keys apart."""
+    if not secret:
+        return ""
+    if len(secret) >= 16:
+        return "***" + secret[-4:]
+    return "***"
+
+
+def mask_text(text: str, sensitive: Iterable[str] = ()) -> str:
+    """Redact every ``sensitive`` value and mask phone-like digit runs in ``text``."""
+    for value in sensitive:
+        # Very short values (a one-letter message) would redact half the sentence.
+        if len(value) >= 3:
+            text = text.replace(value, "[redacted]")
+    return _PHONE_RE.sub(lambda m: mask_phone(m.group(0)), text)
+
+
+# --- Retry-After -------------------------------------------------------------------
+
+
+def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header, or ``None`` when absent or invalid.
+
+    Accepts delay-seconds (fractions too, which our simulator sends) and HTTP dates;
+    a date in the past gives ``0.0``.
+    """
+    if value is None:
+        return None
+    value = value.strip()
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        pass
+    else:
+        if math.isfinite(seconds) and seconds >= 0:
+            return seconds
+        return None
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        # RFC 9110 dates are GMT; parsedate_to_datetime returns naive for "-0000".
+        return None
+    current = time.time() if now is None else now
+    return max(0.0, when.timestamp() - current)
+
+
+# --- classification -----------------------------------------------------------------
+
+
+def classify_exception(
+    exc: httpx.HTTPError, *, gateway: str, sensitive: Iterable[str] = ()
+) -> GatewayError:
+    """The error-tree class for an httpx exception raised while sending a request."""
+    detail = mask_text(str(exc) or type(exc).__name__, sensitive)[:MAX_REASON_CHARS]
+    message = f"{gateway}: {type(exc).__name__}: {detail}"
+    if isinstance(exc, _TRANSIENT_EXCEPTIONS):
+        return TransientGatewayError(message)
+    if isinstance(exc, _PERMANENT_EXCEPTIONS):
+        return PermanentGatewayError(message)
+    if isinstance(exc, _UNCERTAIN_EXCEPTIONS):
+        return UncertainGatewayError(message)
+    # Anything else httpx raises once the request started (decoding, stream errors)
+    # is uncertain too: we cannot tell whether the gateway acted on it.
+    return UncertainGatewayError(message)
+
+
+def error_for_response(
+    response: httpx.Response,
+    *,
+    gateway: str,
+    sensitive: Iterable[str] = (),
+    now: float | None = None,
+) -> GatewayError | None:
+    """``None`` for a 2xx answer, else the error-tree class for the status code.
+
+    The body must have been read (``httpx.AsyncClient.request`` does).
+    """
+    status = response.status_code
+    if 200 <= status < 300:
+        return None
+    reason = error_reason(response, sensitive)
+    message = f"{gateway}: HTTP {status}: {reason}" if reason else f"{gateway}: HTTP {status}"
+    if status in (429, 503):
+        return TransientGatewayError(
+            message,
+            status_code=status,
+            retry_after_s=parse_retry_after(response.headers.get("retry-after"), now=now),
+        )
+    if status >= 500 or status == 408:
+        return TransientGatewayError(
+            message,
+            status_code=status,
+            retry_after_s=parse_retry_after(response.headers.get("retry-after"), now=now),
+        )
+    return PermanentGatewayError(message, status_code=status)
+
+
+def error_reason(response: httpx.Response, sensitive: Iterable[str] = ()) -> str:
+    """The gateway's own error message from a response body, masked and truncated."""
+    raw = response.content
+    if not raw:
+        return response.reason_phrase
+    text: str | None = None
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        text = raw[: MAX_REASON_CHARS * 4].decode("utf-8", errors="replace")
+    else:
+        text = _message_from_json(body)
+        if text is None:
+            text = raw[: MAX_REASON_CHARS * 4].decode("utf-8", errors="replace")
+    text = " ".join(text.split())
+    masked = mask_text(text, sensitive)
+    if len(masked) > MAX_REASON_CHARS:
+        masked = masked[: MAX_REASON_CHARS - 3] + "..."
+    return masked
+
+
+def _message_from_json(body: Any) -> str | None:
+    if isinstance(body, str):
+        return body
+    if not isinstance(body, Mapping):
+        return None
+    for key in ("error", "message", "detail", "error_description", "reason"):
+        value = body.get(key)
+        if isinstance(value, str) and value:
+            return value
+        if isinstance(value, Mapping):
+            nested = _message_from_json(value)
+            if nested:
+                return nested
+        if isinstance(value, list) and value:
+            # pydantic/FastAPI style: {"detail": [{"msg": ...}, ...]}
+            first = value[0]
+            if isinstance(first, Mapping):
+                msg = first.get("msg") or first.get("message")
+                if isinstance(msg, str):
+                    return msg
+            elif isinstance(first, str):
+                return first
+    return None
+
+
+async def send_request(
+    client: httpx.AsyncClient,
+    method: str,
+    url: str,
+    *,
+    gateway: str,
+    sensitive: Iterable[str] = (),
+    headers: Mapping[str, str] | None = None,
+    json_body: Any = None,
+    params: Mapping[str, str | int] | None = None,
+) -> httpx.Response:
+    """Send one request and return its 2xx response, or raise a classified :class:`GatewayError`.
+
+    The only place gateway clients catch httpx exceptions.
+    """
+    content = orjson.dumps(json_body) if json_body is not None else None
+    request_headers = dict(headers) if headers else {}
+    if content is not None:
+        request_headers["Content-Type"] = "application/json"
+    try:
+        response = await client.request(
+            method, url, content=content, headers=request_headers, params=params
+        )
+    except httpx.HTTPError as exc:
+        raise classify_exception(exc, gateway=gateway, sensitive=sensitive) from exc
+    error = error_for_response(response, gateway=gateway, sensitive=sensitive)
+    if error is not None:
+        raise error
+    return response
+
+
+def json_object(response: httpx.Response) -> dict[str, Any] | None:
+    """The response body as a JSON object, or ``None`` when it is not one."""
+    try:
+        body = orjson.loads(response.content)
+    except orjson.JSONDecodeError:
+        return None
+    return body if isinstance(body, dict) else None

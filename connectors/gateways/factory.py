@@ -1,0 +1,21 @@
+"""Build the configured gateway client; used by the composition root only."""
+
+from __future__ import annotations
+
+import httpx
+
+from connectors.gateways.stackzap import StackZapClient
+from connectors.gateways.zapapi import ZapApiClient
+from streams.gateway import Gateway
+from streams.settings import GatewayKind, GatewaySettings
+
+
+def build_gateway(
+    settings: GatewaySettings, *, transport: httpx.AsyncBaseTransport | None = None
+) -> Gateway:
+    """The client for ``settings.kind``, not yet started."""
+    if settings.kind is GatewayKind.STACKZAP:
+        return StackZapClient(settings, transport=transport)
+    if settings.kind is GatewayKind.ZAPAPI:
+        return ZapApiClient(settings, transport=transport)
+    raise ValueError(f"unknown gateway kind {settings.kind!r}")

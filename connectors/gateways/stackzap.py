@@ -1,0 +1,296 @@
+"""StackZap gateway client: the send queue, its paginated listing, and cancellation.
+
+Endpoints (relative to ``STACKZAP_API_URL``), authenticated with ``X-API-Key``:
+
+- ``POST /v1/instances/{instance}/send-queue/text`` with ``{"to", "text"}`` and
+  ``Idempotency-Key: <reference>``; answers ``{"id", "status"}`` (older versions
+  say ``jobId``/``job_id`` and ``state``).
+- ``GET /v1/instances/{instance}/send-queue?page=&page_size=&status=`` answers
+  ``{"items": [{"id", "to", "text", "status", "reference", "created_at"}],
+  "page", "page_size", "total", "counts": {label: n}, "next_page": n | null}``.
+- ``POST /v1/instances/{instance}/send-queue/{job_id}/cancel`` answers
+  ``{"id", "status": "cancelled"}``, or 409 when the job already left the queue.
+
+Every failure is classified by :mod:`connectors.gateways.classify`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import AsyncIterator, Mapping
+from types import TracebackType
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from connectors.gateways.classify import json_object, send_request
+from connectors.gateways.labels import map_label
+from streams.contract import JobStatus
+from streams.gateway import (
+    PermanentGatewayError,
+    SendAccepted,
+    TextMessage,
+)
+from streams.settings import GatewaySettings
+
+log = logging.getLogger(__name__)
+
+_REFUSED = (JobStatus.FAILED, JobStatus.CANCELLED)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GatewayJob:
+    """One job in the StackZap send queue. ``to`` and ``text`` stay out of ``repr``."""
+
+    id: str | None
+    gateway_status: str | None
+    status: JobStatus
+    reference: str | None
+    """The ``Idempotency-Key`` we sent; ``None`` when the gateway does not show it."""
+    created_at: str | None
+    to: str | None = dataclasses.field(default=None, repr=False)
+    text: str | None = dataclasses.field(default=None, repr=False)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobPage:
+    """One page of the StackZap send-queue listing."""
+
+    items: tuple[GatewayJob, ...]
+    page: int
+    page_size: int
+    total: int | None
+    counts: Mapping[str, int]
+    next_page: int | None
+
+
+def _first_str(body: Mapping[str, Any], *keys: str) -> str | None:
+    for key in keys:
+        value = body.get(key)
+        if isinstance(value, str) and value:
+            return value
+        if isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
+    return None
+
+
+class StackZapClient:
+    """A :class:`~streams.gateway.Gateway` for StackZap.
+
+    Owns its ``httpx.AsyncClient``: opened in :meth:`start`, closed in :meth:`stop`
+    (idempotent); ``async with`` does both.
+    """
+
+    name = "stackzap"
+
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self._settings = settings
+        self._transport = transport
+        self._base_url = settings.stackzap_api_url.rstrip("/")
+        self._api_key = settings.stackzap_api_key.get_secret_value()
+        self._labels = settings.stackzap_labels
+        self._client: httpx.AsyncClient | None = None
+
+    # --- lifecycle -----------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._client is not None:
+            return
+        s = self._settings
+        headers = {"Accept": "application/json"}
+        if self._api_key:
+            headers["X-API-Key"] = self._api_key
+        self._client = httpx.AsyncClient(
+            base_url=self._base_url,
+            headers=headers,
+            # No write timeout setting of its own: writing a small JSON body is bounded
+            # by the read timeout's budget.
+            timeout=httpx.Timeout(
+                connect=s.connect_timeout_s,
+                read=s.read_timeout_s,
+                write=s.read_timeout_s,
+                pool=s.pool_timeout_s,
+            ),
+            limits=httpx.Limits(
+                max_connections=s.max_connections,
+                max_keepalive_connections=s.max_connections,
+            ),
+            transport=self._transport,
+            follow_redirects=False,
+        )
+        url = httpx.URL(self._base_url)
+        log.info("stackzap client started: %s://%s", url.scheme, url.netloc.decode())
+
+    async def stop(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
+
+    async def __aenter__(self) -> StackZapClient:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    @property
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            raise RuntimeError("StackZapClient is not started")
+        return self._client
+
+    def _queue_path(self, instance_id: str) -> str:
+        return f"/v1/instances/{quote(instance_id, safe='')}/send-queue"
+
+    # --- sending ----------------------------------------------------------------------
+
+    async def send_text(self, message: TextMessage) -> SendAccepted:
+        """Enqueue one text; a ``failed``/``cancelled`` answer is a permanent error."""
+        sensitive = (message.to, message.text, self._api_key)
+        response = await send_request(
+            self._http,
+            "POST",
+            f"{self._queue_path(message.instance_id)}/text",
+            gateway=self.name,
+            sensitive=sensitive,
+            headers={"Idempotency-Key": message.reference},
+            json_body={"to": message.to, "text": message.text},
+        )
+        body = json_object(response) or {}
+        job_id = _first_str(body, "id", "jobId", "job_id")
+        label = _first_str(body, "status", "state")
+        status = map_label(label, self._labels)
+        if status in _REFUSED:
+            raise PermanentGatewayError(
+                f"{self.name}: job {job_id} answered {label!r}", status_code=response.status_code
+            )
+        return SendAccepted(gateway_job_id=job_id, gateway_status=label, status=status)
+
+    # --- the queue ---------------------------------------------------------------------
+
+    async def list_jobs(
+        self,
+        instance_id: str,
+        *,
+        page: int | None = None,
+        page_size: int = 100,
+        status: str | None = None,
+    ) -> JobPage:
+        """One page of the instance's send queue, optionally only jobs with label ``status``."""
+        params: dict[str, str | int] = {"page_size": page_size}
+        if page is not None:
+            params["page"] = page
+        if status is not None:
+            params["status"] = status
+        response = await send_request(
+            self._http,
+            "GET",
+            self._queue_path(instance_id),
+            gateway=self.name,
+            sensitive=(self._api_key,),
+            params=params,
+        )
+        return self._parse_page(json_object(response), page=page or 1, page_size=page_size)
+
+    async def iter_pages(
+        self,
+        instance_id: str,
+        *,
+        page_size: int = 100,
+        status: str | None = None,
+    ) -> AsyncIterator[JobPage]:
+        """Every page of the listing, following ``next_page`` until it is null."""
+        page: int | None = None
+        while True:
+            current = await self.list_jobs(
+                instance_id, page=page, page_size=page_size, status=status
+            )
+            yield current
+            if current.next_page is None:
+                return
+            if current.next_page <= current.page:
+                raise PermanentGatewayError(
+                    f"{self.name}: listing went from page {current.page} to {current.next_page}"
+                )
+            page = current.next_page
+
+    async def iter_jobs(
+        self,
+        instance_id: str,
+        *,
+        page_size: int = 100,
+        status: str | None = None,
+    ) -> AsyncIterator[GatewayJob]:
+        """Every job of the listing, page after page."""
+        async for current in self.iter_pages(instance_id, page_size=page_size, status=status):
+            for job in current.items:
+                yield job
+
+    async def cancel(self, instance_id: str, job_id: str) -> bool:
+        """Cancel a queued job. ``False`` when the gateway says it is too late (409)."""
+        try:
+            response = await send_request(
+                self._http,
+                "POST",
+                f"{self._queue_path(instance_id)}/{quote(job_id, safe='')}/cancel",
+                gateway=self.name,
+                sensitive=(self._api_key,),
+            )
+        except PermanentGatewayError as exc:
+            if exc.status_code == 409:
+                return False
+            raise
+        label = _first_str(json_object(response) or {}, "status", "state")
+        # A 2xx without a label is taken at its word; a label must say cancelled.
+        return label is None or map_label(label, self._labels) is JobStatus.CANCELLED
+
+    def _parse_page(self, body: dict[str, Any] | None, *, page: int, page_size: int) -> JobPage:
+        if body is None or not isinstance(body.get("items"), list):
+            raise PermanentGatewayError(f"{self.name}: listing is not a JSON object with items")
+        items: list[GatewayJob] = []
+        for raw in body["items"]:
+            if not isinstance(raw, dict):
+                raise PermanentGatewayError(f"{self.name}: listing item is not an object")
+            label = _first_str(raw, "status", "state")
+            items.append(
+                GatewayJob(
+                    id=_first_str(raw, "id", "jobId", "job_id"),
+                    gateway_status=label,
+                    status=map_label(label, self._labels),
+                    reference=_first_str(raw, "reference", "idempotency_key", "idempotencyKey"),
+                    created_at=_first_str(raw, "created_at", "createdAt"),
+                    to=_first_str(raw, "to"),
+                    text=raw.get("text") if isinstance(raw.get("text"), str) else None,
+                )
+            )
+        counts_raw = body.get("counts")
+        counts = (
+            {str(k): v for k, v in counts_raw.items() if _int_or_none(v) is not None}
+            if isinstance(counts_raw, dict)
+            else {}
+        )
+        next_page = _int_or_none(body.get("next_page"))
+        return JobPage(
+            items=tuple(items),
+            page=_int_or_none(body.get("page")) or page,
+            page_size=_int_or_none(body.get("page_size")) or page_size,
+            total=_int_or_none(body.get("total")),
+            counts=counts,
+            next_page=next_page if next_page is not None and next_page > 0 else None,
+        )
+
+
+def _int_or_none(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

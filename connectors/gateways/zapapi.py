@@ -1,0 +1,131 @@
+"""ZAP API gateway client.
+
+``POST {ZAP_API_URL}/v1/instances/{instance}/messages`` with
+``Authorization: Bearer <token>``, ``Idempotency-Key: <reference>`` and
+``{"type": "text", "to", "text"}``; answers ``{"id", "status"}`` (some versions
+say ``messageId``). Labels are mapped with ``settings.zapapi_labels``; every
+failure is classified by :mod:`connectors.gateways.classify`.
+"""
+
+from __future__ import annotations
+
+import logging
+from types import TracebackType
+from urllib.parse import quote
+
+import httpx
+
+from connectors.gateways.classify import json_object, send_request
+from connectors.gateways.labels import map_label
+from streams.contract import JobStatus
+from streams.gateway import PermanentGatewayError, SendAccepted, TextMessage
+from streams.settings import GatewaySettings
+
+log = logging.getLogger(__name__)
+
+_REFUSED = (JobStatus.FAILED, JobStatus.CANCELLED)
+
+
+class ZapApiClient:
+    """A :class:`~streams.gateway.Gateway` for the ZAP API.
+
+    Owns its ``httpx.AsyncClient``: opened in :meth:`start`, closed in :meth:`stop`
+    (idempotent); ``async with`` does both.
+    """
+
+    name = "zapapi"
+
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self._settings = settings
+        self._transport = transport
+        self._base_url = settings.zap_api_url.rstrip("/")
+        self._token = settings.zap_token.get_secret_value()
+        self._labels = settings.zapapi_labels
+        self._client: httpx.AsyncClient | None = None
+
+    async def start(self) -> None:
+        if self._client is not None:
+            return
+        s = self._settings
+        headers = {"Accept": "application/json"}
+        if self._token:
+            headers["Authorization"] = f"Bearer {self._token}"
+        self._client = httpx.AsyncClient(
+            base_url=self._base_url,
+            headers=headers,
+            # No write timeout setting of its own: writing a small JSON body is bounded
+            # by the read timeout's budget.
+            timeout=httpx.Timeout(
+                connect=s.connect_timeout_s,
+                read=s.read_timeout_s,
+                write=s.read_timeout_s,
+                pool=s.pool_timeout_s,
+            ),
+            limits=httpx.Limits(
+                max_connections=s.max_connections,
+                max_keepalive_connections=s.max_connections,
+            ),
+            transport=self._transport,
+            follow_redirects=False,
+        )
+        url = httpx.URL(self._base_url)
+        log.info("zapapi client started: %s://%s", url.scheme, url.netloc.decode())
+
+    async def stop(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
+
+    async def __aenter__(self) -> ZapApiClient:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    @property
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            raise RuntimeError("ZapApiClient is not started")
+        return self._client
+
+    async def send_text(self, message: TextMessage) -> SendAccepted:
+        """Send one text; a ``failed`` answer is a permanent error."""
+        response = await send_request(
+            self._http,
+            "POST",
+            f"/v1/instances/{quote(message.instance_id, safe='')}/messages",
+            gateway=self.name,
+            sensitive=(message.to, message.text, self._token),
+            headers={"Idempotency-Key": message.reference},
+            json_body={"type": "text", "to": message.to, "text": message.text},
+        )
+        body = json_object(response) or {}
+        message_id = _first_str(body.get("id"), body.get("messageId"), body.get("message_id"))
+        label = _first_str(body.get("status"))
+        status = map_label(label, self._labels)
+        if status in _REFUSED:
+            raise PermanentGatewayError(
+                f"{self.name}: message {message_id} answered {label!r}",
+                status_code=response.status_code,
+            )
+        return SendAccepted(gateway_job_id=message_id, gateway_status=label, status=status)
+
+
+def _first_str(*values: object) -> str | None:
+    for value in values:
+        if isinstance(value, str) and value:
+            return value
+        if isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
+    return None

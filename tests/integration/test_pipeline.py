@@ -1,0 +1,132 @@
+"""The pipeline end to end on real processes: plain INSERTs, idempotency, malformed rows, write-back."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+
+import orjson
+import psycopg
+import pytest
+from aiokafka import AIOKafkaConsumer
+
+from connectors.enqueue import enqueue
+from connectors.local_pipeline import LocalPipeline
+from streams.contract import INVALID, IntentRejected
+from tests.integration.conftest import Arrivals, count_rows, wait_for_status, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def pipeline() -> Iterator[LocalPipeline]:
+    with LocalPipeline(partitions=4) as p:
+        p.start_relay()
+        p.start_worker()
+        yield p
+
+
+def test_outbox_articles_plain_insert_is_sent_and_marked_accepted(pipeline: LocalPipeline) -> None:
+    key = f"plain-{uuid.uuid4().hex}"
+    text = f"order confirmed [{key}:0]"
+    with psycopg.connect(pipeline.dsn) as conn:
+        conn.execute(
+            "INSERT INTO outbox_jobs (instance_id, payload, idempotency_key) VALUES ($1, $2, $3)"
+            .replace("$1", "%s").replace("$2", "%s").replace("$3", "%s"),
+            ("shop-1", orjson.dumps({"type": "text", "to": "+5511912345678", "text": text}).decode(), key),
+        )
+    arrivals = Arrivals(pipeline)
+    wait_until(
+        lambda: any(m["text"] == text for m in arrivals.refresh()), 60, "the plain INSERT at the gateway"
+    )
+    sent = [m for m in arrivals.items if m["text"] == text]
+    assert len(sent) == 1
+    assert sent[0]["to"] == "5511912345678" and sent[0]["instance"] == "shop-1"
+    wait_for_status(pipeline.dsn, [key], "ACCEPTED", 30)
+    with psycopg.connect(pipeline.dsn) as conn:
+        row = conn.execute(
+            "SELECT gateway_job_id, state_version, attempts, sent_at IS NOT NULL FROM outbox_jobs "
+            "WHERE idempotency_key = %s",
+            (key,),
+        ).fetchone()
+        events = conn.execute(
+            "SELECT from_status, to_status, version, actor FROM outbox_job_events e "
+            "JOIN outbox_jobs j ON j.id = e.job_id WHERE j.idempotency_key = %s",
+            (key,),
+        ).fetchall()
+    assert row == (sent[0]["id"], 1, 1, True)
+    assert events == [("PENDING", "ACCEPTED", 1, "worker")]
+
+
+def test_duplicate_idempotency_key_creates_no_second_row_and_no_second_send(
+    pipeline: LocalPipeline,
+) -> None:
+    key = f"dup-{uuid.uuid4().hex}"
+    text = f"your code is 1234 [{key}:0]"
+    with psycopg.connect(pipeline.dsn) as conn:
+        first = enqueue(conn, instance_id="shop-2", to="5511987650000", text=text, idempotency_key=key)
+        conn.commit()
+        second = enqueue(conn, instance_id="shop-2", to="5511987650000", text=text, idempotency_key=key)
+        conn.commit()
+    assert first == second
+    wait_for_status(pipeline.dsn, [key], "ACCEPTED", 60)
+    # A later message behind it in another transaction proves the pipeline moved past it.
+    marker = f"marker-{uuid.uuid4().hex}"
+    with psycopg.connect(pipeline.dsn) as conn:
+        enqueue(conn, instance_id="shop-2", to="5511987650000", text=f"m [{marker}:1]", idempotency_key=marker)
+    wait_for_status(pipeline.dsn, [marker], "ACCEPTED", 60)
+    arrivals = Arrivals(pipeline).refresh()
+    assert sum(1 for m in arrivals if m["text"] == text) == 1
+    assert count_rows(pipeline.dsn, "SELECT count(*) FROM outbox_jobs WHERE idempotency_key = %s", (key,)) == 1
+
+
+async def _read_invalid(bootstrap: str, expected: int) -> list[IntentRejected]:
+    consumer = AIOKafkaConsumer(
+        INVALID, bootstrap_servers=bootstrap, auto_offset_reset="earliest", group_id=None
+    )
+    await consumer.start()
+    try:
+        found: list[IntentRejected] = []
+        deadline = asyncio.get_running_loop().time() + 60
+        while len(found) < expected and asyncio.get_running_loop().time() < deadline:
+            batch = await consumer.getmany(timeout_ms=500)
+            found.extend(IntentRejected.loads(r.value) for rs in batch.values() for r in rs)
+        return found
+    finally:
+        await consumer.stop()
+
+
+def test_malformed_rows_land_in_invalid_and_rows_after_them_are_delivered(
+    pipeline: LocalPipeline,
+) -> None:
+    run = uuid.uuid4().hex
+    bad = {
+        f"{run}-array": "[1, 2, 3]",
+        f"{run}-type": '{"type": "sticker", "to": "5511900000001", "text": "x"}',
+        f"{run}-noto": '{"type": "text", "text": "nobody"}',
+    }
+    good = [f"{run}-good-{i}" for i in range(3)]
+    insert = "INSERT INTO outbox_jobs (instance_id, payload, idempotency_key) VALUES (%s, %s, %s)"
+    with psycopg.connect(pipeline.dsn) as conn:
+        with conn.transaction():
+            conn.execute(insert, ("shop-3", bad[f"{run}-array"], f"{run}-array"))
+            conn.execute(insert, ("shop-3", _text_payload(good[0]), good[0]))
+        with conn.transaction():
+            conn.execute(insert, ("shop-3", bad[f"{run}-type"], f"{run}-type"))
+            conn.execute(insert, ("shop-3", bad[f"{run}-noto"], f"{run}-noto"))
+        for key in good[1:]:
+            conn.execute(insert, ("shop-3", _text_payload(key), key))
+            conn.commit()
+    wait_for_status(pipeline.dsn, good, "ACCEPTED", 60)
+    rejected = {r.row["idempotency_key"]: r for r in asyncio.run(_read_invalid(pipeline.kafka.bootstrap, 3))}
+    assert set(bad) <= set(rejected)
+    assert "not an object" in rejected[f"{run}-array"].reason
+    assert "unknown message type 'sticker'" in rejected[f"{run}-type"].reason
+    assert "recipient is missing" in rejected[f"{run}-noto"].reason
+    assert rejected[f"{run}-type"].job_id is not None
+    assert rejected[f"{run}-array"].row["payload"] == "[1, 2, 3]"
+
+
+def _text_payload(key: str) -> str:
+    return orjson.dumps({"type": "text", "to": "+55 11 95555-0000", "text": f"ok [{key}:0]"}).decode()
