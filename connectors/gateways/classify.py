@@ -29,6 +29,7 @@ request's sensitive values to be redacted wherever the gateway echoed them.
 
 from __future__ import annotations
 
+import datetime
 import email.utils
 import math
 import re
@@ -133,8 +134,8 @@ def parse_retry_after(value: str | None, *, now: float | None = None) -> float |
     except (TypeError, ValueError, IndexError):
         return None
     if when.tzinfo is None:
-        # RFC 9110 dates are GMT; parsedate_to_datetime returns naive for "-0000".
-        return None
+        # HTTP dates are always GMT; parsedate_to_datetime leaves "-0000" naive.
+        when = when.replace(tzinfo=datetime.UTC)
     current = time.time() if now is None else now
     return max(0.0, when.timestamp() - current)
 

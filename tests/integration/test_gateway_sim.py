@@ -1,0 +1,390 @@
+"""The gateway simulator driven by the real clients over real HTTP on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import re
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from pydantic import SecretStr
+
+from connectors.gateway_sim import GatewaySimulator, SimConfigError
+from connectors.gateways.stackzap import StackZapClient
+from connectors.gateways.zapapi import ZapApiClient
+from streams.contract import JobStatus
+from streams.gateway import (
+    PermanentGatewayError,
+    TextMessage,
+    TransientGatewayError,
+    UncertainGatewayError,
+)
+from streams.settings import GatewaySettings
+
+pytestmark = pytest.mark.integration
+
+API_KEY = "sim-key-0123456789"
+TOKEN = "sim-token-0123456789"
+DEADLINE_S = 10.0
+REPO_ROOT = str(pathlib.Path(__file__).resolve().parents[2])
+
+
+@pytest.fixture
+async def sim() -> AsyncIterator[GatewaySimulator]:
+    simulator = GatewaySimulator(api_key=API_KEY, token=TOKEN, seed=7)
+    port = await simulator.start("127.0.0.1", 0)
+    assert port > 0
+    try:
+        yield simulator
+    finally:
+        await simulator.stop()
+
+
+def gateway_settings(sim: GatewaySimulator, **overrides: Any) -> GatewaySettings:
+    values: dict[str, Any] = {
+        "stackzap_api_url": sim.url,
+        "stackzap_api_key": SecretStr(API_KEY),
+        "zap_api_url": sim.url,
+        "zap_token": SecretStr(TOKEN),
+        "read_timeout_s": 5.0,
+    }
+    values.update(overrides)
+    return GatewaySettings(**values)
+
+
+@pytest.fixture
+async def stackzap(sim: GatewaySimulator) -> AsyncIterator[StackZapClient]:
+    async with StackZapClient(gateway_settings(sim)) as client:
+        yield client
+
+
+@pytest.fixture
+async def zapapi(sim: GatewaySimulator) -> AsyncIterator[ZapApiClient]:
+    async with ZapApiClient(gateway_settings(sim)) as client:
+        yield client
+
+
+def msg(n: int, instance: str = "inst-1") -> TextMessage:
+    return TextMessage(
+        instance_id=instance, to=f"55119{n:08d}", text=f"message {n}", reference=f"att-{n}"
+    )
+
+
+async def test_accepted_messages_are_recorded_with_reference(
+    sim: GatewaySimulator, stackzap: StackZapClient, zapapi: ZapApiClient
+) -> None:
+    a = await stackzap.send_text(msg(1))
+    b = await zapapi.send_text(msg(2, "inst-2"))
+    assert a.status is JobStatus.ACCEPTED and a.gateway_status == "queued"
+    assert b.status is JobStatus.ACCEPTED
+    recorded = [(m.seq, m.api, m.instance, m.to, m.text, m.reference, m.id) for m in sim.messages]
+    assert recorded == [
+        (1, "stackzap", "inst-1", "5511900000001", "message 1", "att-1", a.gateway_job_id),
+        (2, "zapapi", "inst-2", "5511900000002", "message 2", "att-2", b.gateway_job_id),
+    ]
+    assert sim.messages[0].arrived_at <= sim.messages[1].arrived_at <= time.time()
+
+    async with httpx.AsyncClient(base_url=sim.url) as http:
+        everything = (await http.get("/_sim/messages")).json()
+        later = (await http.get("/_sim/messages", params={"since": 1})).json()
+        stats = (await http.get("/_sim/stats")).json()
+    assert [m["reference"] for m in everything] == ["att-1", "att-2"]
+    assert [m["seq"] for m in later] == [2]
+    assert {"seq", "api", "instance", "to", "text", "reference", "id", "arrived_at"} <= set(
+        later[0]
+    )
+    assert stats["accepted"] == 2
+    assert stats["requests"] == 2
+    assert stats["by_outcome"] == {"accepted": 2}
+    assert stats["by_api"] == {"stackzap": 1, "zapapi": 1}
+
+
+async def test_bad_credentials_are_permanent_401(sim: GatewaySimulator) -> None:
+    wrong = gateway_settings(sim, stackzap_api_key=SecretStr("nope"), zap_token=SecretStr("nope"))
+    async with StackZapClient(wrong) as stackzap, ZapApiClient(wrong) as zapapi:
+        for client in (stackzap, zapapi):
+            with pytest.raises(PermanentGatewayError) as info:
+                await client.send_text(msg(1))
+            assert info.value.status_code == 401
+    missing = gateway_settings(sim, stackzap_api_key=SecretStr(""))
+    async with StackZapClient(missing) as stackzap:
+        with pytest.raises(PermanentGatewayError):
+            await stackzap.send_text(msg(1))
+    assert sim.messages == []
+    assert sim.stats()["by_outcome"] == {"unauthorized": 3}
+
+
+async def test_error_rate_gives_transient_500(
+    sim: GatewaySimulator, stackzap: StackZapClient, zapapi: ZapApiClient
+) -> None:
+    sim.configure(error_rate=1.0)
+    for client in (stackzap, zapapi):
+        with pytest.raises(TransientGatewayError) as info:
+            await client.send_text(msg(1))
+        assert info.value.status_code == 500
+        assert info.value.retriable
+    assert sim.messages == []
+    # The listing is not faulted by default, so reconciliation still works.
+    assert (await stackzap.list_jobs("inst-1")).items == ()
+
+
+async def test_rate_limit_gives_transient_with_retry_after(
+    sim: GatewaySimulator, stackzap: StackZapClient
+) -> None:
+    async with httpx.AsyncClient(base_url=sim.url) as http:
+        resp = await http.post("/_sim/config", json={"rate_limit_rate": 1.0, "retry_after_s": 2})
+        assert resp.status_code == 200
+        assert resp.json()["rate_limit_rate"] == 1.0
+    with pytest.raises(TransientGatewayError) as info:
+        await stackzap.send_text(msg(1))
+    assert info.value.status_code == 429
+    assert info.value.retry_after_s == 2.0
+    sim.configure(retry_after_s=0.25)
+    with pytest.raises(TransientGatewayError) as info:
+        await stackzap.send_text(msg(2))
+    assert info.value.retry_after_s == 0.25
+    assert sim.messages == []
+
+
+async def test_outage_answers_503_then_recovers(
+    sim: GatewaySimulator, stackzap: StackZapClient
+) -> None:
+    outage_until = sim.configure(outage_s=1.0).outage_until
+    assert outage_until is not None
+    with pytest.raises(TransientGatewayError) as info:
+        await stackzap.send_text(msg(1))
+    assert info.value.status_code == 503
+    assert info.value.retry_after_s == 1.0
+    with pytest.raises(TransientGatewayError):
+        await stackzap.list_jobs("inst-1")  # an outage hits every endpoint
+
+    started = time.monotonic()
+    attempts = 1
+    while True:
+        attempts += 1
+        try:
+            accepted = await stackzap.send_text(msg(attempts))
+            break
+        except TransientGatewayError as exc:
+            assert exc.status_code == 503
+            assert time.monotonic() - started < DEADLINE_S, "outage did not end"
+            await asyncio.sleep(0.05)
+    assert accepted.status is JobStatus.ACCEPTED
+    assert [m.reference for m in sim.messages] == [f"att-{attempts}"]
+    assert sim.messages[0].arrived_at >= outage_until
+    assert sim.stats()["by_outcome"]["outage"] >= 2
+
+
+async def test_dropped_response_is_uncertain_but_recorded(
+    sim: GatewaySimulator, stackzap: StackZapClient, zapapi: ZapApiClient
+) -> None:
+    sim.configure(drop_response_rate=1.0)
+    with pytest.raises(UncertainGatewayError):
+        await stackzap.send_text(msg(1))
+    with pytest.raises(UncertainGatewayError):
+        await zapapi.send_text(msg(2))
+    assert [(m.reference, m.dropped) for m in sim.messages] == [("att-1", True), ("att-2", True)]
+    sim.configure(drop_response_rate=0.0)
+    # The connection pool recovers: the next send works and finds the dropped one queued.
+    await stackzap.send_text(msg(3))
+    page = await stackzap.list_jobs("inst-1")
+    assert [j.reference for j in page.items] == ["att-1", "att-3"]
+    assert sim.stats()["by_outcome"] == {"dropped": 2, "accepted": 1, "listed": 1}
+
+
+async def test_listing_paginates_and_hides_references(
+    sim: GatewaySimulator, stackzap: StackZapClient
+) -> None:
+    sent = [await stackzap.send_text(msg(n)) for n in range(250)]
+    await stackzap.send_text(msg(999, "other-instance"))
+
+    first = await stackzap.list_jobs("inst-1", page_size=100)
+    assert (first.page, first.total, first.next_page, len(first.items)) == (1, 250, 2, 100)
+    assert first.counts == {"queued": 250}
+    assert first.items[0].to == "5511900000000" and first.items[0].text == "message 0"
+    pages = [p async for p in stackzap.iter_pages("inst-1", page_size=100)]
+    assert [(p.page, len(p.items)) for p in pages] == [(1, 100), (2, 100), (3, 50)]
+    jobs = [j async for j in stackzap.iter_jobs("inst-1", page_size=100)]
+    assert [j.id for j in jobs] == [s.gateway_job_id for s in sent]
+    assert [j.reference for j in jobs] == [f"att-{n}" for n in range(250)]
+    assert all(j.status is JobStatus.ACCEPTED and j.created_at for j in jobs)
+
+    sim.configure(hide_references=True)
+    hidden = await stackzap.list_jobs("inst-1", page=3, page_size=100)
+    assert len(hidden.items) == 50 and hidden.next_page is None
+    assert all(j.reference is None for j in hidden.items)
+
+    sim.set_job_status("sent", ids=[s.gateway_job_id or "" for s in sent[:10]])
+    only_sent = await stackzap.list_jobs("inst-1", status="sent")
+    assert only_sent.total == 10
+    assert only_sent.counts == {"queued": 240, "sent": 10}
+
+
+async def test_unknown_instance_is_permanent_404(
+    sim: GatewaySimulator, stackzap: StackZapClient, zapapi: ZapApiClient
+) -> None:
+    sim.configure(reject_instances=["ghost"])
+    for client in (stackzap, zapapi):
+        with pytest.raises(PermanentGatewayError, match="unknown instance") as info:
+            await client.send_text(msg(1, "ghost"))
+        assert info.value.status_code == 404
+    await stackzap.send_text(msg(2, "alive"))
+    assert [m.instance for m in sim.messages] == ["alive"]
+
+
+async def test_unknown_initial_status_is_review(
+    sim: GatewaySimulator, stackzap: StackZapClient, zapapi: ZapApiClient
+) -> None:
+    sim.configure(initial_status="weird")
+    for client in (stackzap, zapapi):
+        accepted = await client.send_text(msg(1))
+        assert accepted.status is JobStatus.REVIEW
+        assert accepted.gateway_status == "weird"
+    sim.configure(initial_status="failed")
+    with pytest.raises(PermanentGatewayError):
+        await stackzap.send_text(msg(2))
+
+
+async def test_id_field_fallbacks_over_http(
+    sim: GatewaySimulator, stackzap: StackZapClient, zapapi: ZapApiClient
+) -> None:
+    sim.configure(id_field="jobId")
+    assert (await stackzap.send_text(msg(1))).gateway_job_id == sim.messages[-1].id
+    sim.configure(id_field="messageId")
+    assert (await zapapi.send_text(msg(2))).gateway_job_id == sim.messages[-1].id
+
+
+async def test_cancel_queued_then_conflict_once_sent(
+    sim: GatewaySimulator, stackzap: StackZapClient
+) -> None:
+    queued = await stackzap.send_text(msg(1))
+    sent = await stackzap.send_text(msg(2))
+    assert queued.gateway_job_id and sent.gateway_job_id
+    async with httpx.AsyncClient(base_url=sim.url) as http:
+        resp = await http.post(
+            "/_sim/jobs/status", json={"status": "sent", "ids": [sent.gateway_job_id]}
+        )
+    assert resp.json() == {"updated": 1}
+
+    assert await stackzap.cancel("inst-1", queued.gateway_job_id) is True
+    assert await stackzap.cancel("inst-1", queued.gateway_job_id) is True  # idempotent
+    assert await stackzap.cancel("inst-1", sent.gateway_job_id) is False
+    with pytest.raises(PermanentGatewayError) as info:
+        await stackzap.cancel("inst-1", "no-such-job")
+    assert info.value.status_code == 404
+    statuses = {j.id: j.status async for j in stackzap.iter_jobs("inst-1")}
+    assert statuses == {
+        queued.gateway_job_id: JobStatus.CANCELLED,
+        sent.gateway_job_id: JobStatus.ACCEPTED,
+    }
+
+
+async def test_faults_are_deterministic_given_a_seed(
+    sim: GatewaySimulator, stackzap: StackZapClient
+) -> None:
+    async def run() -> list[str]:
+        outcomes = []
+        for n in range(40):
+            try:
+                await stackzap.send_text(msg(n))
+                outcomes.append("ok")
+            except TransientGatewayError as exc:
+                outcomes.append(str(exc.status_code))
+        return outcomes
+
+    async with httpx.AsyncClient(base_url=sim.url) as http:
+        config = {"seed": 1234, "error_rate": 0.3, "rate_limit_rate": 0.2, "retry_after_s": 0}
+        assert (await http.post("/_sim/config", json=config)).status_code == 200
+        first = await run()
+        assert (await http.post("/_sim/reset")).status_code == 200
+        assert sim.messages == [] and sim.config.error_rate == 0.0
+        assert (await http.post("/_sim/config", json=config)).status_code == 200
+        second = await run()
+    assert first == second
+    assert {"ok", "429", "500"} <= set(first)
+
+
+async def test_config_validation(sim: GatewaySimulator) -> None:
+    async with httpx.AsyncClient(base_url=sim.url) as http:
+        for bad in ({"error_rate": 2}, {"bogus": 1}, {"latency_ms": -1}, {"fault_scope": "x"}):
+            resp = await http.post("/_sim/config", json=bad)
+            assert resp.status_code == 400, bad
+        assert (await http.get("/_sim/config")).json()["error_rate"] == 0.0
+    with pytest.raises(SimConfigError):
+        sim.configure(error_rate="high")
+
+
+async def test_latency_and_fault_scope_all(sim: GatewaySimulator, stackzap: StackZapClient) -> None:
+    sim.configure(latency_ms=150)
+    started = time.monotonic()
+    await stackzap.send_text(msg(1))
+    assert time.monotonic() - started >= 0.14
+    sim.configure(latency_ms=0, error_rate=1.0, fault_scope="all")
+    with pytest.raises(TransientGatewayError):
+        await stackzap.list_jobs("inst-1")
+
+
+async def test_read_timeout_against_slow_simulator_is_uncertain(sim: GatewaySimulator) -> None:
+    sim.configure(latency_ms=1000)
+    async with StackZapClient(gateway_settings(sim, read_timeout_s=0.2)) as client:
+        with pytest.raises(UncertainGatewayError):
+            await client.send_text(msg(1))
+
+
+async def test_connect_refused_is_transient() -> None:
+    simulator = GatewaySimulator()
+    await simulator.start()
+    url = simulator.url
+    await simulator.stop()
+    await simulator.stop()  # idempotent
+    async with StackZapClient(GatewaySettings(stackzap_api_url=url)) as client:
+        with pytest.raises(TransientGatewayError):
+            await client.send_text(msg(1))
+
+
+async def test_command_line_entry_point() -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "connectors.gateway_sim",
+        "--port",
+        "0",
+        "--api-key",
+        API_KEY,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=REPO_ROOT,
+    )
+    assert proc.stderr is not None
+    log_lines: list[str] = []
+    try:
+        port = None
+        async with asyncio.timeout(DEADLINE_S):
+            while port is None:
+                line = (await proc.stderr.readline()).decode()
+                assert line, f"simulator exited: {''.join(log_lines)}"
+                log_lines.append(line)
+                if found := re.search(r"listening on http://127\.0\.0\.1:(\d+)", line):
+                    port = int(found.group(1))
+        assert API_KEY not in "".join(log_lines)
+        url = f"http://127.0.0.1:{port}"
+        async with StackZapClient(
+            GatewaySettings(stackzap_api_url=url, stackzap_api_key=SecretStr(API_KEY))
+        ) as client:
+            assert (await client.send_text(msg(1))).status is JobStatus.ACCEPTED
+        async with httpx.AsyncClient(base_url=url) as http:
+            assert (await http.get("/_sim/health")).json()["ok"] is True
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(DEADLINE_S):
+            rest = await proc.stderr.read()
+            code = await proc.wait()
+    assert code == 0, "".join(log_lines) + rest.decode()
+    assert "5511900000001" not in rest.decode()
+    assert "stopped: 1 requests, 1 messages accepted" in rest.decode()
