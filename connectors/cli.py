@@ -95,7 +95,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 def _cmd_gateway_sim(args: argparse.Namespace) -> int:
     from connectors.gateway_sim import main as sim_main
 
-    return sim_main(args.sim_args)
+    sim_main(args.sim_args)
+    return 0
 
 
 def _cmd_dev(args: argparse.Namespace) -> int:

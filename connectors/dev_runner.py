@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TextIO
 
 import psycopg
 
@@ -70,7 +71,7 @@ def wait_for_delivery(
     committed: dict[str, float],
     *,
     timeout_s: float,
-    out: object = sys.stdout,
+    out: TextIO = sys.stdout,
 ) -> DeliveryReport:
     deadline = time.monotonic() + timeout_s
     started = time.monotonic()
@@ -83,7 +84,7 @@ def wait_for_delivery(
         print(
             f"  [{elapsed:5.1f}s] accepted by gateway {report.accepted_unique}/{report.expected}"
             f"  duplicates {report.duplicate_count}",
-            file=out,  # type: ignore[arg-type]
+            file=out,
             flush=True,
         )
         if not report.missing:
@@ -97,7 +98,9 @@ def wait_for_outbox(dsn: str, count: int, timeout_s: float) -> dict[str, int]:
     deadline = time.monotonic() + timeout_s
     with psycopg.connect(dsn, autocommit=True) as conn:
         while True:
-            rows = conn.execute("SELECT status, count(*) FROM outbox_jobs GROUP BY status").fetchall()
+            rows = conn.execute(
+                "SELECT status, count(*) FROM outbox_jobs GROUP BY status"
+            ).fetchall()
             by_status = {str(s): int(n) for s, n in rows}
             if by_status.get("ACCEPTED", 0) >= count or time.monotonic() > deadline:
                 return by_status

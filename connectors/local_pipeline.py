@@ -131,7 +131,9 @@ class LocalPipeline:
 
     # --- processes ----------------------------------------------------------------------
 
-    def process(self, name: str, args: list[str], env: dict[str, str] | None = None) -> ManagedProcess:
+    def process(
+        self, name: str, args: list[str], env: dict[str, str] | None = None
+    ) -> ManagedProcess:
         import os
 
         full_env = {**os.environ, **self.env(), **(env or {})}

@@ -57,7 +57,9 @@ def migrate(dsn: str) -> list[str]:
                        checksum   TEXT NOT NULL,
                        applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"""
             )
-            recorded = dict(conn.execute("SELECT version, checksum FROM schema_migrations"))
+            recorded: dict[int, str] = dict(
+                conn.execute("SELECT version, checksum FROM schema_migrations")
+            )
             for migration in shipped_migrations():
                 seen = recorded.get(migration.version)
                 if seen is not None:

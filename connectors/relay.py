@@ -38,7 +38,12 @@ from connectors.acks import AckTracker
 from connectors.lsn import Lsn
 from connectors.outbox_rows import row_to_record
 from connectors.pgoutput import Begin, Commit, Insert, PgOutputDecoder
-from connectors.replication import ReplicationStream, SlotInUse
+from connectors.replication import (
+    ReplicationError,
+    ReplicationStream,
+    ReplicationStreamClosed,
+    SlotInUse,
+)
 from connectors.replication_messages import PrimaryKeepalive, XLogData
 from streams.contract import (
     HEADER_JOB_ID,
@@ -83,8 +88,7 @@ def ensure_replication(dsn: str, *, slot: str, publication: str) -> Lsn:
             with contextlib.suppress(pg_errors.DuplicateObject):
                 conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
             row = conn.execute(
-                "SELECT plugin, confirmed_flush_lsn FROM pg_replication_slots "
-                "WHERE slot_name = %s",
+                "SELECT plugin, confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = %s",
                 (slot,),
             ).fetchone()
         assert row is not None
@@ -167,7 +171,7 @@ class OutboxRelay:
             await self._producer.stop()
 
     async def run(self) -> None:
-        """Stream until :meth:`request_stop`; wait as a standby while another relay holds the slot."""
+        """Stream until :meth:`request_stop`; wait as a standby while another relay has the slot."""
         s = self.settings
         dsn = s.postgres.dsn
         confirmed = await asyncio.to_thread(
@@ -189,6 +193,17 @@ class OutboxRelay:
             announced_standby = False
             try:
                 confirmed = await self._stream(stream, confirmed)
+            except ReplicationStreamClosed as exc:
+                if not exc.retriable:
+                    raise
+                # PostgreSQL restarted or the connection dropped: what Kafka acknowledged
+                # but PostgreSQL did not hear about is replayed from the slot (duplicates
+                # the worker drops), nothing is skipped.
+                log.warning("replication connection lost (%s); reconnecting", exc)
+                await self._producer.flush()
+                confirmed = self._reported
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), s.standby_retry_s)
             finally:
                 await stream.close()
             if self._failure is not None:
@@ -297,6 +312,8 @@ class OutboxRelay:
             await asyncio.wait_for(self._producer.flush(), self.settings.drain_timeout_s)
         except TimeoutError:
             log.warning("drain: Kafka did not acknowledge everything within the bound")
-        with contextlib.suppress(Exception):
+        try:
             await self._report(stream, force=True)
-
+        except ReplicationError as exc:
+            # The slot keeps the older position; the next relay replays the rest.
+            log.warning("drain: could not confirm the final position: %s", exc)

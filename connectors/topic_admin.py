@@ -26,7 +26,9 @@ class TopicMismatch(RuntimeError):
 async def ensure_topics(kafka: KafkaSettings, specs: list[TopicSpec] | None = None) -> list[str]:
     """Create the missing topics; return the names created now."""
     specs = specs if specs is not None else topic_specs(kafka.partitions)
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka.bootstrap_servers, client_id="zapstream-admin")
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=kafka.bootstrap_servers, client_id="zapstream-admin"
+    )
     await admin.start()
     try:
         existing = set(await admin.list_topics())

@@ -75,7 +75,9 @@ class Dispatcher:
     async def drain(self) -> None:
         """On shutdown: let lanes finish within a bound, then cancel what is left unacked."""
         if not await self.lanes.join(self.drain_timeout_s):
-            log.warning("dispatcher: lanes still busy after %.0fs; handing back", self.drain_timeout_s)
+            log.warning(
+                "dispatcher: lanes still busy after %.0fs; handing back", self.drain_timeout_s
+            )
         await self.lanes.cancel_all()
 
     async def _handle(self, item: tuple[Any, IntentCaptured]) -> None:

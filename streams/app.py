@@ -23,7 +23,7 @@ class Resource(Protocol):
     async def stop(self) -> None: ...
 
 
-class WorkerApp(faust.App):  # type: ignore[misc]
+class WorkerApp(faust.App):
     """A Faust app that starts its resources before its agents and stops them after."""
 
     def __init__(self, *args: Any, resources: Sequence[Resource] = (), **kwargs: Any) -> None:

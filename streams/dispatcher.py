@@ -25,7 +25,13 @@ import datetime as dt
 import random
 from collections.abc import Awaitable, Callable
 
-from streams.contract import AttemptFinished, AttemptOutcome, IntentCaptured, JobStatus, StatusChanged
+from streams.contract import (
+    AttemptFinished,
+    AttemptOutcome,
+    IntentCaptured,
+    JobStatus,
+    StatusChanged,
+)
 from streams.gateway import (
     Gateway,
     GatewayError,
@@ -60,7 +66,9 @@ class Decision:
 
 
 def job_ref(intent: IntentCaptured) -> JobRef:
-    return JobRef(intent.job_id, intent.idempotency_key, intent.instance_id, intent.conversation_key)
+    return JobRef(
+        intent.job_id, intent.idempotency_key, intent.instance_id, intent.conversation_key
+    )
 
 
 def _now() -> dt.datetime:
@@ -83,7 +91,9 @@ async def dispatch(
     if current is not None and JobStatus(current.status) in SETTLED:
         return Decision(attempts=(), state=None, duplicate=True)
 
-    def finished(attempt: int, outcome: AttemptOutcome, started: dt.datetime, **kw: object) -> AttemptFinished:
+    def finished(
+        attempt: int, outcome: AttemptOutcome, started: dt.datetime, **kw: object
+    ) -> AttemptFinished:
         return AttemptFinished(
             job_id=intent.job_id,
             idempotency_key=intent.idempotency_key,
@@ -102,7 +112,9 @@ async def dispatch(
     if intent.expires_at is not None and dt.datetime.fromisoformat(intent.expires_at) <= now():
         started = now()
         record = finished(0, AttemptOutcome.EXPIRED, started, error="expired before sending")
-        state = transition(ref, current, JobStatus.EXPIRED, reason=f"expired at {intent.expires_at}")
+        state = transition(
+            ref, current, JobStatus.EXPIRED, reason=f"expired at {intent.expires_at}"
+        )
         return Decision(attempts=(record,), state=state)
 
     attempts: list[AttemptFinished] = []
@@ -139,7 +151,11 @@ async def dispatch(
             return Decision(attempts=tuple(attempts), state=state)
         except GatewayError as exc:  # an unclassified subclass is a gateway client bug
             raise TypeError(f"unclassified gateway error {type(exc).__name__}") from exc
-        outcome = AttemptOutcome.REVIEW if accepted.status is JobStatus.REVIEW else AttemptOutcome.ACCEPTED
+        outcome = (
+            AttemptOutcome.REVIEW
+            if accepted.status is JobStatus.REVIEW
+            else AttemptOutcome.ACCEPTED
+        )
         attempts.append(
             finished(
                 made,
@@ -149,7 +165,7 @@ async def dispatch(
                 gateway_status=accepted.gateway_status,
             )
         )
-        reason = (
+        review_reason = (
             f"gateway label {accepted.gateway_status!r} is not configured"
             if accepted.status is JobStatus.REVIEW
             else None
@@ -158,7 +174,7 @@ async def dispatch(
             ref,
             current,
             accepted.status,
-            reason=reason,
+            reason=review_reason,
             attempts=made,
             gateway_job_id=accepted.gateway_job_id,
         )

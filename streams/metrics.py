@@ -8,10 +8,14 @@ INTENTS = Counter(
     "zapstream_intents_total", "Intents handled by the dispatcher, by decision", ["decision"]
 )
 ATTEMPTS = Counter(
-    "zapstream_gateway_attempts_total", "Gateway attempts by gateway and outcome", ["gateway", "outcome"]
+    "zapstream_gateway_attempts_total",
+    "Gateway attempts by gateway and outcome",
+    ["gateway", "outcome"],
 )
 POISON = Counter("zapstream_poison_records_total", "Records sent to zapstream.dead", ["topic"])
-IN_FLIGHT = Gauge("zapstream_dispatch_in_flight", "Intents queued or being sent in conversation lanes")
+IN_FLIGHT = Gauge(
+    "zapstream_dispatch_in_flight", "Intents queued or being sent in conversation lanes"
+)
 COMMIT_TO_GATEWAY = Histogram(
     "zapstream_commit_to_gateway_seconds",
     "From the outbox transaction's commit to the gateway's acceptance",

@@ -28,7 +28,7 @@ class _Base(BaseSettings):
     model_config = SettingsConfigDict(extra="ignore", populate_by_name=True)
 
     def __init__(self, **values: Any) -> None:
-        super().__init__(_secrets_dir=_secrets_dir(), **values)  # type: ignore[call-arg]
+        super().__init__(_secrets_dir=_secrets_dir(), **values)
 
 
 class BrokerFlavor(enum.StrEnum):
@@ -146,16 +146,24 @@ class GatewaySettings(_Base):
         validation_alias=AliasChoices("ZAPSTREAM_ZAPAPI_LABELS", "zapapi_labels"),
     )
     connect_timeout_s: float = Field(
-        default=5.0, gt=0, validation_alias=AliasChoices("ZAPSTREAM_GATEWAY_CONNECT_TIMEOUT_S", "connect_timeout_s")
+        default=5.0,
+        gt=0,
+        validation_alias=AliasChoices("ZAPSTREAM_GATEWAY_CONNECT_TIMEOUT_S", "connect_timeout_s"),
     )
     read_timeout_s: float = Field(
-        default=15.0, gt=0, validation_alias=AliasChoices("ZAPSTREAM_GATEWAY_READ_TIMEOUT_S", "read_timeout_s")
+        default=15.0,
+        gt=0,
+        validation_alias=AliasChoices("ZAPSTREAM_GATEWAY_READ_TIMEOUT_S", "read_timeout_s"),
     )
     pool_timeout_s: float = Field(
-        default=5.0, gt=0, validation_alias=AliasChoices("ZAPSTREAM_GATEWAY_POOL_TIMEOUT_S", "pool_timeout_s")
+        default=5.0,
+        gt=0,
+        validation_alias=AliasChoices("ZAPSTREAM_GATEWAY_POOL_TIMEOUT_S", "pool_timeout_s"),
     )
     max_connections: int = Field(
-        default=100, ge=1, validation_alias=AliasChoices("ZAPSTREAM_GATEWAY_MAX_CONNECTIONS", "max_connections")
+        default=32,
+        ge=1,
+        validation_alias=AliasChoices("ZAPSTREAM_GATEWAY_MAX_CONNECTIONS", "max_connections"),
     )
 
     @field_validator("stackzap_labels", "zapapi_labels")

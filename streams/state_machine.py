@@ -17,12 +17,34 @@ S = JobStatus
 
 ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
     S.PENDING: frozenset(
-        {S.ATTEMPTING, S.ACCEPTED, S.DELIVERED, S.READ, S.RETRY_WAIT, S.FAILED, S.DEAD,
-         S.EXPIRED, S.CANCELLED, S.UNCERTAIN, S.REVIEW}
+        {
+            S.ATTEMPTING,
+            S.ACCEPTED,
+            S.DELIVERED,
+            S.READ,
+            S.RETRY_WAIT,
+            S.FAILED,
+            S.DEAD,
+            S.EXPIRED,
+            S.CANCELLED,
+            S.UNCERTAIN,
+            S.REVIEW,
+        }
     ),
     S.ATTEMPTING: frozenset(
-        {S.ACCEPTED, S.DELIVERED, S.READ, S.RETRY_WAIT, S.FAILED, S.DEAD, S.EXPIRED,
-         S.CANCELLED, S.UNCERTAIN, S.REVIEW, S.ATTEMPTING}
+        {
+            S.ACCEPTED,
+            S.DELIVERED,
+            S.READ,
+            S.RETRY_WAIT,
+            S.FAILED,
+            S.DEAD,
+            S.EXPIRED,
+            S.CANCELLED,
+            S.UNCERTAIN,
+            S.REVIEW,
+            S.ATTEMPTING,
+        }
     ),
     S.RETRY_WAIT: frozenset({S.ATTEMPTING, S.DEAD, S.EXPIRED, S.CANCELLED, S.FAILED}),
     S.ACCEPTED: frozenset({S.DELIVERED, S.READ, S.FAILED, S.CANCELLED, S.REVIEW}),

@@ -56,14 +56,22 @@ def test_same_key_twice_returns_existing_job_without_second_row(outbox_db: str) 
         second = enqueue(conn, **GOOD, idempotency_key="order-7")
         conn.commit()
     assert first == second
-    assert count_rows(outbox_db, "SELECT count(*) FROM outbox_jobs WHERE idempotency_key = 'order-7'") == 1
+    assert (
+        count_rows(outbox_db, "SELECT count(*) FROM outbox_jobs WHERE idempotency_key = 'order-7'")
+        == 1
+    )
 
 
 def test_enqueue_joins_the_callers_transaction(outbox_db: str) -> None:
     with psycopg.connect(outbox_db) as conn:
         enqueue(conn, **GOOD, idempotency_key="rolled-back")
         conn.rollback()
-    assert count_rows(outbox_db, "SELECT count(*) FROM outbox_jobs WHERE idempotency_key = 'rolled-back'") == 0
+    assert (
+        count_rows(
+            outbox_db, "SELECT count(*) FROM outbox_jobs WHERE idempotency_key = 'rolled-back'"
+        )
+        == 0
+    )
 
 
 async def test_async_flavour_validates_and_is_idempotent(outbox_db: str) -> None:
@@ -74,7 +82,12 @@ async def test_async_flavour_validates_and_is_idempotent(outbox_db: str) -> None
         again = await enqueue_async(conn, **GOOD, idempotency_key="async-1")
         await conn.commit()
     assert first == again
-    assert count_rows(outbox_db, "SELECT count(*) FROM outbox_jobs WHERE idempotency_key LIKE 'async-%%'") == 1
+    assert (
+        count_rows(
+            outbox_db, "SELECT count(*) FROM outbox_jobs WHERE idempotency_key LIKE 'async-%%'"
+        )
+        == 1
+    )
 
 
 def test_plain_sql_insert_gets_defaults_and_derived_conversation(outbox_db: str) -> None:

@@ -1,4 +1,4 @@
-"""The pipeline end to end on real processes: plain INSERTs, idempotency, malformed rows, write-back."""
+"""End to end on real processes: plain INSERTs, idempotency, malformed rows, write-back."""
 
 from __future__ import annotations
 
@@ -18,6 +18,10 @@ from tests.integration.conftest import Arrivals, count_rows, wait_for_status, wa
 
 pytestmark = pytest.mark.integration
 
+ARTICLE_INSERT = (
+    b"INSERT INTO outbox_jobs (instance_id, payload, idempotency_key) VALUES ($1, $2, $3)"
+)
+
 
 @pytest.fixture(scope="module")
 def pipeline() -> Iterator[LocalPipeline]:
@@ -30,15 +34,16 @@ def pipeline() -> Iterator[LocalPipeline]:
 def test_outbox_articles_plain_insert_is_sent_and_marked_accepted(pipeline: LocalPipeline) -> None:
     key = f"plain-{uuid.uuid4().hex}"
     text = f"order confirmed [{key}:0]"
-    with psycopg.connect(pipeline.dsn) as conn:
-        conn.execute(
-            "INSERT INTO outbox_jobs (instance_id, payload, idempotency_key) VALUES ($1, $2, $3)"
-            .replace("$1", "%s").replace("$2", "%s").replace("$3", "%s"),
-            ("shop-1", orjson.dumps({"type": "text", "to": "+5511912345678", "text": text}).decode(), key),
-        )
+    payload = orjson.dumps({"type": "text", "to": "+5511912345678", "text": text})
+    with psycopg.connect(pipeline.dsn, autocommit=True) as conn:
+        # The article's statement byte for byte, with server-side $n parameters.
+        result = conn.pgconn.exec_params(ARTICLE_INSERT, [b"shop-1", payload, key.encode()])
+        assert result.status == psycopg.pq.ExecStatus.COMMAND_OK, result.error_message
     arrivals = Arrivals(pipeline)
     wait_until(
-        lambda: any(m["text"] == text for m in arrivals.refresh()), 60, "the plain INSERT at the gateway"
+        lambda: any(m["text"] == text for m in arrivals.refresh()),
+        60,
+        "the plain INSERT at the gateway",
     )
     sent = [m for m in arrivals.items if m["text"] == text]
     assert len(sent) == 1
@@ -65,20 +70,35 @@ def test_duplicate_idempotency_key_creates_no_second_row_and_no_second_send(
     key = f"dup-{uuid.uuid4().hex}"
     text = f"your code is 1234 [{key}:0]"
     with psycopg.connect(pipeline.dsn) as conn:
-        first = enqueue(conn, instance_id="shop-2", to="5511987650000", text=text, idempotency_key=key)
+        first = enqueue(
+            conn, instance_id="shop-2", to="5511987650000", text=text, idempotency_key=key
+        )
         conn.commit()
-        second = enqueue(conn, instance_id="shop-2", to="5511987650000", text=text, idempotency_key=key)
+        second = enqueue(
+            conn, instance_id="shop-2", to="5511987650000", text=text, idempotency_key=key
+        )
         conn.commit()
     assert first == second
     wait_for_status(pipeline.dsn, [key], "ACCEPTED", 60)
     # A later message behind it in another transaction proves the pipeline moved past it.
     marker = f"marker-{uuid.uuid4().hex}"
     with psycopg.connect(pipeline.dsn) as conn:
-        enqueue(conn, instance_id="shop-2", to="5511987650000", text=f"m [{marker}:1]", idempotency_key=marker)
+        enqueue(
+            conn,
+            instance_id="shop-2",
+            to="5511987650000",
+            text=f"m [{marker}:1]",
+            idempotency_key=marker,
+        )
     wait_for_status(pipeline.dsn, [marker], "ACCEPTED", 60)
     arrivals = Arrivals(pipeline).refresh()
     assert sum(1 for m in arrivals if m["text"] == text) == 1
-    assert count_rows(pipeline.dsn, "SELECT count(*) FROM outbox_jobs WHERE idempotency_key = %s", (key,)) == 1
+    assert (
+        count_rows(
+            pipeline.dsn, "SELECT count(*) FROM outbox_jobs WHERE idempotency_key = %s", (key,)
+        )
+        == 1
+    )
 
 
 async def _read_invalid(bootstrap: str, expected: int) -> list[IntentRejected]:
@@ -119,7 +139,9 @@ def test_malformed_rows_land_in_invalid_and_rows_after_them_are_delivered(
             conn.execute(insert, ("shop-3", _text_payload(key), key))
             conn.commit()
     wait_for_status(pipeline.dsn, good, "ACCEPTED", 60)
-    rejected = {r.row["idempotency_key"]: r for r in asyncio.run(_read_invalid(pipeline.kafka.bootstrap, 3))}
+    rejected = {
+        r.row["idempotency_key"]: r for r in asyncio.run(_read_invalid(pipeline.kafka.bootstrap, 3))
+    }
     assert set(bad) <= set(rejected)
     assert "not an object" in rejected[f"{run}-array"].reason
     assert "unknown message type 'sticker'" in rejected[f"{run}-type"].reason
@@ -129,4 +151,6 @@ def test_malformed_rows_land_in_invalid_and_rows_after_them_are_delivered(
 
 
 def _text_payload(key: str) -> str:
-    return orjson.dumps({"type": "text", "to": "+55 11 95555-0000", "text": f"ok [{key}:0]"}).decode()
+    return orjson.dumps(
+        {"type": "text", "to": "+55 11 95555-0000", "text": f"ok [{key}:0]"}
+    ).decode()

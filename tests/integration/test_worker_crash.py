@@ -38,7 +38,9 @@ def test_worker_sigkill_mid_stream_sends_every_key_in_order_and_only_in_flight_t
     pipeline: LocalPipeline,
 ) -> None:
     worker = pipeline.start_worker("worker")
-    keys = enqueue_conversations(pipeline.dsn, uuid.uuid4().hex[:8], messages=5_000, conversations=50)
+    keys = enqueue_conversations(
+        pipeline.dsn, uuid.uuid4().hex[:8], messages=5_000, conversations=50
+    )
     arrivals = Arrivals(pipeline)
     wait_until(lambda: len(arrivals.refresh()) >= 1_500, 120, "1,500 messages at the gateway")
     worker.kill(signal.SIGKILL)

@@ -41,7 +41,9 @@ async def test_submit_waits_when_bound_reached() -> None:
     async def handler(item: int) -> None:
         await gate.wait()
 
-    lanes: ConversationLanes[int] = ConversationLanes(handler, max_in_flight=2, on_error=lambda e: None)
+    lanes: ConversationLanes[int] = ConversationLanes(
+        handler, max_in_flight=2, on_error=lambda e: None
+    )
     await lanes.submit("a", 1)
     await lanes.submit("b", 2)
     third = asyncio.ensure_future(lanes.submit("c", 3))
@@ -58,7 +60,9 @@ async def test_handler_error_is_reported_and_stops_intake() -> None:
     async def handler(item: int) -> None:
         raise RuntimeError("bug")
 
-    lanes: ConversationLanes[int] = ConversationLanes(handler, max_in_flight=4, on_error=errors.append)
+    lanes: ConversationLanes[int] = ConversationLanes(
+        handler, max_in_flight=4, on_error=errors.append
+    )
     await lanes.submit("a", 1)
     await lanes.join(1)
     assert len(errors) == 1

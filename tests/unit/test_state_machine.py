@@ -23,7 +23,12 @@ def test_versions_increase_and_keep_gateway_id_and_sent_at() -> None:
 
 @pytest.mark.parametrize(
     ("start", "to"),
-    [(S.READ, S.DELIVERED), (S.DELIVERED, S.ACCEPTED), (S.EXPIRED, S.ACCEPTED), (S.CANCELLED, S.ATTEMPTING)],
+    [
+        (S.READ, S.DELIVERED),
+        (S.DELIVERED, S.ACCEPTED),
+        (S.EXPIRED, S.ACCEPTED),
+        (S.CANCELLED, S.ATTEMPTING),
+    ],
 )
 def test_backwards_or_from_final_states_is_rejected(start: S, to: S) -> None:
     current = transition(JOB, None, start)
