@@ -103,6 +103,23 @@ def _tail(path: Path, n: int) -> str:
 # --------------------------------------------------------------------------- processes
 
 
+_SECRET_FLAG = re.compile(r"--?[\w-]*(key|token|secret|password)[\w-]*$", re.IGNORECASE)
+
+
+def _mask_secret_args(args: Sequence[str]) -> list[str]:
+    """The command line as logged: the value after ``--api-key``, ``--token`` ... is masked."""
+    shown: list[str] = []
+    for arg in args:
+        flag, eq, _ = arg.partition("=")
+        if eq and _SECRET_FLAG.match(flag):
+            shown.append(f"{flag}=***")
+        elif shown and _SECRET_FLAG.match(shown[-1]):
+            shown.append("***")
+        else:
+            shown.append(arg)
+    return shown
+
+
 class ManagedProcess:
     """One command run as a real process, in its own session and process group.
 
@@ -160,7 +177,8 @@ class ManagedProcess:
             raise DevStackError(f"{self.name} is already running (pid {self.pid})")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
-            log.write(f"--- {self.name}: starting {shlex.join(self.args)}\n".encode())
+            shown = shlex.join(_mask_secret_args(self.args))
+            log.write(f"--- {self.name}: starting {shown}\n".encode())
             log.flush()
             self._log_start = log.tell()
             try:

@@ -73,10 +73,17 @@ class Dispatcher:
             metrics.IN_FLIGHT.set(self.lanes.in_flight)
 
     async def drain(self) -> None:
-        """On shutdown: let lanes finish within a bound, then cancel what is left unacked."""
+        """After Faust stopped the flow and waited for acks: cancel any lane still busy, loudly.
+
+        Never run while events still flow: new lanes would keep appearing, and a
+        cancelled lane's send is repeated by the partition's next owner.
+        """
         if not await self.lanes.join(self.drain_timeout_s):
             log.warning(
-                "dispatcher: lanes still busy after %.0fs; handing back", self.drain_timeout_s
+                "dispatcher: %d intents still in lanes after %.0fs; the partitions' next "
+                "owner sends them again",
+                self.lanes.in_flight,
+                self.drain_timeout_s,
             )
         await self.lanes.cancel_all()
 

@@ -29,7 +29,8 @@ class WorkerApp(faust.App):
     def __init__(self, *args: Any, resources: Sequence[Resource] = (), **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.resources = list(resources)
-        self.on_stopping: list[Any] = []
+        self.after_streams_stopped: list[Any] = []
+        """Hooks run once Faust stopped the flow and waited for every event to be acked."""
 
     async def on_start(self) -> None:
         for resource in self.resources:
@@ -37,9 +38,12 @@ class WorkerApp(faust.App):
         await super().on_start()
 
     async def on_stop(self) -> None:
-        for hook in self.on_stopping:
-            await hook()
+        # Faust's on_stop stops the flow, pauses partitions and waits until every
+        # event handed to a stream is acknowledged (stream_wait_empty): in-flight
+        # sends finish with the gateway client still open.
         await super().on_stop()
+        for hook in self.after_streams_stopped:
+            await hook()
         for resource in reversed(self.resources):
             await resource.stop()
 

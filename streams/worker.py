@@ -36,6 +36,6 @@ def build_worker_app(
         max_in_flight=settings.max_in_flight,
     )
     app.agent(topics.intents, name="dispatcher", concurrency=1)(dispatcher.consume)
-    app.on_stopping.append(dispatcher.drain)
+    app.after_streams_stopped.append(dispatcher.drain)
     setup_prometheus_sensors(app)
     return app, dispatcher

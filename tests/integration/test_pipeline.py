@@ -154,3 +154,20 @@ def _text_payload(key: str) -> str:
     return orjson.dumps(
         {"type": "text", "to": "+55 11 95555-0000", "text": f"ok [{key}:0]"}
     ).decode()
+
+
+def test_no_process_logged_a_full_phone_number_or_message_text(pipeline: LocalPipeline) -> None:
+    """Runs last in this module: scans every log the relay, worker and simulator wrote."""
+    logs = {p.name: p.read_text(errors="replace") for p in pipeline.dir.glob("*.log")}
+    assert {"relay.log", "worker.log", "gateway-sim.log"} <= set(logs)
+    secrets = [
+        "5511912345678",
+        "5511987650000",
+        "5511955550000",
+        "order confirmed",
+        "your code is 1234",
+        "nobody",
+        "dev-stackzap-key",
+    ]
+    leaks = [(name, s) for name, text in logs.items() for s in secrets if s in text]
+    assert not leaks, leaks

@@ -63,3 +63,31 @@ def test_worker_sigkill_mid_stream_sends_every_key_in_order_and_only_in_flight_t
     print(f"\nworker SIGKILL: {report.duplicate_count} duplicate(s), all in flight at the kill")
     wait_for_status(pipeline.dsn, keys, "ACCEPTED", 120)
     worker.terminate(timeout_s=30)
+
+
+def test_worker_sigterm_drains_and_its_successor_resends_nothing(pipeline: LocalPipeline) -> None:
+    worker = pipeline.start_worker("worker-term")
+    arrivals = Arrivals(pipeline)
+    arrivals.refresh()
+    keys = enqueue_conversations(
+        pipeline.dsn, uuid.uuid4().hex[:8], messages=1_000, conversations=20
+    )
+    wait_until(lambda: len(audit_keys(arrivals, keys)) >= 300, 120, "300 messages at the gateway")
+    assert worker.terminate(timeout_s=60) == 0, worker.log_tail()
+    worker = pipeline.start_worker("worker-term")
+    report = arrivals.wait_for(keys, timeout_s=180)
+    assert report.duplicate_count == 0, (
+        f"resent after a graceful stop: {list(report.duplicates)[:5]}"
+    )
+    assert report.order_violations == ()
+    worker.terminate(timeout_s=60)
+
+
+def audit_keys(arrivals: Arrivals, keys: list[str]) -> set[str]:
+    wanted = set(keys)
+    return {k for k in (_key(m) for m in arrivals.refresh()) if k in wanted}
+
+
+def _key(message: dict[str, object]) -> str:
+    text = str(message.get("text", ""))
+    return text[text.rfind("[") + 1 : text.rfind("]")]
