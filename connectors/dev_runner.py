@@ -15,7 +15,7 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TextIO
 
@@ -38,8 +38,14 @@ def enqueue_demo(
     instances: int,
     conversations: int,
     batch: int = 500,
+    after_transaction: Callable[[int], None] | None = None,
 ) -> tuple[list[str], dict[str, float]]:
-    """Enqueue the demo batch in transactions of ``batch``; return keys and commit times."""
+    """Enqueue the demo batch in transactions of ``batch``; return keys and commit times.
+
+    Message ``i`` goes to conversation ``i % conversations`` with sequence number
+    ``i // conversations``, so each conversation's messages commit in order.
+    ``after_transaction(committed_so_far)`` runs after each commit (tests pace with it).
+    """
     keys: list[str] = []
     committed: dict[str, float] = {}
     with psycopg.connect(dsn) as conn:
@@ -62,6 +68,8 @@ def enqueue_demo(
             now = time.time()
             committed.update((k, now) for k in chunk)
             keys.extend(chunk)
+            if after_transaction is not None:
+                after_transaction(len(keys))
     return keys, committed
 
 

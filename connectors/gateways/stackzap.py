@@ -19,13 +19,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import AsyncIterator, Mapping
-from types import TracebackType
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 
 from connectors.gateways.classify import json_object, send_request
+from connectors.gateways.http_client import HttpGatewayClient
 from connectors.gateways.labels import map_label
 from streams.contract import JobStatus
 from streams.gateway import (
@@ -76,7 +76,7 @@ def _first_str(body: Mapping[str, Any], *keys: str) -> str | None:
     return None
 
 
-class StackZapClient:
+class StackZapClient(HttpGatewayClient):
     """A :class:`~streams.gateway.Gateway` for StackZap.
 
     Owns its ``httpx.AsyncClient``: opened in :meth:`start`, closed in :meth:`stop`
@@ -91,65 +91,14 @@ class StackZapClient:
         *,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        self._settings = settings
-        self._transport = transport
-        self._base_url = settings.stackzap_api_url.rstrip("/")
         self._api_key = settings.stackzap_api_key.get_secret_value()
         self._labels = settings.stackzap_labels
-        self._client: httpx.AsyncClient | None = None
-
-    # --- lifecycle -----------------------------------------------------------------
-
-    async def start(self) -> None:
-        if self._client is not None:
-            return
-        s = self._settings
-        headers = {"Accept": "application/json"}
-        if self._api_key:
-            headers["X-API-Key"] = self._api_key
-        self._client = httpx.AsyncClient(
-            base_url=self._base_url,
-            headers=headers,
-            # No write timeout setting of its own: writing a small JSON body is bounded
-            # by the read timeout's budget.
-            timeout=httpx.Timeout(
-                connect=s.connect_timeout_s,
-                read=s.read_timeout_s,
-                write=s.read_timeout_s,
-                pool=s.pool_timeout_s,
-            ),
-            limits=httpx.Limits(
-                max_connections=s.max_connections,
-                max_keepalive_connections=s.max_connections,
-            ),
-            transport=self._transport,
-            follow_redirects=False,
+        super().__init__(
+            settings,
+            base_url=settings.stackzap_api_url,
+            auth_headers={"X-API-Key": self._api_key} if self._api_key else {},
+            transport=transport,
         )
-        url = httpx.URL(self._base_url)
-        log.info("stackzap client started: %s://%s", url.scheme, url.netloc.decode())
-
-    async def stop(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            await client.aclose()
-
-    async def __aenter__(self) -> StackZapClient:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
-
-    @property
-    def _http(self) -> httpx.AsyncClient:
-        if self._client is None:
-            raise RuntimeError("StackZapClient is not started")
-        return self._client
 
     def _queue_path(self, instance_id: str) -> str:
         return f"/v1/instances/{quote(instance_id, safe='')}/send-queue"

@@ -10,12 +10,12 @@ failure is classified by :mod:`connectors.gateways.classify`.
 from __future__ import annotations
 
 import logging
-from types import TracebackType
 from urllib.parse import quote
 
 import httpx
 
 from connectors.gateways.classify import json_object, send_request
+from connectors.gateways.http_client import HttpGatewayClient
 from connectors.gateways.labels import map_label
 from streams.contract import JobStatus
 from streams.gateway import PermanentGatewayError, SendAccepted, TextMessage
@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 _REFUSED = (JobStatus.FAILED, JobStatus.CANCELLED)
 
 
-class ZapApiClient:
+class ZapApiClient(HttpGatewayClient):
     """A :class:`~streams.gateway.Gateway` for the ZAP API.
 
     Owns its ``httpx.AsyncClient``: opened in :meth:`start`, closed in :meth:`stop`
@@ -41,63 +41,14 @@ class ZapApiClient:
         *,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        self._settings = settings
-        self._transport = transport
-        self._base_url = settings.zap_api_url.rstrip("/")
         self._token = settings.zap_token.get_secret_value()
         self._labels = settings.zapapi_labels
-        self._client: httpx.AsyncClient | None = None
-
-    async def start(self) -> None:
-        if self._client is not None:
-            return
-        s = self._settings
-        headers = {"Accept": "application/json"}
-        if self._token:
-            headers["Authorization"] = f"Bearer {self._token}"
-        self._client = httpx.AsyncClient(
-            base_url=self._base_url,
-            headers=headers,
-            # No write timeout setting of its own: writing a small JSON body is bounded
-            # by the read timeout's budget.
-            timeout=httpx.Timeout(
-                connect=s.connect_timeout_s,
-                read=s.read_timeout_s,
-                write=s.read_timeout_s,
-                pool=s.pool_timeout_s,
-            ),
-            limits=httpx.Limits(
-                max_connections=s.max_connections,
-                max_keepalive_connections=s.max_connections,
-            ),
-            transport=self._transport,
-            follow_redirects=False,
+        super().__init__(
+            settings,
+            base_url=settings.zap_api_url,
+            auth_headers={"Authorization": f"Bearer {self._token}"} if self._token else {},
+            transport=transport,
         )
-        url = httpx.URL(self._base_url)
-        log.info("zapapi client started: %s://%s", url.scheme, url.netloc.decode())
-
-    async def stop(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            await client.aclose()
-
-    async def __aenter__(self) -> ZapApiClient:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
-
-    @property
-    def _http(self) -> httpx.AsyncClient:
-        if self._client is None:
-            raise RuntimeError("ZapApiClient is not started")
-        return self._client
 
     async def send_text(self, message: TextMessage) -> SendAccepted:
         """Send one text; a ``failed`` answer is a permanent error."""

@@ -13,9 +13,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from connectors.delivery_audit import DeliveryReport, audit, demo_key, demo_text
+from connectors.delivery_audit import DeliveryReport, audit
+from connectors.dev_runner import enqueue_demo
 from connectors.devstack import PostgresCluster
-from connectors.enqueue import enqueue
 from connectors.local_pipeline import LocalPipeline
 from connectors.migrate import migrate
 
@@ -82,24 +82,15 @@ def enqueue_conversations(
     after_transaction: Callable[[int], None] | None = None,
 ) -> list[str]:
     """Enqueue ``messages`` spread round-robin over ``conversations``, in commit order."""
-    keys: list[str] = []
-    with psycopg.connect(dsn) as conn:
-        for start in range(0, messages, per_transaction):
-            with conn.transaction():
-                for i in range(start, min(messages, start + per_transaction)):
-                    conversation = i % conversations
-                    instance = f"inst-{conversation % instances}"
-                    key = demo_key(run, instance, conversation, i // conversations)
-                    enqueue(
-                        conn,
-                        instance_id=instance,
-                        to=f"+55 11 9{conversation:08d}",
-                        text=demo_text(key),
-                        idempotency_key=key,
-                    )
-                    keys.append(key)
-            if after_transaction is not None:
-                after_transaction(len(keys))
+    keys, _ = enqueue_demo(
+        dsn,
+        run=run,
+        messages=messages,
+        instances=instances,
+        conversations=conversations,
+        batch=per_transaction,
+        after_transaction=after_transaction,
+    )
     return keys
 
 
