@@ -1,38 +1,134 @@
-"""The dispatcher agent: thin. It reads intents and hands them to conversation lanes.
+"""The dispatcher agent: thin. It routes records to conversation lanes and acknowledges them.
 
-Per event, in its conversation's lane: read the job's state from the ``jobs``
-table, call :func:`streams.dispatcher.dispatch`, publish every attempt to
-``zapstream.results``, write the new state to the table and its changelog
-``zapstream.state``, wait until Kafka acknowledged those records, and only then
-acknowledge the event. Faust commits the contiguous acknowledged prefix, so a
-committed offset never passes an outcome that is not durable in Kafka.
+``zapstream.intents`` carries three kinds of record, all keyed by conversation:
+intents, commands (cancel, reprocess) and receipts. The agent hands each to its
+conversation's lane (:mod:`streams.lanes`), where :class:`~streams.dispatcher.
+JobProcessor` decides what happens; an event is acknowledged only after every
+state it caused is durable in Kafka, and Faust commits the contiguous
+acknowledged prefix of each partition.
 
-A record on the intents topic that does not decode is a poison record: it goes
-to ``zapstream.dead`` with the reason and is acknowledged; it never stops the
-partition and never disappears.
+Two things do not wait in the lane:
+
+- a cancel of a job not yet handed to the gateway is applied at once, so it
+  overtakes the job's intent if that is still queued in the lane;
+- a record that does not decode is a poison record: it goes to
+  ``zapstream.dead`` with the reason and is acknowledged.
+
+A transient failure parks the conversation (:mod:`streams.parking`); a timer
+re-submits due heads to their lanes.
 """
 
 from __future__ import annotations
 
-import asyncio
+import dataclasses
 import datetime as dt
 import logging
+import time
 from typing import Any
+
+from faust.types import TP
 
 from streams import metrics
 from streams.contract import (
+    INTENTS,
+    AttemptFinished,
+    Command,
+    CommandRequested,
     ContractError,
     IntentCaptured,
     JobDead,
+    ReceiptReceived,
     StatusChanged,
+    decode_topic_record,
     job_state_key,
 )
-from streams.dispatcher import RetryPolicy, dispatch
-from streams.gateway import Gateway
+from streams.dispatcher import Done, JobProcessor, Outcome, Park
 from streams.lanes import ConversationLanes
+from streams.parking import ParkedConversation
 from streams.topics import Topics
 
 log = logging.getLogger(__name__)
+
+
+class FaustJobStore:
+    """Job states in the ``jobs`` table; ``put`` waits for Kafka to acknowledge the changelog.
+
+    Faust's own ``table[key] = value`` goes through its producer buffer, whose flush
+    before each offset commit never finishes while lanes keep writing; we send the
+    changelog record ourselves to the partition of the conversation (co-partitioning)
+    and update the table's local store first, so a lane reading the job in the
+    meantime already sees the new state.
+    """
+
+    def __init__(self, table: Any, changelog: Any) -> None:
+        self.table = table
+        self.changelog = changelog
+
+    def get(self, job_id: int) -> StatusChanged | None:
+        raw = self.table.data.get(job_state_key(job_id))
+        return StatusChanged.loads(raw) if raw is not None else None
+
+    async def put(self, state: StatusChanged, partition: int) -> None:
+        key, value = job_state_key(state.job_id), state.dumps()
+        self.table.data[key] = value
+        await (await self.changelog.send(key=key, value=value, partition=partition))
+        metrics.STATES.labels(state.status).inc()
+
+
+class ParkingLot:
+    """The ``parked`` table, written durably like :class:`FaustJobStore`."""
+
+    def __init__(self, table: Any, changelog: Any) -> None:
+        self.table = table
+        self.changelog = changelog
+
+    def get(self, key: bytes) -> ParkedConversation | None:
+        raw = self.table.data.get(key)
+        return ParkedConversation.loads(raw) if raw is not None else None
+
+    def items(self) -> list[tuple[bytes, ParkedConversation]]:
+        return [(k, ParkedConversation.loads(v)) for k, v in list(self.table.data.items())]
+
+    async def park(self, key: bytes, parked: ParkedConversation) -> None:
+        value = parked.dumps()
+        self.table.data[key] = value
+        await (await self.changelog.send(key=key, value=value, partition=parked.partition))
+
+    async def unpark(self, key: bytes, partition: int) -> None:
+        self.table.data.pop(key, None)
+        # A tombstone: recovery deletes the key, compaction drops it.
+        await (await self.changelog.send(key=key, value=None, partition=partition))
+
+
+class FaustPublisher:
+    """Attempt outcomes to ``zapstream.results``, dead jobs to ``zapstream.dead``."""
+
+    def __init__(self, topics: Topics) -> None:
+        self.topics = topics
+
+    async def attempt_finished(self, record: AttemptFinished, key: bytes) -> None:
+        await (await self.topics.results.send(key=key, value=record.dumps()))
+        metrics.ATTEMPTS.labels(record.gateway, record.outcome).inc()
+
+    async def job_dead(self, record: JobDead) -> None:
+        await (await self.topics.dead.send(key=str(record.job_id).encode(), value=record.dumps()))
+        metrics.DEAD.inc()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _EventItem:
+    event: Any
+    record: IntentCaptured | CommandRequested | ReceiptReceived
+
+    @property
+    def partition(self) -> int:
+        return int(self.event.message.partition)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _RetryDue:
+    key: bytes
+    partition: int
 
 
 class Dispatcher:
@@ -42,35 +138,64 @@ class Dispatcher:
         self,
         app: Any,
         topics: Topics,
-        jobs: Any,
-        gateway: Gateway,
-        policy: RetryPolicy,
+        processor: JobProcessor,
+        parking: ParkingLot,
         *,
         max_in_flight: int,
         drain_timeout_s: float = 10.0,
     ) -> None:
         self.app = app
         self.topics = topics
-        self.jobs = jobs
-        self.gateway = gateway
-        self.policy = policy
+        self.processor = processor
+        self.parking = parking
         self.drain_timeout_s = drain_timeout_s
-        self.lanes: ConversationLanes[tuple[Any, IntentCaptured]] = ConversationLanes(
+        self.active_jobs: set[int] = set()
+        self._retries_queued: set[bytes] = set()
+        self.lanes: ConversationLanes[_EventItem | _RetryDue] = ConversationLanes(
             self._handle, max_in_flight=max_in_flight, on_error=self._crash
         )
 
     def _crash(self, exc: BaseException) -> None:
-        asyncio.ensure_future(self.app.crash(exc))
+        self.app._crash(exc)
+
+    # --- the agent --------------------------------------------------------------------
 
     async def consume(self, stream: Any) -> None:
         async for event in stream.noack().events():
             try:
-                intent = IntentCaptured.loads(event.value)
+                record = decode_topic_record(event.value)
             except ContractError as exc:
                 await self._poison(event, str(exc))
                 continue
-            await self.lanes.submit(intent.partition_key, (event, intent))
+            if not isinstance(record, IntentCaptured | CommandRequested | ReceiptReceived):
+                await self._poison(event, f"unexpected record {record.SCHEMA} on {INTENTS}")
+                continue
+            item = _EventItem(event, record)
+            if (
+                isinstance(record, CommandRequested)
+                and record.command == Command.CANCEL
+                and record.job_id not in self.active_jobs
+                and self.processor.cancels_without_gateway(record)
+            ):
+                # Overtakes the job's intent if it is still queued in the lane.
+                await self.processor.on_cancel(record, item.partition)
+                event.ack()
+                continue
+            await self.lanes.submit(record.partition_key, item)
             metrics.IN_FLIGHT.set(self.lanes.in_flight)
+
+    async def fire_due_retries(self) -> None:
+        """Timer: submit every due parked conversation of our partitions to its lane."""
+        now = time.time()
+        assigned = self.app.consumer.assignment()
+        for key, parked in self.parking.items():
+            if parked.due > now or key in self._retries_queued:
+                continue
+            if TP(INTENTS, parked.partition) not in assigned:
+                continue
+            self._retries_queued.add(key)
+            await self.lanes.submit(key, _RetryDue(key, parked.partition))
+        metrics.PARKED.set(len(self.parking.table.data))
 
     async def drain(self) -> None:
         """After Faust stopped the flow and waited for acks: cancel any lane still busy, loudly.
@@ -80,58 +205,91 @@ class Dispatcher:
         """
         if not await self.lanes.join(self.drain_timeout_s):
             log.warning(
-                "dispatcher: %d intents still in lanes after %.0fs; the partitions' next "
-                "owner sends them again",
+                "dispatcher: %d items still in lanes after %.0fs; the partitions' next "
+                "owner takes them over",
                 self.lanes.in_flight,
                 self.drain_timeout_s,
             )
         await self.lanes.cancel_all()
 
-    async def _handle(self, item: tuple[Any, IntentCaptured]) -> None:
-        event, intent = item
-        key = job_state_key(intent.job_id)
-        raw = self.jobs.get(key)
-        current = StatusChanged.loads(raw) if raw is not None else None
-        decision = await dispatch(intent, current, self.gateway, self.policy)
-        pending = [
-            await self.topics.results.send(key=intent.partition_key, value=attempt.dumps())
-            for attempt in decision.attempts
-        ]
-        for attempt in decision.attempts:
-            metrics.ATTEMPTS.labels(self.gateway.name, attempt.outcome).inc()
-        if decision.state is not None:
-            pending.append(await self.record_state(event, key, decision.state))
-            metrics.INTENTS.labels(decision.state.status).inc()
-            self._observe_latency(intent, decision.state)
+    # --- in a conversation lane ---------------------------------------------------------
+
+    async def _handle(self, item: _EventItem | _RetryDue) -> None:
+        if isinstance(item, _RetryDue):
+            self._retries_queued.discard(item.key)
+            await self._retry(item)
+            return
+        record, partition = item.record, item.partition
+        if isinstance(record, IntentCaptured):
+            await self._intent(record, partition)
+        elif isinstance(record, ReceiptReceived):
+            await self.processor.on_receipt(record, partition)
+        elif record.command == Command.CANCEL:
+            await self.processor.on_cancel(record, partition)
+        elif record.command == Command.REPROCESS and record.intent is not None:
+            intent = IntentCaptured.from_dict(record.intent)
+            outcome = await self._run(intent, partition, reprocess=record)
+            if isinstance(outcome, Park):
+                parked = self.parking.get(intent.partition_key)
+                if parked is None:
+                    await self.parking.park(
+                        intent.partition_key, ParkedConversation(partition, outcome.due, intent)
+                    )
+                else:
+                    await self.parking.park(intent.partition_key, parked.behind(intent))
         else:
-            metrics.INTENTS.labels("duplicate").inc()
-        # The outcome is durable in Kafka before the intent is acknowledged.
-        await asyncio.gather(*pending)
-        event.ack()
+            log.error("command %r for job %d not understood", record.command, record.job_id)
+        item.event.ack()
         metrics.IN_FLIGHT.set(self.lanes.in_flight)
 
-    async def record_state(self, event: Any, key: bytes, state: StatusChanged) -> Any:
-        """Write ``state`` to the job table and its changelog (the state topic).
+    async def _intent(self, intent: IntentCaptured, partition: int) -> None:
+        key = intent.partition_key
+        parked = self.parking.get(key)
+        if parked is not None:
+            current = self.processor.store.get(intent.job_id)
+            if not parked.holds(intent.job_id) and (current is None or current.status == "PENDING"):
+                # Behind the parked head, in order, durably; the event can be acknowledged.
+                await self.parking.park(key, parked.behind(intent))
+                metrics.INTENTS.labels("parked").inc()
+            return
+        outcome = await self._run(intent, partition)
+        if isinstance(outcome, Park):
+            await self.parking.park(key, ParkedConversation(partition, outcome.due, intent))
 
-        Faust's own ``table[key] = value`` goes through its producer buffer, whose
-        flush before each offset commit never finishes while lanes keep writing; we
-        send the changelog record ourselves, to the partition of the intent being
-        processed (co-partitioning), update the table's local store, and return the
-        delivery future so the caller can wait for Kafka before acknowledging.
-        """
-        value = state.dumps()
-        future = await self.topics.state.send(
-            key=key, value=value, partition=event.message.partition
-        )
-        self.jobs.data[key] = value
-        return future
+    async def _retry(self, due: _RetryDue) -> None:
+        parked = self.parking.get(due.key)
+        if parked is None or parked.due > time.time():
+            return
+        outcome = await self._run(parked.head, due.partition)
+        if isinstance(outcome, Park):
+            await self.parking.park(due.key, dataclasses.replace(parked, due=outcome.due))
+            return
+        waiting = list(parked.waiting)
+        while waiting:
+            intent = waiting.pop(0)
+            outcome = await self._run(intent, due.partition)
+            if isinstance(outcome, Park):
+                await self.parking.park(
+                    due.key, ParkedConversation(due.partition, outcome.due, intent, tuple(waiting))
+                )
+                return
+        await self.parking.unpark(due.key, due.partition)
 
-    @staticmethod
-    def _observe_latency(intent: IntentCaptured, state: StatusChanged) -> None:
-        if state.sent_at and intent.committed_at:
-            sent = dt.datetime.fromisoformat(state.sent_at)
-            committed = dt.datetime.fromisoformat(intent.committed_at)
-            metrics.COMMIT_TO_GATEWAY.observe((sent - committed).total_seconds())
+    async def _run(
+        self, intent: IntentCaptured, partition: int, *, reprocess: CommandRequested | None = None
+    ) -> Outcome:
+        self.active_jobs.add(intent.job_id)
+        try:
+            outcome = await self.processor.on_intent(intent, partition, reprocess=reprocess)
+        finally:
+            self.active_jobs.discard(intent.job_id)
+        if isinstance(outcome, Done):
+            metrics.INTENTS.labels(outcome.state.status if outcome.state else "duplicate").inc()
+            if outcome.state is not None and outcome.state.sent_at and intent.committed_at:
+                sent = dt.datetime.fromisoformat(outcome.state.sent_at)
+                committed = dt.datetime.fromisoformat(intent.committed_at)
+                metrics.COMMIT_TO_GATEWAY.observe((sent - committed).total_seconds())
+        return outcome
 
     async def _poison(self, event: Any, reason: str) -> None:
         message = event.message
@@ -141,7 +299,7 @@ class Dispatcher:
         dead = JobDead(
             job_id=None,
             idempotency_key=None,
-            reason=f"undecodable intent: {reason}",
+            reason=reason,
             record={
                 "topic": message.topic,
                 "partition": message.partition,
@@ -149,6 +307,6 @@ class Dispatcher:
                 "value": bytes(event.value or b"").decode("utf-8", "replace"),
             },
         )
-        await (await self.topics.dead.send(value=dead.dumps()))
+        await self.processor.publisher.job_dead(dead)
         metrics.POISON.labels(message.topic).inc()
         event.ack()

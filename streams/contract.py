@@ -32,6 +32,8 @@ INVALID = "zapstream.invalid"
 """Outbox rows the relay could not turn into an intent, with the reason."""
 DEAD = "zapstream.dead"
 """Jobs that exhausted their attempts or hit a poison record, with every error."""
+PARKED = "zapstream.parked"
+"""Changelog of the worker's parked conversations (compacted, co-partitioned with intents)."""
 
 # Headers set on every record the relay produces.
 HEADER_SCHEMA = "zapstream-schema"
@@ -220,6 +222,77 @@ class StatusChanged(Record):
     actor: str = "worker"
     at: str = ""
     sent_at: str | None = None
+    attempt_id: str | None = None
+    """The attempt in progress or last made (the ``Idempotency-Key`` the gateway saw)."""
+    next_retry_at: str | None = None
+    errors: list[str] = dataclasses.field(default_factory=list)
+    """Every failed attempt's error in this round, oldest first (what DEAD reports)."""
+    attempt_seq: int = 0
+    """Attempts ever made, across reprocessing: numbers attempt ids (``<job>-<seq>``).
+    ``attempts`` counts this round's attempts against ``max_attempts``."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class CommandRequested(Record):
+    """An application or operator command on a job, from ``outbox_commands`` via CDC.
+
+    Published to :data:`INTENTS` with the job's conversation key, so it is
+    serialised with the job's intent and every other change of its conversation.
+    """
+
+    SCHEMA: ClassVar[str] = "zapstream.command.v1"
+
+    command_id: int
+    command: str
+    """``cancel`` or ``reprocess`` (:class:`Command`)."""
+    job_id: int
+    idempotency_key: str
+    instance_id: str
+    conversation_key: str
+    reason: str
+    actor: str
+    requested_at: str | None = None
+    intent: dict[str, Any] | None = None
+    """For ``reprocess``: the job's intent (an :class:`IntentCaptured` dict) to send again."""
+    lsn: str = "0/0"
+
+    @property
+    def partition_key(self) -> bytes:
+        return conversation_partition_key(self.instance_id, self.conversation_key)
+
+
+class Command(enum.StrEnum):
+    CANCEL = "cancel"
+    REPROCESS = "reprocess"
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ReceiptReceived(Record):
+    """A gateway status callback (sent/delivered/read/failed), verified and looked up.
+
+    Published to :data:`INTENTS` by the webhook intake with the job's conversation
+    key; the worker applies it monotonically (a late "sent" never downgrades "read").
+    """
+
+    SCHEMA: ClassVar[str] = "zapstream.receipt.v1"
+
+    event_id: str
+    """The gateway's event id, or a digest of (gateway job id, label) when it has none."""
+    job_id: int
+    idempotency_key: str
+    instance_id: str
+    conversation_key: str
+    gateway: str
+    gateway_job_id: str
+    label: str
+    """The gateway's own label, as received."""
+    status: str
+    """Our mapping of ``label`` (:class:`JobStatus`); REVIEW when the label is unknown."""
+    received_at: str = ""
+
+    @property
+    def partition_key(self) -> bytes:
+        return conversation_partition_key(self.instance_id, self.conversation_key)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -244,7 +317,15 @@ def decode_topic_record(raw: bytes) -> Record:
     if not isinstance(data, dict):
         raise ContractError("not a JSON object")
     schema = data.get("schema")
-    for cls in (IntentCaptured, IntentRejected, AttemptFinished, StatusChanged, JobDead):
+    for cls in (
+        IntentCaptured,
+        IntentRejected,
+        AttemptFinished,
+        StatusChanged,
+        JobDead,
+        CommandRequested,
+        ReceiptReceived,
+    ):
         if cls.SCHEMA == schema:
             return cls.from_dict(data)
     raise ContractError(f"unknown schema {schema!r}")
@@ -273,6 +354,7 @@ def topic_specs(partitions: int, changelog_topics: tuple[str, ...] = ()) -> list
         TopicSpec(INTENTS, partitions, week),
         TopicSpec(RESULTS, partitions, week),
         TopicSpec(STATE, partitions, compacted),
+        TopicSpec(PARKED, partitions, compacted),
         TopicSpec(INVALID, 1, {"cleanup.policy": "delete", "retention.ms": "-1"}),
         TopicSpec(DEAD, 1, {"cleanup.policy": "delete", "retention.ms": "-1"}),
     ]

@@ -12,6 +12,11 @@ ATTEMPTS = Counter(
     "Gateway attempts by gateway and outcome",
     ["gateway", "outcome"],
 )
+STATES = Counter(
+    "zapstream_job_states_total", "Job state changes written, by new status", ["status"]
+)
+DEAD = Counter("zapstream_dead_total", "Records published to zapstream.dead")
+PARKED = Gauge("zapstream_parked_conversations", "Conversations waiting for a retry (this worker)")
 POISON = Counter("zapstream_poison_records_total", "Records sent to zapstream.dead", ["topic"])
 IN_FLIGHT = Gauge(
     "zapstream_dispatch_in_flight", "Intents queued or being sent in conversation lanes"

@@ -166,6 +166,21 @@ class GatewaySettings(_Base):
         validation_alias=AliasChoices("ZAPSTREAM_GATEWAY_MAX_CONNECTIONS", "max_connections"),
     )
 
+    listing_authoritative: bool = Field(
+        default=True,
+        validation_alias=AliasChoices(
+            "ZAPSTREAM_GATEWAY_LISTING_AUTHORITATIVE", "listing_authoritative"
+        ),
+    )
+    """The gateway's job listing shows every job it accepted (StackZap's does): when
+    reconciliation finds no match, the message was not accepted and may be resent.
+    False: no match is UNCERTAIN, never resent automatically."""
+    reconcile_window_s: float = Field(
+        default=3600.0,
+        gt=0,
+        validation_alias=AliasChoices("ZAPSTREAM_GATEWAY_RECONCILE_WINDOW_S", "reconcile_window_s"),
+    )
+
     @field_validator("stackzap_labels", "zapapi_labels")
     @classmethod
     def _labels_are_statuses(cls, value: dict[str, str]) -> dict[str, str]:
@@ -175,6 +190,22 @@ class GatewaySettings(_Base):
             if status not in JobStatus.__members__:
                 raise ValueError(f"label {label!r} maps to unknown status {status!r}")
         return {k.lower(): v for k, v in value.items()}
+
+
+class WebhookSettings(_Base):
+    """``zapstream webhook``: gateway status callbacks (``ZAPSTREAM_WEBHOOK_*``)."""
+
+    model_config = SettingsConfigDict(env_prefix="ZAPSTREAM_WEBHOOK_", extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8090, ge=0)
+    secret: SecretStr = SecretStr("")
+    """Shared HMAC-SHA256 secret; callbacks without a valid ``X-Zap-Signature`` get 401."""
+    signature_header: str = "X-Zap-Signature"
+
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    postgres: PostgresSettings = Field(default_factory=PostgresSettings)
+    gateway: GatewaySettings = Field(default_factory=GatewaySettings)
 
 
 class RelaySettings(_Base):
@@ -209,10 +240,15 @@ class WorkerSettings(_Base):
     """Bind Faust's web server (metrics) to 127.0.0.1; set false in containers."""
     max_in_flight: int = Field(default=256, ge=1)
     """Intents being sent at once by one worker (across conversations)."""
-    transient_retries: int = Field(default=4, ge=0)
-    """In-place retries of a transient gateway error before the attempt counts as failed."""
-    retry_base_s: float = Field(default=0.2, gt=0)
-    retry_cap_s: float = Field(default=5.0, gt=0)
+    retry_schedule_s: list[float] = Field(
+        default_factory=lambda: [60.0, 300.0, 1800.0, 7200.0, 86400.0]
+    )
+    """Delay before retry n (the outbox article's 1 min, 5 min, 30 min, 2 h, 24 h); the
+    last value repeats. JSON list, e.g. ``ZAPSTREAM_WORKER_RETRY_SCHEDULE_S=[1,1,1]``."""
+    retry_jitter: float = Field(default=0.2, ge=0, le=1)
+    """Each delay is drawn from [delay * (1 - jitter), delay]."""
+    retry_scan_interval_s: float = Field(default=0.5, gt=0)
+    """How often parked conversations are checked for due retries."""
     state_sink_batch: int = Field(default=500, ge=1)
     state_sink_within_s: float = Field(default=0.2, gt=0)
     commit_interval_s: float = Field(default=1.0, gt=0)

@@ -4,6 +4,9 @@ Every state change goes through :func:`transition`, which refuses a move the
 table below does not allow (the caller logs it and applies nothing) and bumps
 the job's version by one. The version is what the state sink compares, so a
 job in PostgreSQL never moves backwards whatever order records arrive in.
+
+A transition to the same state is a *note*: it records an event (say, "cancel
+refused by the gateway") without changing where the job is.
 """
 
 from __future__ import annotations
@@ -16,21 +19,7 @@ from streams.contract import JobStatus, StatusChanged
 S = JobStatus
 
 ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
-    S.PENDING: frozenset(
-        {
-            S.ATTEMPTING,
-            S.ACCEPTED,
-            S.DELIVERED,
-            S.READ,
-            S.RETRY_WAIT,
-            S.FAILED,
-            S.DEAD,
-            S.EXPIRED,
-            S.CANCELLED,
-            S.UNCERTAIN,
-            S.REVIEW,
-        }
-    ),
+    S.PENDING: frozenset({S.ATTEMPTING, S.EXPIRED, S.CANCELLED, S.DEAD, S.FAILED}),
     S.ATTEMPTING: frozenset(
         {
             S.ACCEPTED,
@@ -40,7 +29,6 @@ ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
             S.FAILED,
             S.DEAD,
             S.EXPIRED,
-            S.CANCELLED,
             S.UNCERTAIN,
             S.REVIEW,
             S.ATTEMPTING,
@@ -48,22 +36,28 @@ ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
     ),
     S.RETRY_WAIT: frozenset({S.ATTEMPTING, S.DEAD, S.EXPIRED, S.CANCELLED, S.FAILED}),
     S.ACCEPTED: frozenset({S.DELIVERED, S.READ, S.FAILED, S.CANCELLED, S.REVIEW}),
-    S.DELIVERED: frozenset({S.READ}),
+    S.DELIVERED: frozenset({S.READ, S.FAILED}),
     S.READ: frozenset(),
-    S.UNCERTAIN: frozenset({S.ACCEPTED, S.DELIVERED, S.READ, S.ATTEMPTING, S.FAILED}),
-    S.REVIEW: frozenset({S.ACCEPTED, S.DELIVERED, S.READ, S.FAILED, S.ATTEMPTING}),
-    S.FAILED: frozenset({S.ATTEMPTING}),
-    S.DEAD: frozenset({S.ATTEMPTING}),
+    S.UNCERTAIN: frozenset({S.ACCEPTED, S.DELIVERED, S.READ, S.ATTEMPTING, S.CANCELLED, S.EXPIRED}),
+    S.REVIEW: frozenset({S.ACCEPTED, S.DELIVERED, S.READ, S.FAILED, S.CANCELLED}),
+    S.FAILED: frozenset({S.ATTEMPTING, S.EXPIRED}),
+    S.DEAD: frozenset({S.ATTEMPTING, S.EXPIRED}),
     S.EXPIRED: frozenset(),
     S.CANCELLED: frozenset(),
 }
-"""From each state, the states a job may move to. Reprocessing re-enters ATTEMPTING."""
+"""From each state, the states a job may move to (besides a note to itself).
+FAILED, DEAD and UNCERTAIN move on only by an operator's reprocess."""
 
 SENT = frozenset({S.ACCEPTED, S.DELIVERED, S.READ})
 """The gateway has the message: sending it again would be a duplicate."""
 
 SETTLED = SENT | {S.FAILED, S.DEAD, S.EXPIRED, S.CANCELLED, S.UNCERTAIN, S.REVIEW}
 """No automatic attempt follows from these; only an operator moves the job on."""
+
+REPROCESSABLE = frozenset({S.DEAD, S.UNCERTAIN, S.FAILED})
+
+RECEIPT_RANK: dict[JobStatus, int] = {S.ACCEPTED: 1, S.DELIVERED: 2, S.READ: 3}
+"""Receipts only move a job forward along sent -> delivered -> read."""
 
 
 class InvalidTransition(ValueError):
@@ -88,12 +82,16 @@ def transition(
     reason: str | None = None,
     actor: str = "worker",
     attempts: int | None = None,
+    attempt_seq: int | None = None,
+    attempt_id: str | None = None,
     gateway_job_id: str | None = None,
+    next_retry_at: str | None = None,
+    errors: list[str] | None = None,
     now: dt.datetime | None = None,
 ) -> StatusChanged:
     """The record that moves ``job`` from ``current`` (None: PENDING, version 0) to ``to``."""
     previous = JobStatus(current.status) if current else JobStatus.PENDING
-    if to not in ALLOWED[previous]:
+    if to is not previous and to not in ALLOWED[previous]:
         raise InvalidTransition(f"job {job.job_id}: {previous} -> {to} is not allowed")
     at = (now or dt.datetime.now(dt.UTC)).isoformat()
     sent_at = current.sent_at if current else None
@@ -108,7 +106,13 @@ def transition(
         previous=previous,
         version=(current.version if current else 0) + 1,
         attempts=attempts if attempts is not None else (current.attempts if current else 0),
+        attempt_seq=attempt_seq
+        if attempt_seq is not None
+        else (current.attempt_seq if current else 0),
+        attempt_id=attempt_id or (current.attempt_id if current else None),
         gateway_job_id=gateway_job_id or (current.gateway_job_id if current else None),
+        next_retry_at=next_retry_at,
+        errors=list(errors if errors is not None else (current.errors if current else [])),
         reason=reason,
         actor=actor,
         at=at,

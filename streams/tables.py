@@ -1,14 +1,15 @@
-"""The worker's Faust tables.
+"""The worker's Faust tables, co-partitioned with ``zapstream.intents``.
 
-``jobs``: the latest :class:`~streams.contract.StatusChanged` of every job this
-worker's partitions have seen, keyed by job id. Its changelog *is* the compacted
-``zapstream.state`` topic, so one table write both updates the worker's memory
-and publishes the job's state; after a restart or rebalance the table is
-rebuilt from it. It is the dedup memory: an intent whose job is already settled
-(sent, failed, expired, ...) is not sent again.
+- ``jobs``: the latest :class:`~streams.contract.StatusChanged` of every job of
+  this worker's partitions, keyed by job id. Its changelog *is* the compacted
+  ``zapstream.state`` topic, so one write both updates the worker's memory and
+  publishes the job's state; after a restart or rebalance the table is rebuilt
+  from it. It is the dedup memory and the attempt journal.
+- ``parked``: conversations waiting for a retry (:mod:`streams.parking`), keyed by
+  conversation, changelog ``zapstream.parked``.
 
-Writes carry the partition of the intent being processed (Faust takes it from
-the current event), so the table stays co-partitioned with ``zapstream.intents``.
+Writes go to the partition of the conversation being processed, never to one
+chosen by the key's hash, which keeps both tables co-partitioned with intents.
 """
 
 from __future__ import annotations
@@ -17,17 +18,29 @@ from typing import Any
 
 import faust
 
+from streams.parking import PARKED_TABLE
 from streams.topics import Topics
 
+_RAW: Any = faust.Schema(
+    key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw"
+)
 
-def register_tables(app: faust.App, topics: Topics, partitions: int) -> Any:
-    return app.Table(
+
+def register_tables(app: faust.App, topics: Topics, partitions: int) -> tuple[Any, Any]:
+    jobs = app.Table(
         "jobs",
-        schema=faust.Schema(
-            key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw"
-        ),
+        schema=_RAW,
         key_type=bytes,
         value_type=bytes,
         partitions=partitions,
         changelog_topic=topics.state,
     )
+    parked = app.Table(
+        PARKED_TABLE,
+        schema=_RAW,
+        key_type=bytes,
+        value_type=bytes,
+        partitions=partitions,
+        changelog_topic=topics.parked,
+    )
+    return jobs, parked

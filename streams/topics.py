@@ -28,6 +28,7 @@ class Topics:
     state: Any
     invalid: Any
     dead: Any
+    parked: Any
 
 
 def register_topics(app: faust.App, partitions: int) -> Topics:
@@ -37,6 +38,15 @@ def register_topics(app: faust.App, partitions: int) -> Topics:
         # The job table's changelog: compacted, co-partitioned with intents.
         state=app.topic(
             contract.STATE,
+            partitions=partitions,
+            compacting=True,
+            deleting=False,
+            acks=False,
+            internal=True,
+            **_RAW,
+        ),
+        parked=app.topic(
+            contract.PARKED,
             partitions=partitions,
             compacting=True,
             deleting=False,

@@ -11,9 +11,9 @@ from collections.abc import Sequence
 
 from faust.sensors.prometheus import setup_prometheus_sensors
 
-from streams.agents import Dispatcher
+from streams.agents import Dispatcher, FaustJobStore, FaustPublisher, ParkingLot
 from streams.app import Resource, WorkerApp, build_app
-from streams.dispatcher import RetryPolicy
+from streams.dispatcher import JobProcessor, RetryPolicy
 from streams.gateway import Gateway
 from streams.settings import WorkerSettings
 from streams.tables import register_tables
@@ -26,16 +26,27 @@ def build_worker_app(
     app = build_app(settings, resources=[gateway, *resources])
     partitions = settings.kafka.partitions
     topics = register_topics(app, partitions)
-    jobs = register_tables(app, topics, partitions)
+    jobs, parked = register_tables(app, topics, partitions)
+    processor = JobProcessor(
+        gateway,
+        FaustJobStore(jobs, topics.state),
+        FaustPublisher(topics),
+        RetryPolicy(schedule_s=tuple(settings.retry_schedule_s), jitter=settings.retry_jitter),
+        listing_authoritative=settings.gateway.listing_authoritative,
+    )
     dispatcher = Dispatcher(
         app,
         topics,
-        jobs,
-        gateway,
-        RetryPolicy(base_s=settings.retry_base_s, cap_s=settings.retry_cap_s),
+        processor,
+        ParkingLot(parked, topics.parked),
         max_in_flight=settings.max_in_flight,
     )
     app.agent(topics.intents, name="dispatcher", concurrency=1)(dispatcher.consume)
+
+    async def fire_due_retries() -> None:
+        await dispatcher.fire_due_retries()
+
+    app.timer(settings.retry_scan_interval_s, name="retries")(fire_due_retries)
     app.after_streams_stopped.append(dispatcher.drain)
     setup_prometheus_sensors(app)
     return app, dispatcher

@@ -29,6 +29,8 @@ from connectors.gateways.http_client import HttpGatewayClient
 from connectors.gateways.labels import map_label
 from streams.contract import JobStatus
 from streams.gateway import (
+    CancelOutcome,
+    ListedJob,
     PermanentGatewayError,
     SendAccepted,
     TextMessage,
@@ -186,6 +188,24 @@ class StackZapClient(HttpGatewayClient):
         async for current in self.iter_pages(instance_id, page_size=page_size, status=status):
             for job in current.items:
                 yield job
+
+    async def list_for_reconciliation(self, instance_id: str) -> list[ListedJob] | None:
+        """Every job of the instance, all pages (the reconciler's view)."""
+        return [
+            ListedJob(
+                gateway_job_id=job.id,
+                reference=job.reference,
+                to=job.to,
+                text=job.text,
+                status=job.status,
+                gateway_status=job.gateway_status,
+            )
+            async for job in self.iter_jobs(instance_id, page_size=1000)
+        ]
+
+    async def cancel_job(self, instance_id: str, gateway_job_id: str) -> CancelOutcome:
+        cancelled = await self.cancel(instance_id, gateway_job_id)
+        return CancelOutcome.CANCELLED if cancelled else CancelOutcome.REFUSED
 
     async def cancel(self, instance_id: str, job_id: str) -> bool:
         """Cancel a queued job. ``False`` when the gateway says it is too late (409)."""

@@ -18,7 +18,13 @@ from connectors.gateways.classify import json_object, send_request
 from connectors.gateways.http_client import HttpGatewayClient
 from connectors.gateways.labels import map_label
 from streams.contract import JobStatus
-from streams.gateway import PermanentGatewayError, SendAccepted, TextMessage
+from streams.gateway import (
+    CancelOutcome,
+    ListedJob,
+    PermanentGatewayError,
+    SendAccepted,
+    TextMessage,
+)
 from streams.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
@@ -71,6 +77,14 @@ class ZapApiClient(HttpGatewayClient):
                 status_code=response.status_code,
             )
         return SendAccepted(gateway_job_id=message_id, gateway_status=label, status=status)
+
+    async def list_for_reconciliation(self, instance_id: str) -> list[ListedJob] | None:
+        """The ZAP API has no job listing: uncertain outcomes cannot be reconciled."""
+        return None
+
+    async def cancel_job(self, instance_id: str, gateway_job_id: str) -> CancelOutcome:
+        """The ZAP API cannot cancel a message once accepted."""
+        return CancelOutcome.UNSUPPORTED
 
 
 def _first_str(*values: object) -> str | None:

@@ -57,11 +57,14 @@ def test_outbox_articles_plain_insert_is_sent_and_marked_accepted(pipeline: Loca
         ).fetchone()
         events = conn.execute(
             "SELECT from_status, to_status, version, actor FROM outbox_job_events e "
-            "JOIN outbox_jobs j ON j.id = e.job_id WHERE j.idempotency_key = %s",
+            "JOIN outbox_jobs j ON j.id = e.job_id WHERE j.idempotency_key = %s ORDER BY version",
             (key,),
         ).fetchall()
-    assert row == (sent[0]["id"], 1, 1, True)
-    assert events == [("PENDING", "ACCEPTED", 1, "worker")]
+    assert row == (sent[0]["id"], 2, 1, True)
+    assert events == [
+        ("PENDING", "ATTEMPTING", 1, "worker"),
+        ("ATTEMPTING", "ACCEPTED", 2, "worker"),
+    ]
 
 
 def test_duplicate_idempotency_key_creates_no_second_row_and_no_second_send(

@@ -1,24 +1,53 @@
 import pytest
 
 from streams.contract import JobStatus as S
+from streams.contract import StatusChanged
 from streams.state_machine import ALLOWED, InvalidTransition, JobRef, transition
 
 JOB = JobRef(1, "k", "inst", "conv")
 
+PATHS = {
+    S.ATTEMPTING: [S.ATTEMPTING],
+    S.ACCEPTED: [S.ATTEMPTING, S.ACCEPTED],
+    S.DELIVERED: [S.ATTEMPTING, S.ACCEPTED, S.DELIVERED],
+    S.READ: [S.ATTEMPTING, S.ACCEPTED, S.READ],
+    S.EXPIRED: [S.EXPIRED],
+    S.CANCELLED: [S.CANCELLED],
+    S.DEAD: [S.ATTEMPTING, S.DEAD],
+}
+
+
+def reach(status: S) -> StatusChanged:
+    state = None
+    for step in PATHS[status]:
+        state = transition(JOB, state, step, gateway_job_id="g1" if step is S.ACCEPTED else None)
+    assert state is not None
+    return state
+
 
 def test_first_transition_starts_from_pending_version_one() -> None:
-    state = transition(JOB, None, S.ACCEPTED, attempts=1, gateway_job_id="g1")
-    assert (state.previous, state.status, state.version) == ("PENDING", "ACCEPTED", 1)
-    assert state.sent_at is not None and state.gateway_job_id == "g1"
+    state = transition(JOB, None, S.ATTEMPTING, attempts=1, attempt_seq=1, attempt_id="1-1")
+    assert (state.previous, state.status, state.version) == ("PENDING", "ATTEMPTING", 1)
+    assert state.attempt_id == "1-1" and state.sent_at is None
 
 
-def test_versions_increase_and_keep_gateway_id_and_sent_at() -> None:
-    accepted = transition(JOB, None, S.ACCEPTED, attempts=1, gateway_job_id="g1")
+def test_sending_requires_the_journal_first() -> None:
+    with pytest.raises(InvalidTransition):
+        transition(JOB, None, S.ACCEPTED)
+
+
+def test_versions_increase_and_keep_gateway_id_attempts_and_sent_at() -> None:
+    accepted = reach(S.ACCEPTED)
     delivered = transition(JOB, accepted, S.DELIVERED)
-    assert delivered.version == 2
+    assert delivered.version == accepted.version + 1 == 3
     assert delivered.gateway_job_id == "g1"
-    assert delivered.sent_at == accepted.sent_at
-    assert delivered.attempts == 1
+    assert delivered.sent_at == accepted.sent_at is not None
+
+
+def test_a_note_keeps_the_status_and_bumps_the_version() -> None:
+    accepted = reach(S.ACCEPTED)
+    note = transition(JOB, accepted, S.ACCEPTED, reason="cancel not possible", actor="ops")
+    assert (note.status, note.previous, note.version) == ("ACCEPTED", "ACCEPTED", 3)
 
 
 @pytest.mark.parametrize(
@@ -28,12 +57,16 @@ def test_versions_increase_and_keep_gateway_id_and_sent_at() -> None:
         (S.DELIVERED, S.ACCEPTED),
         (S.EXPIRED, S.ACCEPTED),
         (S.CANCELLED, S.ATTEMPTING),
+        (S.DEAD, S.ACCEPTED),
     ],
 )
 def test_backwards_or_from_final_states_is_rejected(start: S, to: S) -> None:
-    current = transition(JOB, None, start)
     with pytest.raises(InvalidTransition):
-        transition(JOB, current, to)
+        transition(JOB, reach(start), to)
+
+
+def test_operator_reprocess_reenters_attempting_from_dead() -> None:
+    assert transition(JOB, reach(S.DEAD), S.ATTEMPTING).status == "ATTEMPTING"
 
 
 def test_every_state_has_a_row() -> None:
