@@ -7,6 +7,7 @@ state sink and the relay are built here and handed to the parts that use them.
     zapstream topics ensure       create every Kafka topic with explicit partitions
     zapstream relay               stream outbox inserts into Kafka (CDC)
     zapstream worker              the Faust dispatcher and the state sink
+    zapstream jobs list|cancel|reprocess   operators: see, cancel and re-send jobs
     zapstream gateway-sim         the gateway simulator (StackZap + ZAP API)
     zapstream dev                 the whole pipeline on throwaway processes, with a demo batch
 """
@@ -19,6 +20,8 @@ import logging
 import signal
 import sys
 from collections.abc import Sequence
+
+from connectors.jobs_cli import add_jobs_parser
 
 log = logging.getLogger("zapstream")
 
@@ -119,6 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     topics_sub.add_parser("ensure", help="create missing topics").set_defaults(func=_cmd_topics)
 
     sub.add_parser("relay", help="run the CDC relay").set_defaults(func=_cmd_relay)
+    add_jobs_parser(sub)
     sub.add_parser("worker", help="run the stream worker").set_defaults(func=_cmd_worker)
 
     # These two parse their own options (see their --help).

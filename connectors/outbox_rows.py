@@ -1,10 +1,12 @@
-"""Turn an ``outbox_jobs`` row, as pgoutput delivers it, into a record for Kafka.
+"""Turn an ``outbox_jobs`` or ``outbox_commands`` row, as pgoutput delivers it, into a record.
 
 pgoutput gives every column as PostgreSQL's text output (``None`` for NULL).
 A row that cannot become an intent (payload not an object, unknown type,
 missing recipient, ...) becomes an :class:`~streams.contract.IntentRejected`
 carrying the whole row and the reason: the relay publishes it to
 ``zapstream.invalid`` and moves on, so one bad row never stops the stream.
+An ``outbox_commands`` row becomes a :class:`~streams.contract.CommandRequested`
+(:func:`command_row_to_record`), or likewise a rejection.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import orjson
 
 from connectors.enqueue import MAX_TEXT_CHARS
 from connectors.recipients import InvalidRecipient, conversation_key_for, normalize_recipient
-from streams.contract import IntentCaptured, IntentRejected, Priority
+from streams.contract import Command, CommandRequested, IntentCaptured, IntentRejected, Priority
 
 SUPPORTED_TYPES = frozenset({"text"})
 
@@ -100,4 +102,79 @@ def row_to_record(
     except _Reject as reason:
         return IntentRejected(
             job_id=job_id, reason=str(reason), row=dict(row), lsn=lsn, committed_at=committed_at
+        )
+
+
+def _row_id(row: Mapping[str, str | None], column: str) -> int | None:
+    text = row.get(column)
+    return int(text) if text and text.isdigit() else None
+
+
+def command_row_to_record(
+    row: Mapping[str, str | None], *, lsn: str, committed_at: str | None
+) -> CommandRequested | IntentRejected:
+    """Validate one inserted ``outbox_commands`` row; return the command or the rejection.
+
+    The row carries copies of its job's columns (``instance_id``, ``payload``,
+    ..., ``job_created_at``), filled by the table's trigger. For ``reprocess``
+    they become the intent to send again, validated exactly like a new
+    ``outbox_jobs`` row by :func:`row_to_record`; for ``cancel`` they give the
+    conversation the command is keyed by.
+    """
+    job_id = _row_id(row, "job_id")
+    try:
+        command_id = _row_id(row, "id")
+        if command_id is None:
+            raise _Reject("id is missing")
+        if job_id is None:
+            raise _Reject("job_id is missing")
+        command = row.get("command")
+        if command not in {c.value for c in Command}:
+            raise _Reject(f"unknown command {command!r}")
+        idempotency_key = _required(row, "idempotency_key")
+        instance_id = _required(row, "instance_id")
+        reason = _required(row, "reason")
+        actor = _required(row, "actor")
+        requested_at = _timestamp(row.get("created_at"))
+        job_row = {
+            "id": row.get("job_id"),
+            "instance_id": row.get("instance_id"),
+            "payload": row.get("payload"),
+            "idempotency_key": row.get("idempotency_key"),
+            "conversation_key": row.get("conversation_key"),
+            "priority": row.get("priority"),
+            "purpose": row.get("purpose"),
+            "expires_at": row.get("expires_at"),
+            "max_attempts": row.get("max_attempts"),
+            "created_at": row.get("job_created_at"),
+        }
+        job = row_to_record(job_row, lsn=lsn, committed_at=committed_at)
+        intent = None
+        if command == Command.REPROCESS:
+            if isinstance(job, IntentRejected):
+                raise _Reject(f"cannot reprocess job {job_id}: {job.reason}")
+            intent = job.to_dict()
+        conversation_key = row.get("conversation_key")
+        if not conversation_key and isinstance(job, IntentCaptured):
+            conversation_key = job.conversation_key
+        if not conversation_key:
+            # The job's own row was rejected too: it never reached a conversation.
+            reason_text = job.reason if isinstance(job, IntentRejected) else "unknown"
+            raise _Reject(f"conversation_key is missing (the job's row: {reason_text})")
+        return CommandRequested(
+            command_id=command_id,
+            command=command,
+            job_id=job_id,
+            idempotency_key=idempotency_key,
+            instance_id=instance_id,
+            conversation_key=conversation_key,
+            reason=reason,
+            actor=actor,
+            requested_at=requested_at,
+            intent=intent,
+            lsn=lsn,
+        )
+    except _Reject as rejected:
+        return IntentRejected(
+            job_id=job_id, reason=str(rejected), row=dict(row), lsn=lsn, committed_at=committed_at
         )

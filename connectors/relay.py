@@ -36,7 +36,7 @@ from psycopg import sql
 
 from connectors.acks import AckTracker
 from connectors.lsn import Lsn
-from connectors.outbox_rows import row_to_record
+from connectors.outbox_rows import command_row_to_record, row_to_record
 from connectors.pgoutput import Begin, Commit, Insert, PgOutputDecoder
 from connectors.replication import (
     ReplicationError,
@@ -51,6 +51,7 @@ from streams.contract import (
     HEADER_SCHEMA,
     INTENTS,
     INVALID,
+    CommandRequested,
     IntentCaptured,
 )
 from streams.settings import RelaySettings
@@ -58,6 +59,8 @@ from streams.settings import RelaySettings
 log = logging.getLogger(__name__)
 
 OUTBOX_TABLE = "outbox_jobs"
+COMMANDS_TABLE = "outbox_commands"
+PUBLISHED_TABLES = (OUTBOX_TABLE, COMMANDS_TABLE)
 
 
 class RelayError(RuntimeError):
@@ -67,7 +70,9 @@ class RelayError(RuntimeError):
 def ensure_replication(dsn: str, *, slot: str, publication: str) -> Lsn:
     """Create the insert-only publication and the pgoutput slot if missing.
 
-    Returns the slot's confirmed position. Safe to run from several relays at once.
+    The publication covers ``outbox_jobs`` and ``outbox_commands``; a publication
+    from an older version gets the missing table added. Returns the slot's
+    confirmed position. Safe to run from several relays at once.
     """
     with psycopg.connect(dsn, autocommit=True) as conn:
         exists = conn.execute(
@@ -77,9 +82,24 @@ def ensure_replication(dsn: str, *, slot: str, publication: str) -> Lsn:
             with contextlib.suppress(pg_errors.DuplicateObject):
                 conn.execute(
                     sql.SQL("CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert')").format(
-                        sql.Identifier(publication), sql.Identifier(OUTBOX_TABLE)
+                        sql.Identifier(publication),
+                        sql.SQL(", ").join(sql.Identifier(t) for t in PUBLISHED_TABLES),
                     )
                 )
+        published = {
+            str(name)
+            for (name,) in conn.execute(
+                "SELECT tablename FROM pg_publication_tables WHERE pubname = %s", (publication,)
+            )
+        }
+        for table in PUBLISHED_TABLES:
+            if table not in published:
+                with contextlib.suppress(pg_errors.DuplicateObject):
+                    conn.execute(
+                        sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(
+                            sql.Identifier(publication), sql.Identifier(table)
+                        )
+                    )
         row = conn.execute(
             "SELECT plugin, confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = %s",
             (slot,),
@@ -237,8 +257,10 @@ class OutboxRelay:
                     committed_at = decoded.commit_ts.isoformat()
                     lsn_text = str(decoded.final_lsn)
                 elif isinstance(decoded, Insert):
-                    if decoded.relation.name == OUTBOX_TABLE:
-                        await self._produce(txn, decoded.new, lsn_text, committed_at)
+                    if decoded.relation.name in PUBLISHED_TABLES:
+                        await self._produce(
+                            txn, decoded.relation.name, decoded.new, lsn_text, committed_at
+                        )
                 elif isinstance(decoded, Commit):
                     tracker.commit(txn, decoded.end_lsn)
                     self._stats.transactions += 1
@@ -255,21 +277,27 @@ class OutboxRelay:
         return tracker.confirmed
 
     async def _produce(
-        self, txn: Any, row: dict[str, str | None], lsn: str, committed_at: str | None
+        self,
+        txn: Any,
+        table: str,
+        row: dict[str, str | None],
+        lsn: str,
+        committed_at: str | None,
     ) -> None:
         tracker = self._tracker
         assert tracker is not None
         while tracker.records_outstanding >= self.settings.max_in_flight:
             self._room.clear()
             await self._room.wait()
-        record = row_to_record(row, lsn=lsn, committed_at=committed_at)
-        if isinstance(record, IntentCaptured):
+        convert = row_to_record if table == OUTBOX_TABLE else command_row_to_record
+        record = convert(row, lsn=lsn, committed_at=committed_at)
+        if isinstance(record, IntentCaptured | CommandRequested):
             topic, key = INTENTS, record.partition_key
             self._stats.intents += 1
         else:
             topic, key = INVALID, str(record.job_id).encode()
             self._stats.rejected += 1
-            log.warning("outbox row %s rejected: %s", record.job_id, record.reason)
+            log.warning("%s row for job %s rejected: %s", table, record.job_id, record.reason)
         headers = [
             (HEADER_SCHEMA, record.SCHEMA.encode()),
             (HEADER_LSN, lsn.encode()),
