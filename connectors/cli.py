@@ -8,6 +8,7 @@ state sink and the relay are built here and handed to the parts that use them.
     zapstream relay               stream outbox inserts into Kafka (CDC)
     zapstream worker              the Faust dispatcher and the state sink
     zapstream jobs list|cancel|reprocess   operators: see, cancel and re-send jobs
+    zapstream webhook             gateway status callbacks (receipts), HMAC-signed
     zapstream gateway-sim         the gateway simulator (StackZap + ZAP API)
     zapstream dev                 the whole pipeline on throwaway processes, with a demo batch
 """
@@ -95,6 +96,14 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_webhook(args: argparse.Namespace) -> int:
+    from connectors.webhook import serve
+    from streams.settings import WebhookSettings
+
+    asyncio.run(serve(WebhookSettings()))
+    return 0
+
+
 def _cmd_gateway_sim(args: argparse.Namespace) -> int:
     from connectors.gateway_sim import main as sim_main
 
@@ -123,6 +132,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     sub.add_parser("relay", help="run the CDC relay").set_defaults(func=_cmd_relay)
     add_jobs_parser(sub)
+    sub.add_parser("webhook", help="receive gateway status callbacks").set_defaults(
+        func=_cmd_webhook
+    )
     sub.add_parser("worker", help="run the stream worker").set_defaults(func=_cmd_worker)
 
     # These two parse their own options (see their --help).

@@ -26,6 +26,24 @@ Control endpoints (no auth):
 - ``POST /_sim/reset``: forget messages, stats and config
 - ``POST /_sim/jobs/status``: ``{"status", "ids"?, "instance"?, "from_status"?}``
   relabels jobs (e.g. ``"sent"`` so a cancel answers 409)
+- ``POST /_sim/callbacks/emit``: ``{"id", "status", "event_id"?, "signed"?}`` sends one
+  status callback now and answers the body it sent, with the receiver's HTTP status
+  in the ``X-Sim-Callback-Status`` header (``error`` when it could not be reached)
+
+Status callbacks: with ``callback_url`` configured, every accepted message (both
+APIs, dropped responses included: the gateway did accept them) is followed by one
+signed callback per ``callback_statuses`` label, in order, each after
+``callback_delay_ms``; the job is relabelled before its callback goes out, as a
+real gateway's state moves first. The body is ``{"event_id", "id", "status",
+"reference", "timestamp"}`` and ``X-Zap-Signature`` is
+:func:`connectors.webhook.sign` of it under ``callback_secret``. Callbacks are not
+retried; a failure (no connection, non-2xx) is logged and counted in
+``callbacks_failed``, a 2xx in ``callbacks_sent``. ``/_sim/callbacks/emit`` relabels
+nothing, so it can replay old labels out of order or twice.
+
+``fail_recipients`` (``{"<to as received>": N}``) answers the first N sends to that
+recipient 503 with ``Retry-After: 0``, after auth and the other faults, counting
+down in ``GET /_sim/config``.
 
 Faults are decided when a request arrives, in arrival order, from
 ``random.Random(seed)``: three draws per faultable request (rate limit, error,
@@ -54,10 +72,12 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
+import aiohttp
 import orjson
 from aiohttp import web
 
 from connectors.gateways.classify import mask_secret
+from connectors.webhook import sign
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +88,9 @@ _SENT_LABELS = frozenset({"sent", "delivered", "read", "played", "failed", "erro
 _CANCELLED = "cancelled"
 _ID_FIELDS = frozenset({"id", "jobId", "job_id", "messageId"})
 _MAX_PAGE_SIZE = 1000
+_CALLBACK_TIMEOUT_S = 5.0
+SIGNATURE_HEADER = "X-Zap-Signature"
+CALLBACK_STATUS_HEADER = "X-Sim-Callback-Status"
 
 
 @dataclasses.dataclass(slots=True)
@@ -110,6 +133,17 @@ class SimConfig:
     """Key the send answer uses for the id: ``id``, ``jobId``, ``job_id`` or ``messageId``."""
     fault_scope: str = "send"
     """``send``: error/rate-limit/drop only on sends; ``all``: on listing and cancel too."""
+    callback_url: str | None = None
+    """Full URL status callbacks are POSTed to (e.g. ``http://h:p/v1/webhooks/zapapi``)."""
+    callback_secret: str = ""
+    """HMAC secret of ``X-Zap-Signature``; shown masked by ``/_sim/config``."""
+    callback_statuses: list[str] = dataclasses.field(
+        default_factory=lambda: ["sent", "delivered", "read"]
+    )
+    callback_delay_ms: float = 50.0
+    """Pause before each automatic callback."""
+    fail_recipients: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Recipient (``to`` as received) -> sends still to be answered 503 (transient)."""
 
 
 class SimConfigError(ValueError):
@@ -134,7 +168,12 @@ def _non_negative(key: str, value: Any) -> float:
 
 def _updated_config(current: SimConfig, changes: Mapping[str, Any]) -> SimConfig:
     """A copy of ``current`` with ``changes`` validated and applied (all or nothing)."""
-    cfg = dataclasses.replace(current, reject_instances=list(current.reject_instances))
+    cfg = dataclasses.replace(
+        current,
+        reject_instances=list(current.reject_instances),
+        callback_statuses=list(current.callback_statuses),
+        fail_recipients=dict(current.fail_recipients),
+    )
     for key, value in changes.items():
         if key in ("error_rate", "rate_limit_rate", "drop_response_rate"):
             setattr(cfg, key, _rate(key, value))
@@ -169,9 +208,39 @@ def _updated_config(current: SimConfig, changes: Mapping[str, Any]) -> SimConfig
             if value not in ("send", "all"):
                 raise SimConfigError("fault_scope must be 'send' or 'all'")
             cfg.fault_scope = value
+        elif key == "callback_url":
+            if value is not None and (
+                not isinstance(value, str) or not value.startswith(("http://", "https://"))
+            ):
+                raise SimConfigError("callback_url must be an http(s) URL or null")
+            cfg.callback_url = value
+        elif key == "callback_secret":
+            if not isinstance(value, str):
+                raise SimConfigError("callback_secret must be a string")
+            cfg.callback_secret = value
+        elif key == "callback_statuses":
+            if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+                raise SimConfigError("callback_statuses must be a list of non-empty strings")
+            cfg.callback_statuses = list(value)
+        elif key == "callback_delay_ms":
+            cfg.callback_delay_ms = _non_negative(key, value)
+        elif key == "fail_recipients":
+            if not isinstance(value, dict) or not all(
+                isinstance(k, str) and isinstance(n, int) and not isinstance(n, bool) and n >= 0
+                for k, n in value.items()
+            ):
+                raise SimConfigError("fail_recipients must map recipients to integers >= 0")
+            cfg.fail_recipients = dict(value)
         else:
             raise SimConfigError(f"unknown config key {key!r}")
     return cfg
+
+
+def _shown_config(cfg: SimConfig) -> dict[str, Any]:
+    """The config as ``/_sim/config`` answers it: the callback secret masked."""
+    shown = dataclasses.asdict(cfg)
+    shown["callback_secret"] = mask_secret(cfg.callback_secret)
+    return shown
 
 
 def _json(data: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:
@@ -212,6 +281,8 @@ class GatewaySimulator:
         self._bearer = f"Bearer {token}" if token else None
         self._default_seed = seed
         self._runner: web.AppRunner | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._callback_tasks: set[asyncio.Task[None]] = set()
         self._host = "127.0.0.1"
         self._port = 0
         self._reset_state()
@@ -226,6 +297,8 @@ class GatewaySimulator:
         self._counts: dict[str, collections.Counter[str]] = {}
         self._requests = 0
         self._outcomes: collections.Counter[str] = collections.Counter()
+        self._callbacks_sent = 0
+        self._callbacks_failed = 0
 
     # --- lifecycle -----------------------------------------------------------------
 
@@ -255,6 +328,7 @@ class GatewaySimulator:
         app.router.add_post("/_sim/config", self._config_post)
         app.router.add_post("/_sim/reset", self._reset_endpoint)
         app.router.add_post("/_sim/jobs/status", self._jobs_status_endpoint)
+        app.router.add_post("/_sim/callbacks/emit", self._callbacks_emit_endpoint)
         runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0)
         await runner.setup()
         try:
@@ -264,6 +338,9 @@ class GatewaySimulator:
             await runner.cleanup()
             raise
         self._runner = runner
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=_CALLBACK_TIMEOUT_S)
+        )
         self._host = host
         self._port = int(runner.addresses[0][1])
         log.info(
@@ -277,13 +354,28 @@ class GatewaySimulator:
 
     async def stop(self) -> None:
         runner, self._runner = self._runner, None
-        if runner is not None:
+        if runner is None:
+            return
+        try:
+            # Requests in flight finish first; they may still schedule callbacks.
             await runner.cleanup()
-            log.info(
-                "gateway simulator stopped: %d requests, %d messages accepted",
-                self._requests,
-                len(self._messages),
-            )
+        finally:
+            await self._cancel_callbacks()
+            session, self._session = self._session, None
+            if session is not None:
+                await session.close()
+        log.info(
+            "gateway simulator stopped: %d requests, %d messages accepted",
+            self._requests,
+            len(self._messages),
+        )
+
+    async def _cancel_callbacks(self) -> None:
+        tasks = list(self._callback_tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def __aenter__(self) -> GatewaySimulator:
         if self._runner is None:
@@ -319,6 +411,9 @@ class GatewaySimulator:
         return cfg
 
     def reset(self) -> None:
+        # Callbacks still scheduled belong to the forgotten messages and config.
+        for task in self._callback_tasks:
+            task.cancel()
         self._reset_state()
 
     def stats(self) -> dict[str, Any]:
@@ -329,6 +424,8 @@ class GatewaySimulator:
             "by_outcome": dict(self._outcomes),
             "by_api": dict(by_api),
             "distinct_references": len({m.reference for m in self._messages}),
+            "callbacks_sent": self._callbacks_sent,
+            "callbacks_failed": self._callbacks_failed,
         }
 
     def set_job_status(
@@ -497,8 +594,15 @@ class GatewaySimulator:
         parsed = await self._read_send(request, api)
         if isinstance(parsed, web.Response):
             return parsed
-        msg = self._record(request, api, *parsed)
+        to, text = parsed
+        remaining = self._config.fail_recipients.get(to, 0)
+        if remaining > 0:
+            self._config.fail_recipients[to] = remaining - 1
+            self._outcomes["recipient_failed"] += 1
+            return self._error(api, 503, "recipient temporarily unavailable", {"Retry-After": "0"})
+        msg = self._record(request, api, to, text)
         msg.dropped = decision.drop
+        self._schedule_callbacks(msg)
         body = {self._config.id_field: msg.id, "status": msg.status}
         return self._answer(request, decision, "accepted", _json(body, ok_status))
 
@@ -568,6 +672,87 @@ class GatewaySimulator:
             request, decision, "cancelled", _json({"id": job.id, "status": _CANCELLED})
         )
 
+    # --- status callbacks -------------------------------------------------------------------
+
+    def _schedule_callbacks(self, msg: SimMessage) -> None:
+        cfg = self._config
+        if cfg.callback_url is None or not cfg.callback_statuses or self._session is None:
+            return
+        task = asyncio.create_task(
+            self._run_callbacks(
+                msg,
+                url=cfg.callback_url,
+                secret=cfg.callback_secret,
+                statuses=list(cfg.callback_statuses),
+                delay_s=cfg.callback_delay_ms / 1000,
+            ),
+            name=f"sim-callbacks-{msg.id}",
+        )
+        self._callback_tasks.add(task)
+        task.add_done_callback(self._callback_tasks.discard)
+
+    async def _run_callbacks(
+        self, msg: SimMessage, *, url: str, secret: str, statuses: list[str], delay_s: float
+    ) -> None:
+        for status in statuses:
+            await asyncio.sleep(delay_s)
+            if msg.status == _CANCELLED:
+                return  # cancelled before it went out: a gateway reports nothing more
+            if msg.status != status:
+                self._relabel(msg, status)
+            await self.emit_callback(msg, status, url=url, secret=secret)
+
+    def callback_body(
+        self, msg: SimMessage, status: str, *, event_id: str | None = None
+    ) -> dict[str, Any]:
+        return {
+            "event_id": event_id or uuid.uuid4().hex,
+            "id": msg.id,
+            "status": status,
+            "reference": msg.reference,
+            "timestamp": round(time.time(), 3),
+        }
+
+    async def emit_callback(
+        self,
+        msg: SimMessage,
+        status: str,
+        *,
+        url: str,
+        secret: str,
+        event_id: str | None = None,
+        signed: bool = True,
+    ) -> tuple[dict[str, Any], int | None]:
+        """POST one callback; return the body sent and the receiver's status (None: no answer).
+
+        Never raises for the receiver's failures: they are logged and counted.
+        """
+        body = self.callback_body(msg, status, event_id=event_id)
+        raw = orjson.dumps(body)
+        headers = {"Content-Type": "application/json"}
+        if signed:
+            headers[SIGNATURE_HEADER] = sign(secret, raw)
+        session = self._session
+        if session is None:
+            raise RuntimeError("GatewaySimulator is not started")
+        try:
+            async with session.post(url, data=raw, headers=headers) as response:
+                await response.read()
+                answered: int | None = response.status
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            answered = None
+            self._callbacks_failed += 1
+            log.warning("callback %r for job %s failed: %s", status, msg.id, type(exc).__name__)
+        else:
+            if response.ok:
+                self._callbacks_sent += 1
+            else:
+                self._callbacks_failed += 1
+                log.warning(
+                    "callback %r for job %s answered HTTP %d", status, msg.id, response.status
+                )
+        return body, answered
+
     # --- control endpoints ----------------------------------------------------------------
 
     async def _health(self, request: web.Request) -> web.Response:
@@ -584,7 +769,7 @@ class GatewaySimulator:
         return _json(self.stats())
 
     async def _config_get(self, request: web.Request) -> web.Response:
-        return _json(dataclasses.asdict(self._config))
+        return _json(_shown_config(self._config))
 
     async def _config_post(self, request: web.Request) -> web.Response:
         try:
@@ -597,7 +782,7 @@ class GatewaySimulator:
             cfg = self.configure(**changes)
         except SimConfigError as exc:
             return _json({"error": str(exc)}, 400)
-        return _json(dataclasses.asdict(cfg))
+        return _json(_shown_config(cfg))
 
     async def _reset_endpoint(self, request: web.Request) -> web.Response:
         self.reset()
@@ -626,12 +811,46 @@ class GatewaySimulator:
         )
         return _json({"updated": updated})
 
+    async def _callbacks_emit_endpoint(self, request: web.Request) -> web.Response:
+        try:
+            body = orjson.loads(await request.read())
+        except orjson.JSONDecodeError:
+            return _json({"error": "body is not JSON"}, 400)
+        if not isinstance(body, dict):
+            return _json({"error": "body is not a JSON object"}, 400)
+        job_id, status = body.get("id"), body.get("status")
+        event_id, signed = body.get("event_id"), body.get("signed", True)
+        if not isinstance(job_id, str) or not isinstance(status, str) or not status:
+            return _json({"error": "need {'id': str, 'status': str}"}, 400)
+        if event_id is not None and not isinstance(event_id, str):
+            return _json({"error": "event_id must be a string"}, 400)
+        if not isinstance(signed, bool):
+            return _json({"error": "signed must be a boolean"}, 400)
+        url = self._config.callback_url
+        if url is None:
+            return _json({"error": "callback_url is not configured"}, 409)
+        msg = self._by_id.get(job_id)
+        if msg is None:
+            return _json({"error": "unknown job"}, 404)
+        sent, answered = await self.emit_callback(
+            msg,
+            status,
+            url=url,
+            secret=self._config.callback_secret,
+            event_id=event_id,
+            signed=signed,
+        )
+        header = "error" if answered is None else str(answered)
+        return _json(sent, 200, {CALLBACK_STATUS_HEADER: header})
+
 
 # --- command line -------------------------------------------------------------------------
 
 
 async def _serve(args: argparse.Namespace) -> None:
     sim = GatewaySimulator(api_key=args.api_key, token=args.token, seed=args.seed)
+    if args.callback_url:
+        sim.configure(callback_url=args.callback_url, callback_secret=args.callback_secret)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -653,6 +872,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--api-key", default=None, help="required X-API-Key (StackZap)")
     parser.add_argument("--token", default=None, help="required Bearer token (ZAP API)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the fault generator")
+    parser.add_argument("--callback-url", default=None, help="where status callbacks go")
+    parser.add_argument("--callback-secret", default="", help="HMAC secret of the callbacks")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     logging.basicConfig(

@@ -28,6 +28,7 @@ from streams.settings import BrokerFlavor, KafkaSettings
 
 SIM_API_KEY = "dev-stackzap-key"
 SIM_TOKEN = "dev-zap-token"
+WEBHOOK_SECRET = "dev-webhook-secret"
 
 
 class LocalPipeline:
@@ -127,6 +128,7 @@ class LocalPipeline:
             "STACKZAP_API_KEY": SIM_API_KEY,
             "ZAP_API_URL": self.sim_url,
             "ZAP_TOKEN": SIM_TOKEN,
+            "ZAPSTREAM_WEBHOOK_SECRET": WEBHOOK_SECRET,
         }
 
     # --- processes ----------------------------------------------------------------------
@@ -164,6 +166,26 @@ class LocalPipeline:
         if wait:
             proc.wait_for_log(r"\[\^Worker\]: Ready", timeout_s=120)
         return proc
+
+    def start_webhook(self, name: str = "webhook") -> str:
+        """Run ``zapstream webhook`` and point the simulator's callbacks at it; return its URL."""
+        port = find_free_port()
+        proc = self.process(name, ["webhook"], {"ZAPSTREAM_WEBHOOK_PORT": str(port)})
+        proc.start()
+        url = f"http://127.0.0.1:{port}"
+        import time
+
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                httpx.get(f"{url}/v1/webhooks/health", timeout=1.0).raise_for_status()
+                break
+            except httpx.HTTPError:
+                if time.monotonic() > deadline or not proc.is_running:
+                    raise
+                time.sleep(0.1)
+        self.sim_config(callback_url=f"{url}/v1/webhooks/stackzap", callback_secret=WEBHOOK_SECRET)
+        return url
 
     # --- the simulator's control API -------------------------------------------------------
 

@@ -116,7 +116,8 @@ def test_hidden_references_and_non_authoritative_listing_never_send_twice(
     assert all(final[k] == "ACCEPTED" for k in arrived - uncertain)
     assert set(report.missing) <= uncertain, "a job absent from the gateway must be UNCERTAIN"
     print(
-        f"\nhidden references: {len(uncertain)} UNCERTAIN, {len(report.missing)} never reached the gateway"
+        f"\nhidden references: {len(uncertain)} UNCERTAIN, "
+        f"{len(report.missing)} never reached the gateway"
     )
     pipeline.sim_config(drop_response_rate=0.0, hide_references=False)
     worker.terminate(timeout_s=60)

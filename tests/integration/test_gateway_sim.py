@@ -12,12 +12,15 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+import orjson
 import pytest
+from aiohttp import web
 from pydantic import SecretStr
 
 from connectors.gateway_sim import GatewaySimulator, SimConfigError
 from connectors.gateways.stackzap import StackZapClient
 from connectors.gateways.zapapi import ZapApiClient
+from connectors.webhook import sign
 from streams.contract import JobStatus
 from streams.gateway import (
     PermanentGatewayError,
@@ -388,3 +391,184 @@ async def test_command_line_entry_point() -> None:
     assert code == 0, "".join(log_lines) + rest.decode()
     assert "5511900000001" not in rest.decode()
     assert "stopped: 1 requests, 1 messages accepted" in rest.decode()
+
+
+async def test_fail_recipients_answer_503_first_then_accept(
+    sim: GatewaySimulator, stackzap: StackZapClient, zapapi: ZapApiClient
+) -> None:
+    flaky, other = msg(1), msg(2)
+    async with httpx.AsyncClient(base_url=sim.url) as http:
+        resp = await http.post("/_sim/config", json={"fail_recipients": {flaky.to: 3}})
+        assert resp.status_code == 200
+        assert resp.json()["fail_recipients"] == {flaky.to: 3}
+        for client in (stackzap, zapapi, stackzap):
+            with pytest.raises(TransientGatewayError) as info:
+                await client.send_text(flaky)
+            assert info.value.status_code == 503
+            assert info.value.retry_after_s == 0.0
+            # Other recipients are unaffected while the flaky one fails.
+            assert (await client.send_text(other)).status is JobStatus.ACCEPTED
+        assert (await http.get("/_sim/config")).json()["fail_recipients"] == {flaky.to: 0}
+        assert (await stackzap.send_text(flaky)).status is JobStatus.ACCEPTED
+        assert (await zapapi.send_text(flaky)).status is JobStatus.ACCEPTED
+    assert [m.to for m in sim.messages] == [other.to] * 3 + [flaky.to] * 2
+    assert sim.stats()["by_outcome"] == {"recipient_failed": 3, "accepted": 5}
+
+
+async def test_fail_recipients_count_only_requests_that_pass_auth(
+    sim: GatewaySimulator, stackzap: StackZapClient
+) -> None:
+    sim.configure(fail_recipients={msg(1).to: 1})
+    wrong = gateway_settings(sim, stackzap_api_key=SecretStr("nope"))
+    async with StackZapClient(wrong) as unauthorized:
+        with pytest.raises(PermanentGatewayError):
+            await unauthorized.send_text(msg(1))
+    assert sim.config.fail_recipients == {msg(1).to: 1}
+    with pytest.raises(TransientGatewayError):
+        await stackzap.send_text(msg(1))
+    await stackzap.send_text(msg(1))
+    assert len(sim.messages) == 1
+
+
+async def test_new_config_keys_are_validated_and_the_secret_masked(sim: GatewaySimulator) -> None:
+    async with httpx.AsyncClient(base_url=sim.url) as http:
+        for bad in (
+            {"fail_recipients": {"5511": -1}},
+            {"fail_recipients": {"5511": True}},
+            {"fail_recipients": ["5511"]},
+            {"callback_url": "ftp://x"},
+            {"callback_secret": 5},
+            {"callback_statuses": ["sent", ""]},
+            {"callback_delay_ms": -1},
+        ):
+            assert (await http.post("/_sim/config", json=bad)).status_code == 400, bad
+        secret = "callback-secret-0123456789"
+        resp = await http.post(
+            "/_sim/config",
+            json={"callback_url": "http://127.0.0.1:1/cb", "callback_secret": secret},
+        )
+        assert resp.status_code == 200
+        shown = (await http.get("/_sim/config")).json()
+    assert secret not in resp.text and secret not in str(shown)
+    assert shown["callback_url"] == "http://127.0.0.1:1/cb"
+    assert shown["callback_statuses"] == ["sent", "delivered", "read"]
+    assert shown["callback_delay_ms"] == 50.0
+    assert sim.config.callback_secret == secret
+
+
+class CallbackReceiver:
+    """A tiny HTTP server recording the callbacks it gets, answering ``answer``."""
+
+    def __init__(self) -> None:
+        self.received: list[tuple[bytes, str | None]] = []
+        self.answer = 202
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        self.received.append((await request.read(), request.headers.get("X-Zap-Signature")))
+        return web.Response(status=self.answer)
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/cb", self._handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}/cb"
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[CallbackReceiver]:
+    r = CallbackReceiver()
+    await r.start()
+    try:
+        yield r
+    finally:
+        await r.stop()
+
+
+async def wait_for(predicate: Any, what: str) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
+async def test_callbacks_follow_each_accepted_message_signed_and_in_order(
+    sim: GatewaySimulator,
+    stackzap: StackZapClient,
+    zapapi: ZapApiClient,
+    receiver: CallbackReceiver,
+) -> None:
+    sim.configure(
+        callback_url=receiver.url,
+        callback_secret="cb-secret",
+        callback_statuses=["sent", "delivered"],
+        callback_delay_ms=10,
+    )
+    sim.configure(drop_response_rate=1.0)
+    with pytest.raises(UncertainGatewayError):
+        await zapapi.send_text(msg(1))  # accepted, answer lost: callbacks still come
+    sim.configure(drop_response_rate=0.0)
+    b = await stackzap.send_text(msg(2))
+    await wait_for(lambda: sim.stats()["callbacks_sent"] == 4, "four callbacks")
+    assert sim.stats()["callbacks_failed"] == 0
+    bodies = [orjson.loads(raw) for raw, _ in receiver.received]
+    assert all(sig == sign("cb-secret", raw) for raw, sig in receiver.received)
+    for m in sim.messages:
+        mine = [(x["status"], x["reference"]) for x in bodies if x["id"] == m.id]
+        assert mine == [("sent", m.reference), ("delivered", m.reference)]
+    assert len({x["event_id"] for x in bodies}) == 4
+    assert all(abs(x["timestamp"] - time.time()) < 60 for x in bodies)
+    # The gateway's own job state moved with its callbacks.
+    assert [m.status for m in sim.messages] == ["delivered", "delivered"]
+    assert await stackzap.cancel("inst-1", b.gateway_job_id or "") is False
+
+
+async def test_callback_failures_are_counted_never_raised(
+    sim: GatewaySimulator, stackzap: StackZapClient, receiver: CallbackReceiver
+) -> None:
+    receiver.answer = 500
+    sim.configure(callback_url=receiver.url, callback_statuses=["sent"], callback_delay_ms=0)
+    await stackzap.send_text(msg(1))
+    await wait_for(lambda: sim.stats()["callbacks_failed"] == 1, "a refused callback")
+    closed = GatewaySimulator()
+    await closed.start()
+    dead_url = f"{closed.url}/nowhere"
+    await closed.stop()
+    sim.configure(callback_url=dead_url)
+    await stackzap.send_text(msg(2))
+    await wait_for(lambda: sim.stats()["callbacks_failed"] == 2, "an unreachable callback")
+    async with httpx.AsyncClient(base_url=sim.url) as http:
+        resp = await http.post(
+            "/_sim/callbacks/emit", json={"id": sim.messages[0].id, "status": "read"}
+        )
+        assert resp.status_code == 200
+        assert resp.headers["X-Sim-Callback-Status"] == "error"
+        sim.configure(callback_url=None)
+        resp = await http.post(
+            "/_sim/callbacks/emit", json={"id": sim.messages[0].id, "status": "read"}
+        )
+        assert resp.status_code == 409
+    assert sim.stats()["callbacks_sent"] == 0
+    assert sim.stats()["callbacks_failed"] == 3
+    assert len(sim.messages) == 2
+
+
+async def test_stop_cancels_pending_callbacks(receiver: CallbackReceiver) -> None:
+    simulator = GatewaySimulator()
+    await simulator.start()
+    simulator.configure(callback_url=receiver.url, callback_delay_ms=60_000)
+    async with StackZapClient(GatewaySettings(stackzap_api_url=simulator.url)) as client:
+        await client.send_text(msg(1))
+    started = time.monotonic()
+    await simulator.stop()
+    assert time.monotonic() - started < 5
+    assert receiver.received == []
+    assert simulator.stats()["callbacks_sent"] == 0

@@ -1,4 +1,4 @@
-"""JobProcessor decisions against a scripted gateway and an in-memory store (no network, no Faust)."""
+"""JobProcessor decisions against a scripted gateway and an in-memory store (no I/O)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,215 @@
+"""Receipts through the signed webhook; retries without head-of-line blocking (issue 3)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+
+import httpx
+import psycopg
+import pytest
+from aiokafka import TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.partitioner import DefaultPartitioner
+
+from connectors.enqueue import enqueue
+from connectors.local_pipeline import LocalPipeline
+from connectors.webhook import sign
+from streams.contract import INTENTS, conversation_partition_key
+from tests.integration.conftest import Arrivals, count_rows, wait_for_status, wait_until
+
+pytestmark = pytest.mark.integration
+PARTITIONS = 4
+
+
+@pytest.fixture(scope="module")
+def pipeline() -> Iterator[LocalPipeline]:
+    env = {
+        "ZAPSTREAM_KAFKA_ONE_RECORD_PER_BATCH": "true",
+        "ZAPSTREAM_WORKER_RETRY_SCHEDULE_S": "[2]",
+        "ZAPSTREAM_WORKER_RETRY_JITTER": "0",
+        "ZAPSTREAM_WORKER_RETRY_SCAN_INTERVAL_S": "0.2",
+        "ZAPSTREAM_WORKER_COMMIT_INTERVAL_S": "0.5",
+    }
+    with LocalPipeline(partitions=PARTITIONS, worker_env=env) as p:
+        p.start_relay()
+        p.start_worker()
+        p.start_webhook()
+        yield p
+
+
+def _status(dsn: str, key: str) -> str:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT status FROM outbox_jobs WHERE idempotency_key = %s", (key,)
+        ).fetchone()
+    return str(row[0]) if row else ""
+
+
+def _send_one(pipeline: LocalPipeline, key: str, to: str) -> tuple[int, str]:
+    with psycopg.connect(pipeline.dsn) as conn:
+        job_id = enqueue(conn, instance_id="shop", to=to, text=f"r [{key}:0]", idempotency_key=key)
+    wait_until(
+        lambda: _status(pipeline.dsn, key) in {"ACCEPTED", "DELIVERED", "READ"}, 60, "acceptance"
+    )
+    sim_id = next(m["id"] for m in Arrivals(pipeline).refresh() if m["text"] == f"r [{key}:0]")
+    return job_id, sim_id
+
+
+def _emit(pipeline: LocalPipeline, sim_id: str, status: str, **extra: object) -> str:
+    response = httpx.post(
+        f"{pipeline.sim_url}/_sim/callbacks/emit", json={"id": sim_id, "status": status, **extra}
+    )
+    response.raise_for_status()
+    return response.headers.get("X-Sim-Callback-Status", "")
+
+
+def test_receipts_in_order_end_read(pipeline: LocalPipeline) -> None:
+    key = f"{uuid.uuid4().hex[:8]}-receipts"
+    _send_one(pipeline, key, "5511900000301")
+    wait_for_status(pipeline.dsn, [key], "READ", 60)
+
+
+def test_out_of_order_and_duplicated_receipts_leave_the_right_final_state(
+    pipeline: LocalPipeline,
+) -> None:
+    pipeline.sim_config(callback_statuses=[])
+    try:
+        key = f"{uuid.uuid4().hex[:8]}-ooo"
+        job_id, sim_id = _send_one(pipeline, key, "5511900000302")
+        assert _emit(pipeline, sim_id, "delivered") == "202"
+        wait_for_status(pipeline.dsn, [key], "DELIVERED", 30)
+        for late in ("read", "sent", "delivered", "read", "sent"):
+            assert _emit(pipeline, sim_id, late) == "202"
+        wait_for_status(pipeline.dsn, [key], "READ", 30)
+        # A marker receipt on another job proves the late ones were processed, not pending.
+        marker = f"{uuid.uuid4().hex[:8]}-marker"
+        _, marker_sim = _send_one(pipeline, marker, "5511900000302")
+        assert _emit(pipeline, marker_sim, "read") == "202"
+        wait_for_status(pipeline.dsn, [marker], "READ", 30)
+        with psycopg.connect(pipeline.dsn, autocommit=True) as conn:
+            moves = conn.execute(
+                "SELECT to_status FROM outbox_job_events WHERE job_id = %s ORDER BY version",
+                (job_id,),
+            ).fetchall()
+        assert [m[0] for m in moves] == ["ATTEMPTING", "ACCEPTED", "DELIVERED", "READ"]
+    finally:
+        pipeline.sim_config(callback_statuses=["sent", "delivered", "read"])
+
+
+def test_unsigned_or_badly_signed_callbacks_get_401_and_change_nothing(
+    pipeline: LocalPipeline,
+) -> None:
+    pipeline.sim_config(callback_statuses=[])
+    try:
+        key = f"{uuid.uuid4().hex[:8]}-unsigned"
+        job_id, sim_id = _send_one(pipeline, key, "5511900000303")
+        assert _emit(pipeline, sim_id, "read", signed=False) == "401"
+        webhook = str(httpx.get(f"{pipeline.sim_url}/_sim/config").json()["callback_url"])
+        body = f'{{"id": "{sim_id}", "status": "read", "reference": "{job_id}-1"}}'.encode()
+        forged = httpx.post(webhook, content=body, headers={"X-Zap-Signature": sign("wrong", body)})
+        assert forged.status_code == 401
+        # The next signed receipt is applied; the forged ones before it were not.
+        assert _emit(pipeline, sim_id, "delivered") == "202"
+        wait_for_status(pipeline.dsn, [key], "DELIVERED", 30)
+        assert (
+            count_rows(
+                pipeline.dsn,
+                "SELECT count(*) FROM outbox_job_events WHERE job_id = %s AND to_status = 'READ'",
+                (job_id,),
+            )
+            == 0
+        )
+    finally:
+        pipeline.sim_config(callback_statuses=["sent", "delivered", "read"])
+
+
+def _partition(instance: str, conversation: str) -> int:
+    key = conversation_partition_key(instance, conversation)
+    return int(DefaultPartitioner()(key, list(range(PARTITIONS)), list(range(PARTITIONS))))
+
+
+async def _committed_and_end(bootstrap: str, partition: int) -> tuple[int, int]:
+    tp = TopicPartition(INTENTS, partition)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        offsets = await admin.list_consumer_group_offsets("zapstream-worker", partitions=[tp])
+    finally:
+        await admin.close()
+    from aiokafka import AIOKafkaConsumer
+
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest"
+    )
+    await consumer.start()
+    try:
+        consumer.assign([tp])
+        end = 0
+        while True:
+            batch = await consumer.getmany(tp, timeout_ms=500)
+            records = batch.get(tp, [])
+            if not records:
+                break
+            end = records[-1].offset + 1
+    finally:
+        await consumer.stop()
+    meta = offsets.get(tp)
+    return (meta.offset if meta else -1), end
+
+
+def test_a_failing_conversation_waits_without_blocking_its_partition(
+    pipeline: LocalPipeline,
+) -> None:
+    pipeline.sim_config(callback_url=None)
+    run = uuid.uuid4().hex[:8]
+    blocked_to = "5511900000400"
+    blocked_partition = _partition("shop", blocked_to)
+    neighbours = [
+        f"55119000004{n:02d}"
+        for n in range(1, 80)
+        if _partition("shop", f"55119000004{n:02d}") == blocked_partition
+    ][:8]
+    assert len(neighbours) >= 3
+    pipeline.sim_config(fail_recipients={blocked_to: 3})
+    blocked = [f"{run}:shop:{blocked_to}:{seq}" for seq in range(4)]
+    others = [f"{run}:shop:{to}:{seq}" for to in neighbours for seq in range(3)]
+    with psycopg.connect(pipeline.dsn) as conn:
+        for seq in range(4):
+            key = blocked[seq]
+            enqueue(conn, instance_id="shop", to=blocked_to, text=f"b [{key}]", idempotency_key=key)
+            for to in neighbours:
+                if seq < 3:
+                    k = f"{run}:shop:{to}:{seq}"
+                    enqueue(conn, instance_id="shop", to=to, text=f"o [{k}]", idempotency_key=k)
+        conn.commit()
+    arrivals = Arrivals(pipeline)
+    # The neighbours finish while the blocked conversation's head is still waiting.
+    wait_for_status(pipeline.dsn, others, "ACCEPTED", 60)
+    assert _status(pipeline.dsn, blocked[0]) == "RETRY_WAIT"
+    wait_until(
+        lambda: (lambda c, e: c == e)(
+            *asyncio.run(_committed_and_end(pipeline.kafka.bootstrap, blocked_partition))
+        ),
+        15,
+        "the committed offset to pass the waiting conversation",
+    )
+    assert _status(pipeline.dsn, blocked[0]) == "RETRY_WAIT", "committed while it still waited"
+
+    report = arrivals.wait_for(blocked + others, timeout_s=60)
+    assert report.duplicate_count == 0 and report.order_violations == ()
+    times = {
+        k: m["arrived_at"]
+        for m in arrivals.items
+        for k in blocked + others
+        if m["text"].endswith(f"[{k}]")
+    }
+    assert max(times[k] for k in others) < times[blocked[0]], "neighbours did not wait"
+    assert [times[k] for k in blocked] == sorted(times[k] for k in blocked)
+    wait_for_status(pipeline.dsn, blocked, "ACCEPTED", 30)
+    with psycopg.connect(pipeline.dsn, autocommit=True) as conn:
+        (attempts,) = conn.execute(
+            "SELECT attempts FROM outbox_jobs WHERE idempotency_key = %s", (blocked[0],)
+        ).fetchone() or (0,)
+    assert attempts == 4

@@ -1,0 +1,471 @@
+"""The webhook intake on real PostgreSQL and Tansu, fed by hand and by the gateway simulator."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import httpx
+import orjson
+import psycopg
+import pytest
+from aiokafka import AIOKafkaConsumer
+from pydantic import SecretStr
+
+from connectors.devstack import TansuBroker
+from connectors.enqueue import enqueue
+from connectors.gateway_sim import CALLBACK_STATUS_HEADER, GatewaySimulator
+from connectors.gateways.zapapi import ZapApiClient
+from connectors.topic_admin import ensure_topics
+from connectors.webhook import WebhookIntake, receipt_event_id, sign
+from streams.contract import (
+    DEAD,
+    HEADER_JOB_ID,
+    HEADER_SCHEMA,
+    INTENTS,
+    JobDead,
+    JobStatus,
+    ReceiptReceived,
+    conversation_partition_key,
+)
+from streams.gateway import TextMessage
+from streams.settings import GatewaySettings, KafkaSettings, PostgresSettings, WebhookSettings
+
+pytestmark = pytest.mark.integration
+
+SECRET = "webhook-secret-0123456789"
+DEADLINE_S = 20.0
+
+
+@pytest.fixture(scope="module")
+def broker() -> Iterator[str]:
+    """A Tansu broker with every zapstream topic created up front; yields its bootstrap."""
+    with TansuBroker() as tansu:
+        asyncio.run(ensure_topics(kafka_settings(tansu.bootstrap)))
+        yield tansu.bootstrap
+
+
+def kafka_settings(bootstrap: str) -> KafkaSettings:
+    return KafkaSettings(brokers=bootstrap, flavor="tansu", partitions=4)
+
+
+def webhook_settings(dsn: str, bootstrap: str, *, secret: str = SECRET) -> WebhookSettings:
+    return WebhookSettings(
+        host="127.0.0.1",
+        port=0,
+        secret=SecretStr(secret),
+        kafka=kafka_settings(bootstrap),
+        postgres=PostgresSettings(url=SecretStr(dsn)),
+        gateway=GatewaySettings(),
+    )
+
+
+@pytest.fixture
+async def intake(outbox_db: str, broker: str) -> AsyncIterator[WebhookIntake]:
+    service = WebhookIntake(webhook_settings(outbox_db, broker))
+    port = await service.start()
+    assert port > 0
+    try:
+        yield service
+    finally:
+        await service.stop()
+        await service.stop()  # idempotent
+
+
+class Job:
+    """A job enqueued through the application API, as the intake should find it."""
+
+    def __init__(self, dsn: str, instance_id: str = "shop-1") -> None:
+        self.idempotency_key = f"wh-{uuid.uuid4().hex}"
+        self.instance_id = instance_id
+        self.to = f"55119{uuid.uuid4().int % 10**8:08d}"
+        with psycopg.connect(dsn) as conn:
+            self.id = enqueue(
+                conn,
+                instance_id=instance_id,
+                to=self.to,
+                text="your order shipped",
+                idempotency_key=self.idempotency_key,
+            )
+            row = conn.execute(
+                "SELECT conversation_key FROM outbox_jobs WHERE id = %s", (self.id,)
+            ).fetchone()
+        assert row is not None and row[0]
+        self.conversation_key: str = row[0]
+
+    @property
+    def reference(self) -> str:
+        return f"{self.id}-1"
+
+    @property
+    def partition_key(self) -> bytes:
+        return conversation_partition_key(self.instance_id, self.conversation_key)
+
+
+def callback(gateway_job_id: str, status: str, **extra: Any) -> bytes:
+    body: dict[str, Any] = {"event_id": uuid.uuid4().hex, "id": gateway_job_id, "status": status}
+    body.update(extra)
+    return orjson.dumps(body)
+
+
+async def post(
+    intake: WebhookIntake,
+    raw: bytes,
+    *,
+    gateway: str = "zapapi",
+    signature: str | None = "sign",
+) -> httpx.Response:
+    """POST ``raw``; ``signature="sign"`` signs it with the right secret, None sends none."""
+    headers = {"Content-Type": "application/json"}
+    if signature == "sign":
+        headers["X-Zap-Signature"] = sign(SECRET, raw)
+    elif signature is not None:
+        headers["X-Zap-Signature"] = signature
+    async with httpx.AsyncClient(base_url=intake.url) as http:
+        return await http.post(f"/v1/webhooks/{gateway}", content=raw, headers=headers)
+
+
+Consumed = list[tuple[bytes | None, dict[str, Any], dict[str, bytes]]]
+
+
+async def read_topic(
+    bootstrap: str, topic: str, done: Callable[[Consumed], bool], timeout_s: float = DEADLINE_S
+) -> Consumed:
+    """Every record of ``topic`` from the start, polled until ``done(records)`` or the deadline."""
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        group_id=None,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
+    await consumer.start()
+    records: Consumed = []
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not done(records):
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"timed out after {timeout_s}s reading {topic}; got {len(records)} records"
+                )
+            batches = await consumer.getmany(timeout_ms=200)
+            for batch in batches.values():
+                for r in batch:
+                    records.append((r.key, orjson.loads(r.value), dict(r.headers)))
+    finally:
+        await consumer.stop()
+    return records
+
+
+def has_event(event_id: str) -> Callable[[Consumed], bool]:
+    return lambda records: any(v.get("event_id") == event_id for _, v, _ in records)
+
+
+async def test_signed_callback_with_reference_is_published_as_a_receipt(
+    intake: WebhookIntake, outbox_db: str, broker: str
+) -> None:
+    job = Job(outbox_db)
+    event_id = uuid.uuid4().hex
+    raw = orjson.dumps(
+        {
+            "event_id": event_id,
+            "id": "zap-g-1",
+            "status": "delivery_ack",
+            "reference": job.reference,
+            "timestamp": 1767225600,
+        }
+    )
+    response = await post(intake, raw)
+    assert response.status_code == 202
+    assert response.json() == {"accepted": True}
+
+    records = await read_topic(broker, INTENTS, has_event(event_id))
+    [(key, value, headers)] = [r for r in records if r[1].get("event_id") == event_id]
+    receipt = ReceiptReceived.from_dict(value)
+    assert receipt.job_id == job.id
+    assert receipt.idempotency_key == job.idempotency_key
+    assert receipt.instance_id == job.instance_id
+    assert receipt.conversation_key == job.conversation_key
+    assert (receipt.gateway, receipt.gateway_job_id) == ("zapapi", "zap-g-1")
+    assert (receipt.label, receipt.status) == ("delivery_ack", JobStatus.DELIVERED)
+    assert receipt.received_at
+    assert key == receipt.partition_key == job.partition_key
+    assert headers[HEADER_SCHEMA] == ReceiptReceived.SCHEMA.encode()
+    assert headers[HEADER_JOB_ID] == str(job.id).encode()
+    assert intake.stats["accepted"] == 1
+
+
+async def test_without_reference_the_job_is_found_by_gateway_job_id(
+    intake: WebhookIntake, outbox_db: str, broker: str
+) -> None:
+    job = Job(outbox_db, instance_id="shop-2")
+    gateway_job_id = f"sz-{uuid.uuid4().hex}"
+    with psycopg.connect(outbox_db) as conn:
+        conn.execute(
+            "UPDATE outbox_jobs SET gateway_job_id = %s WHERE id = %s", (gateway_job_id, job.id)
+        )
+    # No event id: the intake derives the dedup key; an unknown label becomes REVIEW.
+    delivered = orjson.dumps({"id": gateway_job_id, "status": "Delivered"})
+    weird = orjson.dumps({"id": gateway_job_id, "status": "exploded", "reference": "not-ours"})
+    for raw in (delivered, weird):
+        assert (await post(intake, raw, gateway="stackzap")).status_code == 202
+
+    digest = receipt_event_id("stackzap", gateway_job_id, "exploded")
+    records = await read_topic(broker, INTENTS, has_event(digest))
+    mine = [ReceiptReceived.from_dict(v) for _, v, _ in records if v.get("job_id") == job.id]
+    assert [(r.label, r.status) for r in mine] == [
+        ("Delivered", JobStatus.DELIVERED),
+        ("exploded", JobStatus.REVIEW),
+    ]
+    assert mine[0].event_id == receipt_event_id("stackzap", gateway_job_id, "delivered")
+    assert all(r.gateway == "stackzap" and r.gateway_job_id == gateway_job_id for r in mine)
+    # Retrying the same callback gives the same dedup key: the worker drops the copy.
+    assert (await post(intake, delivered, gateway="stackzap")).status_code == 202
+    assert (await post(intake, delivered, gateway="zapapi")).status_code == 202
+    marker = receipt_event_id("zapapi", gateway_job_id, "delivered")
+    records = await read_topic(broker, INTENTS, has_event(marker))
+    ids = [v["event_id"] for _, v, _ in records if v.get("job_id") == job.id]
+    assert ids.count(mine[0].event_id) == 2
+
+
+async def test_unauthenticated_callbacks_get_401_and_publish_nothing(
+    intake: WebhookIntake, outbox_db: str, broker: str
+) -> None:
+    job = Job(outbox_db)
+    rejected_ids = []
+    for signature in (None, sign("wrong-secret", b"x"), "deadbeef", ""):
+        for reference in (job.reference, None):
+            event_id = uuid.uuid4().hex
+            rejected_ids.append(event_id)
+            gateway_job_id = "g-known" if reference else f"g-unknown-{event_id}"
+            raw = callback(gateway_job_id, "read", event_id=event_id, reference=reference)
+            response = await post(intake, raw, signature=signature)
+            assert response.status_code == 401, (signature, reference)
+    # A body signed correctly and then changed in transit.
+    tampered_id = uuid.uuid4().hex
+    rejected_ids.append(tampered_id)
+    original = callback("g-known", "sent", event_id=tampered_id, reference=job.reference)
+    tampered = original.replace(b'"sent"', b'"read"')
+    response = await post(intake, tampered, signature=sign(SECRET, original))
+    assert response.status_code == 401
+    assert intake.stats["unauthorized"] == 9
+
+    # Markers published after the rejections: on INTENTS with the same key (so the same
+    # partition, behind anything published before), on DEAD (one partition).
+    intents_marker = callback("g-known", "read", reference=job.reference)
+    dead_marker = callback(f"g-unknown-{uuid.uuid4().hex}", "read")
+    assert (await post(intake, intents_marker)).status_code == 202
+    assert (await post(intake, dead_marker)).status_code == 202
+    intents = await read_topic(broker, INTENTS, has_event(orjson.loads(intents_marker)["event_id"]))
+    dead = await read_topic(
+        broker,
+        DEAD,
+        lambda records: any(
+            (v.get("record") or {}).get("event_id") == orjson.loads(dead_marker)["event_id"]
+            for _, v, _ in records
+        ),
+    )
+    published = {v.get("event_id") for _, v, _ in intents}
+    published |= {(v.get("record") or {}).get("event_id") for _, v, _ in dead}
+    assert published.isdisjoint(rejected_ids)
+    assert [v["label"] for _, v, _ in intents if v.get("job_id") == job.id] == ["read"]
+
+
+async def test_an_empty_configured_secret_rejects_everything(outbox_db: str, broker: str) -> None:
+    job = Job(outbox_db)
+    async with WebhookIntake(webhook_settings(outbox_db, broker, secret="")) as intake:
+        raw = callback("g-1", "read", reference=job.reference)
+        async with httpx.AsyncClient(base_url=intake.url) as http:
+            for signature in (sign("", raw), sign(SECRET, raw)):
+                response = await http.post(
+                    "/v1/webhooks/zapapi", content=raw, headers={"X-Zap-Signature": signature}
+                )
+                assert response.status_code == 401
+            assert (await http.get("/v1/webhooks/health")).status_code == 200
+        assert intake.stats["unauthorized"] == 2
+        assert intake.stats["accepted"] == 0
+
+
+async def test_callback_for_an_unknown_job_goes_to_dead_letters(
+    intake: WebhookIntake, outbox_db: str, broker: str
+) -> None:
+    gateway_job_id = f"ghost-{uuid.uuid4().hex}"
+    event_id = uuid.uuid4().hex
+    # A reference that parses but names no job, and a gateway id nobody recorded.
+    raw = callback(
+        gateway_job_id,
+        "failed",
+        event_id=event_id,
+        reference="999999999-1",
+        to="+5511987654321",
+    )
+    response = await post(intake, raw)
+    assert response.status_code == 202
+    assert response.json() == {"accepted": True}
+
+    def found(records: Consumed) -> bool:
+        return any((v.get("record") or {}).get("event_id") == event_id for _, v, _ in records)
+
+    records = await read_topic(broker, DEAD, found)
+    [(key, value, headers)] = [
+        r for r in records if (r[1].get("record") or {}).get("event_id") == event_id
+    ]
+    dead = JobDead.from_dict(value)
+    assert dead.job_id is None and dead.idempotency_key is None
+    assert dead.reason.startswith("receipt for unknown job")
+    assert gateway_job_id in dead.reason
+    assert dead.record is not None
+    assert dead.record["id"] == gateway_job_id and dead.record["status"] == "failed"
+    assert dead.record["gateway"] == "zapapi"
+    assert dead.record["to"] == mask_like("+5511987654321")
+    assert b"5511987654321" not in orjson.dumps(value)
+    assert key == gateway_job_id.encode()
+    assert headers[HEADER_SCHEMA] == JobDead.SCHEMA.encode()
+    # Nothing about it on the intents topic.
+    assert intake.stats["unknown_job"] == 1 and intake.stats["accepted"] == 0
+
+
+def mask_like(phone: str) -> str:
+    return phone[:4] + "*" * (len(phone) - 8) + phone[-4:]
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"{not json",
+        b"[1, 2, 3]",
+        b'"just a string"',
+        orjson.dumps({"status": "read"}),
+        orjson.dumps({"id": "g-1"}),
+        orjson.dumps({"id": "", "status": "read"}),
+        orjson.dumps({"id": "g-1", "status": ""}),
+        orjson.dumps({"id": "g-1", "status": 3}),
+        orjson.dumps({"id": "g-1", "status": "read", "reference": 42}),
+    ],
+)
+async def test_malformed_signed_callbacks_get_400(intake: WebhookIntake, raw: bytes) -> None:
+    response = await post(intake, raw)
+    assert response.status_code == 400
+    assert intake.stats["malformed"] == 1
+
+
+async def test_unknown_gateway_path_is_404(intake: WebhookIntake) -> None:
+    raw = callback("g-1", "read")
+    assert (await post(intake, raw, gateway="other")).status_code == 404
+
+
+async def test_kafka_down_answers_503(outbox_db: str) -> None:
+    job = Job(outbox_db)
+    with TansuBroker() as tansu:
+        await ensure_topics(kafka_settings(tansu.bootstrap))
+        intake = WebhookIntake(webhook_settings(outbox_db, tansu.bootstrap), publish_timeout_s=2)
+        await intake.start()
+        try:
+            ok = await post(intake, callback("g-1", "sent", reference=job.reference))
+            assert ok.status_code == 202
+            tansu.process.kill()
+            await asyncio.to_thread(tansu.process.wait, 10)
+            started = time.monotonic()
+            response = await post(intake, callback("g-1", "read", reference=job.reference))
+            assert response.status_code == 503
+            assert time.monotonic() - started < 10
+            assert intake.stats == {
+                "accepted": 1,
+                "unknown_job": 0,
+                "unauthorized": 0,
+                "malformed": 0,
+                "unavailable": 1,
+            }
+        finally:
+            await intake.stop()
+
+
+# --- the simulator calling the intake back ------------------------------------------------
+
+
+@pytest.fixture
+async def sim(intake: WebhookIntake) -> AsyncIterator[GatewaySimulator]:
+    simulator = GatewaySimulator(seed=3)
+    await simulator.start()
+    simulator.configure(
+        callback_url=f"{intake.url}/v1/webhooks/zapapi",
+        callback_secret=SECRET,
+        callback_delay_ms=20,
+    )
+    try:
+        yield simulator
+    finally:
+        await simulator.stop()
+
+
+async def wait_for(predicate: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
+
+
+async def test_simulator_callbacks_arrive_as_three_receipts_in_order(
+    sim: GatewaySimulator, intake: WebhookIntake, outbox_db: str, broker: str
+) -> None:
+    job = Job(outbox_db, instance_id="shop-sim")
+    settings = GatewaySettings(zap_api_url=sim.url, read_timeout_s=5.0)
+    async with ZapApiClient(settings) as client:
+        accepted = await client.send_text(
+            TextMessage(instance_id=job.instance_id, to=job.to, text="hi", reference=job.reference)
+        )
+    assert accepted.gateway_job_id == sim.messages[0].id
+    await wait_for(lambda: sim.stats()["callbacks_sent"] == 3, "three callbacks")
+    assert sim.stats()["callbacks_failed"] == 0
+    assert sim.messages[0].status == "read"
+
+    def three(records: Consumed) -> bool:
+        return sum(1 for _, v, _ in records if v.get("job_id") == job.id) >= 3
+
+    records = await read_topic(broker, INTENTS, three)
+    mine = [(k, ReceiptReceived.from_dict(v)) for k, v, _ in records if v.get("job_id") == job.id]
+    assert [(r.label, r.status) for _, r in mine] == [
+        ("sent", JobStatus.ACCEPTED),
+        ("delivered", JobStatus.DELIVERED),
+        ("read", JobStatus.READ),
+    ]
+    assert all(r.gateway_job_id == accepted.gateway_job_id for _, r in mine)
+    assert all(k == job.partition_key for k, _ in mine)
+    assert len({r.event_id for _, r in mine}) == 3
+
+    # Replays through the control endpoint: unsigned is refused by the intake, a signed
+    # duplicate with a chosen event id goes through (the worker dedups it by event id).
+    async with httpx.AsyncClient(base_url=sim.url) as http:
+        unsigned = await http.post(
+            "/_sim/callbacks/emit",
+            json={"id": accepted.gateway_job_id, "status": "delivered", "signed": False},
+        )
+        assert unsigned.status_code == 200
+        assert unsigned.headers[CALLBACK_STATUS_HEADER] == "401"
+        sent = unsigned.json()
+        assert sent["id"] == accepted.gateway_job_id and sent["status"] == "delivered"
+        assert sent["reference"] == job.reference
+
+        replay_id = mine[1][1].event_id
+        replay = await http.post(
+            "/_sim/callbacks/emit",
+            json={"id": accepted.gateway_job_id, "status": "delivered", "event_id": replay_id},
+        )
+        assert replay.headers[CALLBACK_STATUS_HEADER] == "202"
+        assert replay.json()["event_id"] == replay_id
+        unknown = await http.post("/_sim/callbacks/emit", json={"id": "nope", "status": "read"})
+        assert unknown.status_code == 404
+    assert intake.stats["unauthorized"] == 1
+    assert sim.stats()["callbacks_failed"] == 1
+    assert sim.stats()["callbacks_sent"] == 4
+
+    def four(records: Consumed) -> bool:
+        return sum(1 for _, v, _ in records if v.get("job_id") == job.id) >= 4
+
+    records = await read_topic(broker, INTENTS, four)
+    labels = [v["label"] for _, v, _ in records if v.get("job_id") == job.id]
+    assert labels == ["sent", "delivered", "read", "delivered"]
+    assert unsigned.json()["event_id"] not in {v.get("event_id") for _, v, _ in records}
