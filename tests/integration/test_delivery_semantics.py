@@ -253,3 +253,59 @@ def test_thirty_second_outage_loses_nothing_sends_nothing_twice_and_keeps_order(
         > 0
     )
     worker.terminate(timeout_s=60)
+
+
+def test_ambiguous_matches_end_uncertain_and_are_never_sent_twice(pipeline: LocalPipeline) -> None:
+    """The same one-time-code text to the same recipient, references hidden: content can't tell."""
+    pipeline.sim_config(drop_response_rate=0.3, hide_references=True, seed=13)
+    name = "worker-ambiguous"
+    worker = pipeline.process(
+        name,
+        ["worker"],
+        {"ZAPSTREAM_GATEWAY_LISTING_AUTHORITATIVE": "false", **_worker_env(pipeline, name)},
+    )
+    worker.start()
+    worker.wait_for_log(r"\[\^Worker\]: Ready", timeout_s=120)
+    run = uuid.uuid4().hex[:8]
+    job_ids: dict[int, str] = {}
+    with psycopg.connect(pipeline.dsn) as conn:
+        for n in range(8):
+            for c in range(20):
+                key = f"{run}-{c}-{n}"
+                to = f"55119000005{c:02d}"
+                job_ids[
+                    enqueue(
+                        conn,
+                        instance_id="otp",
+                        to=to,
+                        text="Your code is 1234",
+                        idempotency_key=key,
+                    )
+                ] = key
+        conn.commit()
+    keys = list(job_ids.values())
+    wait_until(
+        lambda: (
+            sum(s in {"ACCEPTED", "UNCERTAIN"} for s in statuses(pipeline.dsn, keys).values())
+            == len(keys)
+        ),
+        300,
+        "every job ACCEPTED or UNCERTAIN",
+    )
+    sends: dict[int, int] = {}
+    for message in Arrivals(pipeline).refresh():
+        job = int(str(message.get("reference") or "0-0").split("-")[0])
+        if job in job_ids:
+            sends[job] = sends.get(job, 0) + 1
+    assert sends and max(sends.values()) == 1, "a job was sent twice"
+    final = statuses(pipeline.dsn, keys)
+    uncertain = [k for k, s in final.items() if s == "UNCERTAIN"]
+    assert uncertain, "with 30% dropped responses and identical texts some must be ambiguous"
+    with psycopg.connect(pipeline.dsn, autocommit=True) as conn:
+        reasons = conn.execute(
+            "SELECT last_error FROM outbox_jobs WHERE idempotency_key = ANY(%s)", (uncertain,)
+        ).fetchall()
+    assert any("match recipient and text" in (r[0] or "") for r in reasons)
+    print(f"\nambiguous: {len(uncertain)} UNCERTAIN of {len(keys)}, none sent twice")
+    pipeline.sim_config(drop_response_rate=0.0, hide_references=False)
+    worker.terminate(timeout_s=60)
