@@ -155,13 +155,17 @@ class LocalPipeline:
             proc.wait_for_log(r"relay (streaming|standby)", timeout_s=60)
         return proc
 
-    def start_worker(self, name: str = "worker", *, wait: bool = True) -> ManagedProcess:
-        env = {
+    def start_worker(
+        self, name: str = "worker", *, wait: bool = True, env: dict[str, str] | None = None
+    ) -> ManagedProcess:
+        """Run a worker; ``env`` adds to (and overrides) the pipeline's ``worker_env``."""
+        full_env = {
             "ZAPSTREAM_WORKER_WEB_PORT": str(find_free_port()),
             "ZAPSTREAM_WORKER_DATA_DIR": str(self.dir / name),
             **self.worker_env,
+            **(env or {}),
         }
-        proc = self.process(name, ["worker"], env)
+        proc = self.process(name, ["worker"], full_env)
         proc.start()
         if wait:
             proc.wait_for_log(r"\[\^Worker\]: Ready", timeout_s=120)

@@ -85,12 +85,9 @@ def test_hidden_references_and_non_authoritative_listing_never_send_twice(
     pipeline: LocalPipeline,
 ) -> None:
     pipeline.sim_config(drop_response_rate=0.1, hide_references=True, seed=12)
-    env = {"ZAPSTREAM_GATEWAY_LISTING_AUTHORITATIVE": "false"}
-    worker = pipeline.process(
-        "worker-hidden", ["worker"], {**env, **_worker_env(pipeline, "worker-hidden")}
+    worker = pipeline.start_worker(
+        "worker-hidden", env={"ZAPSTREAM_GATEWAY_LISTING_AUTHORITATIVE": "false"}
     )
-    worker.start()
-    worker.wait_for_log(r"\[\^Worker\]: Ready", timeout_s=120)
     arrivals = Arrivals(pipeline)
     arrivals.refresh()
     keys = enqueue_conversations(
@@ -121,16 +118,6 @@ def test_hidden_references_and_non_authoritative_listing_never_send_twice(
     )
     pipeline.sim_config(drop_response_rate=0.0, hide_references=False)
     worker.terminate(timeout_s=60)
-
-
-def _worker_env(pipeline: LocalPipeline, name: str) -> dict[str, str]:
-    from connectors.devstack import find_free_port
-
-    return {
-        "ZAPSTREAM_WORKER_WEB_PORT": str(find_free_port()),
-        "ZAPSTREAM_WORKER_DATA_DIR": str(pipeline.dir / name),
-        **pipeline.worker_env,
-    }
 
 
 async def _read_dead(
@@ -219,16 +206,9 @@ def test_expired_jobs_never_reach_the_gateway(pipeline: LocalPipeline) -> None:
 def test_thirty_second_outage_loses_nothing_sends_nothing_twice_and_keeps_order(
     pipeline: LocalPipeline,
 ) -> None:
-    worker = pipeline.process(
-        "worker-outage",
-        ["worker"],
-        {
-            **_worker_env(pipeline, "worker-outage"),
-            "ZAPSTREAM_WORKER_RETRY_SCHEDULE_S": "[5, 10, 20]",
-        },
+    worker = pipeline.start_worker(
+        "worker-outage", env={"ZAPSTREAM_WORKER_RETRY_SCHEDULE_S": "[5, 10, 20]"}
     )
-    worker.start()
-    worker.wait_for_log(r"\[\^Worker\]: Ready", timeout_s=120)
     arrivals = Arrivals(pipeline)
     arrivals.refresh()
     keys = enqueue_conversations(
@@ -258,14 +238,9 @@ def test_thirty_second_outage_loses_nothing_sends_nothing_twice_and_keeps_order(
 def test_ambiguous_matches_end_uncertain_and_are_never_sent_twice(pipeline: LocalPipeline) -> None:
     """The same one-time-code text to the same recipient, references hidden: content can't tell."""
     pipeline.sim_config(drop_response_rate=0.3, hide_references=True, seed=13)
-    name = "worker-ambiguous"
-    worker = pipeline.process(
-        name,
-        ["worker"],
-        {"ZAPSTREAM_GATEWAY_LISTING_AUTHORITATIVE": "false", **_worker_env(pipeline, name)},
+    worker = pipeline.start_worker(
+        "worker-ambiguous", env={"ZAPSTREAM_GATEWAY_LISTING_AUTHORITATIVE": "false"}
     )
-    worker.start()
-    worker.wait_for_log(r"\[\^Worker\]: Ready", timeout_s=120)
     run = uuid.uuid4().hex[:8]
     job_ids: dict[int, str] = {}
     with psycopg.connect(pipeline.dsn) as conn:
