@@ -175,12 +175,6 @@ class GatewaySettings(_Base):
     """The gateway's job listing shows every job it accepted (StackZap's does): when
     reconciliation finds no match, the message was not accepted and may be resent.
     False: no match is UNCERTAIN, never resent automatically."""
-    reconcile_window_s: float = Field(
-        default=3600.0,
-        gt=0,
-        validation_alias=AliasChoices("ZAPSTREAM_GATEWAY_RECONCILE_WINDOW_S", "reconcile_window_s"),
-    )
-
     @field_validator("stackzap_labels", "zapapi_labels")
     @classmethod
     def _labels_are_statuses(cls, value: dict[str, str]) -> dict[str, str]:
