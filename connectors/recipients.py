@@ -52,11 +52,29 @@ def conversation_key_for(recipient: str) -> str:
     return recipient.split("@", 1)[0]
 
 
+def mask_phone(phone: str) -> str:
+    """Keep the country/area prefix and the last four digits: ``5511*****4321``.
+
+    Short values keep only their last two characters so nothing identifying is left.
+    """
+    if len(phone) > 8:
+        return phone[:4] + "*" * (len(phone) - 8) + phone[-4:]
+    if len(phone) > 2:
+        return "*" * (len(phone) - 2) + phone[-2:]
+    return "*" * len(phone)
+
+
 def mask_recipient(raw: str) -> str:
-    """Keep enough of a recipient to tell numbers apart in logs, never the whole of it."""
+    """Keep enough of a recipient to tell numbers apart in logs, never the whole of it.
+
+    A JID keeps its domain; its local part is masked like a phone number, except that a
+    short one (never a valid recipient) shows at most its first two characters.
+    """
     head, at, domain = raw.partition("@")
-    if len(head) <= 6:
-        masked = "*" * len(head)
+    if len(head) > 8:
+        masked = mask_phone(head)
+    elif len(head) > 6:
+        masked = head[:2] + "***"
     else:
-        masked = head[:4] + "*" * (len(head) - 8) + head[-4:] if len(head) > 8 else head[:2] + "***"
+        masked = "*" * len(head)
     return masked + at + domain

@@ -53,8 +53,8 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from connectors.gateways.classify import mask_phone
 from connectors.gateways.labels import map_label
+from connectors.recipients import mask_phone
 from streams.contract import (
     DEAD,
     HEADER_JOB_ID,

@@ -175,6 +175,7 @@ class GatewaySettings(_Base):
     """The gateway's job listing shows every job it accepted (StackZap's does): when
     reconciliation finds no match, the message was not accepted and may be resent.
     False: no match is UNCERTAIN, never resent automatically."""
+
     @field_validator("stackzap_labels", "zapapi_labels")
     @classmethod
     def _labels_are_statuses(cls, value: dict[str, str]) -> dict[str, str]:

@@ -40,6 +40,7 @@ from typing import Any
 import httpx
 import orjson
 
+from connectors.recipients import mask_phone
 from streams.gateway import (
     GatewayError,
     PermanentGatewayError,
@@ -75,18 +76,6 @@ _PHONE_RE = re.compile(r"\+?\d{8,15}")
 
 
 # --- masking --------------------------------------------------------------------
-
-
-def mask_phone(phone: str) -> str:
-    """Keep the country/area prefix and the last four digits: ``5511*****4321``.
-
-    Short values keep only their last two characters so nothing identifying is left.
-    """
-    if len(phone) > 8:
-        return phone[:4] + "*" * (len(phone) - 8) + phone[-4:]
-    if len(phone) > 2:
-        return "*" * (len(phone) - 2) + phone[-2:]
-    return "*" * len(phone)
 
 
 def mask_secret(secret: str) -> str:

@@ -12,12 +12,12 @@ from connectors.gateways.classify import (
     classify_exception,
     error_for_response,
     error_reason,
-    mask_phone,
     mask_secret,
     mask_text,
     parse_retry_after,
     send_request,
 )
+from connectors.recipients import mask_phone
 from streams.gateway import (
     GatewayError,
     PermanentGatewayError,
