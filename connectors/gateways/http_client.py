@@ -9,15 +9,32 @@ their authentication header.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 import httpx
 
+from connectors.gateways.classify import json_object
+from connectors.gateways.labels import map_label
+from streams.contract import JobStatus
+from streams.gateway import PermanentGatewayError, SendAccepted
 from streams.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
+
+_REFUSED = (JobStatus.FAILED, JobStatus.CANCELLED)
+
+
+def first_str(body: Mapping[str, Any], *keys: str) -> str | None:
+    """The first of ``keys`` holding a non-empty string or an integer, as a string."""
+    for key in keys:
+        value = body.get(key)
+        if isinstance(value, str) and value:
+            return value
+        if isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
+    return None
 
 
 class HttpGatewayClient:
@@ -86,3 +103,24 @@ class HttpGatewayClient:
         if self._client is None:
             raise RuntimeError(f"{type(self).__name__} is not started")
         return self._client
+
+    def _accepted(
+        self,
+        response: httpx.Response,
+        labels: Mapping[str, str],
+        *,
+        id_keys: Sequence[str],
+        label_keys: Sequence[str],
+        what: str,
+    ) -> SendAccepted:
+        """Read a send's answer: the gateway's id and label, mapped; a refusal is permanent."""
+        body = json_object(response) or {}
+        gateway_id = first_str(body, *id_keys)
+        label = first_str(body, *label_keys)
+        status = map_label(label, labels)
+        if status in _REFUSED:
+            raise PermanentGatewayError(
+                f"{self.name}: {what} {gateway_id} answered {label!r}",
+                status_code=response.status_code,
+            )
+        return SendAccepted(gateway_job_id=gateway_id, gateway_status=label, status=status)

@@ -25,7 +25,7 @@ from urllib.parse import quote
 import httpx
 
 from connectors.gateways.classify import json_object, send_request
-from connectors.gateways.http_client import HttpGatewayClient
+from connectors.gateways.http_client import HttpGatewayClient, first_str
 from connectors.gateways.labels import map_label
 from streams.contract import JobStatus
 from streams.gateway import (
@@ -38,8 +38,6 @@ from streams.gateway import (
 from streams.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
-
-_REFUSED = (JobStatus.FAILED, JobStatus.CANCELLED)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -66,16 +64,6 @@ class JobPage:
     total: int | None
     counts: Mapping[str, int]
     next_page: int | None
-
-
-def _first_str(body: Mapping[str, Any], *keys: str) -> str | None:
-    for key in keys:
-        value = body.get(key)
-        if isinstance(value, str) and value:
-            return value
-        if isinstance(value, int) and not isinstance(value, bool):
-            return str(value)
-    return None
 
 
 class StackZapClient(HttpGatewayClient):
@@ -119,15 +107,13 @@ class StackZapClient(HttpGatewayClient):
             headers={"Idempotency-Key": message.reference},
             json_body={"to": message.to, "text": message.text},
         )
-        body = json_object(response) or {}
-        job_id = _first_str(body, "id", "jobId", "job_id")
-        label = _first_str(body, "status", "state")
-        status = map_label(label, self._labels)
-        if status in _REFUSED:
-            raise PermanentGatewayError(
-                f"{self.name}: job {job_id} answered {label!r}", status_code=response.status_code
-            )
-        return SendAccepted(gateway_job_id=job_id, gateway_status=label, status=status)
+        return self._accepted(
+            response,
+            self._labels,
+            id_keys=("id", "jobId", "job_id"),
+            label_keys=("status", "state"),
+            what="job",
+        )
 
     # --- the queue ---------------------------------------------------------------------
 
@@ -221,7 +207,7 @@ class StackZapClient(HttpGatewayClient):
             if exc.status_code == 409:
                 return False
             raise
-        label = _first_str(json_object(response) or {}, "status", "state")
+        label = first_str(json_object(response) or {}, "status", "state")
         # A 2xx without a label is taken at its word; a label must say cancelled.
         return label is None or map_label(label, self._labels) is JobStatus.CANCELLED
 
@@ -232,15 +218,15 @@ class StackZapClient(HttpGatewayClient):
         for raw in body["items"]:
             if not isinstance(raw, dict):
                 raise PermanentGatewayError(f"{self.name}: listing item is not an object")
-            label = _first_str(raw, "status", "state")
+            label = first_str(raw, "status", "state")
             items.append(
                 GatewayJob(
-                    id=_first_str(raw, "id", "jobId", "job_id"),
+                    id=first_str(raw, "id", "jobId", "job_id"),
                     gateway_status=label,
                     status=map_label(label, self._labels),
-                    reference=_first_str(raw, "reference", "idempotency_key", "idempotencyKey"),
-                    created_at=_first_str(raw, "created_at", "createdAt"),
-                    to=_first_str(raw, "to"),
+                    reference=first_str(raw, "reference", "idempotency_key", "idempotencyKey"),
+                    created_at=first_str(raw, "created_at", "createdAt"),
+                    to=first_str(raw, "to"),
                     text=raw.get("text") if isinstance(raw.get("text"), str) else None,
                 )
             )

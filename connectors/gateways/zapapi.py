@@ -14,22 +14,17 @@ from urllib.parse import quote
 
 import httpx
 
-from connectors.gateways.classify import json_object, send_request
+from connectors.gateways.classify import send_request
 from connectors.gateways.http_client import HttpGatewayClient
-from connectors.gateways.labels import map_label
-from streams.contract import JobStatus
 from streams.gateway import (
     CancelOutcome,
     ListedJob,
-    PermanentGatewayError,
     SendAccepted,
     TextMessage,
 )
 from streams.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
-
-_REFUSED = (JobStatus.FAILED, JobStatus.CANCELLED)
 
 
 class ZapApiClient(HttpGatewayClient):
@@ -67,16 +62,13 @@ class ZapApiClient(HttpGatewayClient):
             headers={"Idempotency-Key": message.reference},
             json_body={"type": "text", "to": message.to, "text": message.text},
         )
-        body = json_object(response) or {}
-        message_id = _first_str(body.get("id"), body.get("messageId"), body.get("message_id"))
-        label = _first_str(body.get("status"))
-        status = map_label(label, self._labels)
-        if status in _REFUSED:
-            raise PermanentGatewayError(
-                f"{self.name}: message {message_id} answered {label!r}",
-                status_code=response.status_code,
-            )
-        return SendAccepted(gateway_job_id=message_id, gateway_status=label, status=status)
+        return self._accepted(
+            response,
+            self._labels,
+            id_keys=("id", "messageId", "message_id"),
+            label_keys=("status",),
+            what="message",
+        )
 
     async def list_for_reconciliation(self, instance_id: str) -> list[ListedJob] | None:
         """The ZAP API has no job listing: uncertain outcomes cannot be reconciled."""
@@ -85,12 +77,3 @@ class ZapApiClient(HttpGatewayClient):
     async def cancel_job(self, instance_id: str, gateway_job_id: str) -> CancelOutcome:
         """The ZAP API cannot cancel a message once accepted."""
         return CancelOutcome.UNSUPPORTED
-
-
-def _first_str(*values: object) -> str | None:
-    for value in values:
-        if isinstance(value, str) and value:
-            return value
-        if isinstance(value, int) and not isinstance(value, bool):
-            return str(value)
-    return None
