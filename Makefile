@@ -24,7 +24,7 @@ postgres:
 setup: $(BIN)/.installed postgres
 
 dev: setup
-	$(BIN)/zapstream dev $(ARGS)
+	$(BIN)/python -m devtools.dev_runner $(ARGS)
 
 test: setup
 	$(BIN)/pytest -q -p no:cacheprovider
@@ -36,11 +36,11 @@ integration: setup
 	$(BIN)/pytest -q tests/integration
 
 lint: setup
-	$(BIN)/ruff check streams connectors tests
+	$(BIN)/ruff check streams connectors devtools tests
 	$(BIN)/mypy
 
 bench: setup
-	$(BIN)/python -m tests.bench $(ARGS)
+	$(BIN)/python -m devtools.bench $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

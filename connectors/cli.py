@@ -6,11 +6,17 @@ state sink and the relay are built here and handed to the parts that use them.
     zapstream db migrate          apply the outbox schema
     zapstream topics ensure       create every Kafka topic with explicit partitions
     zapstream relay               stream outbox inserts into Kafka (CDC)
-    zapstream worker              the Faust dispatcher and the state sink
-    zapstream jobs list|cancel|reprocess   operators: see, cancel and re-send jobs
+    zapstream worker              the Faust dispatcher: sends through the gateway
+    zapstream sink                job states from Kafka back into PostgreSQL
     zapstream webhook             gateway status callbacks (receipts), HMAC-signed
-    zapstream gateway-sim         the gateway simulator (StackZap + ZAP API)
-    zapstream dev                 the whole pipeline on throwaway processes, with a demo batch
+    zapstream jobs list|cancel|reprocess   operators: see, cancel and re-send jobs
+
+Every command imports what it needs when it runs: the base install (what an
+application needs to enqueue) has no Faust, Kafka or HTTP client, and a service
+command run there says which extra to install instead of failing on an import.
+The gateway simulator and the local pipeline are development tools that live in
+the repository, not in the package (``python -m devtools.gateway_sim``,
+``make dev``).
 """
 
 from __future__ import annotations
@@ -22,9 +28,12 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from connectors.jobs_cli import add_jobs_parser
+from connectors.ops.jobs_cli import add_jobs_parser
 
 log = logging.getLogger("zapstream")
+
+SERVICE_EXTRA_HINT = "pip install 'zapstream[service]'"
+_OWN_PACKAGES = frozenset({"streams", "connectors"})
 
 
 def _configure_logging(level: str) -> None:
@@ -38,7 +47,7 @@ def _configure_logging(level: str) -> None:
 
 
 def _cmd_migrate(args: argparse.Namespace) -> int:
-    from connectors.migrate import migrate
+    from connectors.outbox.migrate import migrate
     from streams.settings import PostgresSettings
 
     applied = migrate(PostgresSettings().dsn)
@@ -47,7 +56,7 @@ def _cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def _cmd_topics(args: argparse.Namespace) -> int:
-    from connectors.topic_admin import ensure_topics
+    from connectors.ops.topics import ensure_topics
     from streams.settings import KafkaSettings
 
     created = asyncio.run(ensure_topics(KafkaSettings()))
@@ -56,8 +65,8 @@ def _cmd_topics(args: argparse.Namespace) -> int:
 
 
 def _cmd_relay(args: argparse.Namespace) -> int:
-    from connectors.relay import OutboxRelay
-    from streams.settings import RelaySettings
+    from connectors.cdc.relay import OutboxRelay
+    from connectors.cdc.settings import RelaySettings
 
     settings = RelaySettings()
 
@@ -77,47 +86,43 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     import faust
 
     from connectors.gateways.factory import build_gateway
-    from connectors.state_sink import StateSink
-    from streams.settings import WorkerSettings
     from streams.worker import build_worker_app
+    from streams.worker_settings import WorkerSettings
 
     settings = WorkerSettings()
-    gateway = build_gateway(settings.gateway)
-    sink = StateSink(
-        settings.kafka,
-        settings.postgres.dsn,
-        batch_max=settings.state_sink_batch,
-        poll_timeout_s=settings.state_sink_within_s,
-    )
-    app, _ = build_worker_app(settings, gateway, resources=[sink])
-    sink.on_failure = lambda exc: asyncio.ensure_future(app.crash(exc))
+    app, _ = build_worker_app(settings, build_gateway(settings.gateway))
     worker = faust.Worker(app, loglevel=args.log_level, quiet=True)
     worker.execute_from_commandline()
     return 0
 
 
+def _cmd_sink(args: argparse.Namespace) -> int:
+    from connectors.sink.settings import SinkSettings
+    from connectors.sink.state_sink import StateSink
+
+    settings = SinkSettings()
+
+    async def run() -> None:
+        sink = StateSink(settings)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, sink.request_stop)
+        async with sink:
+            await sink.run()
+
+    asyncio.run(run())
+    return 0
+
+
 def _cmd_webhook(args: argparse.Namespace) -> int:
-    from connectors.webhook import serve
-    from streams.settings import WebhookSettings
+    from connectors.webhook.intake import serve
+    from connectors.webhook.settings import WebhookSettings
 
     asyncio.run(serve(WebhookSettings()))
     return 0
 
 
-def _cmd_gateway_sim(args: argparse.Namespace) -> int:
-    from connectors.gateway_sim import main as sim_main
-
-    sim_main(args.sim_args)
-    return 0
-
-
-def _cmd_dev(args: argparse.Namespace) -> int:
-    from connectors.dev_runner import main as dev_main
-
-    return dev_main(args.dev_args)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="zapstream", description=__doc__.split("\n\n")[0])
     parser.add_argument("--log-level", default="info")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -131,26 +136,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     topics_sub.add_parser("ensure", help="create missing topics").set_defaults(func=_cmd_topics)
 
     sub.add_parser("relay", help="run the CDC relay").set_defaults(func=_cmd_relay)
-    add_jobs_parser(sub)
+    sub.add_parser("worker", help="run the stream worker").set_defaults(func=_cmd_worker)
+    sub.add_parser("sink", help="write job states back into PostgreSQL").set_defaults(
+        func=_cmd_sink
+    )
     sub.add_parser("webhook", help="receive gateway status callbacks").set_defaults(
         func=_cmd_webhook
     )
-    sub.add_parser("worker", help="run the stream worker").set_defaults(func=_cmd_worker)
+    add_jobs_parser(sub)
+    return parser
 
-    # These two parse their own options (see their --help).
-    sim = sub.add_parser("gateway-sim", help="run the gateway simulator", add_help=False)
-    sim.set_defaults(func=_cmd_gateway_sim, passthrough="sim_args")
-    dev = sub.add_parser("dev", help="run the whole pipeline locally", add_help=False)
-    dev.set_defaults(func=_cmd_dev, passthrough="dev_args")
 
-    args, extra = parser.parse_known_args(argv)
-    passthrough = getattr(args, "passthrough", None)
-    if passthrough:
-        setattr(args, passthrough, extra)
-    elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
     _configure_logging(args.log_level)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.split(".")[0] in _OWN_PACKAGES:
+            raise
+        print(
+            f"zapstream: `zapstream {args.command}` needs {exc.name!r}, which the base install "
+            f"does not include: {SERVICE_EXTRA_HINT}",
+            file=sys.stderr,
+        )
+        return 2
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 ``zapstream.intents`` carries three kinds of record, all keyed by conversation:
 intents, commands (cancel, reprocess) and receipts. The agent hands each to its
-conversation's lane (:mod:`streams.lanes`), where :class:`~streams.dispatcher.
+conversation's lane (:mod:`streams.lanes`), where :class:`~streams.job_processor.
 JobProcessor` decides what happens; an event is acknowledged only after every
 state it caused is durable in Kafka, and Faust commits the contiguous
 acknowledged prefix of each partition.
@@ -31,88 +31,21 @@ from faust.types import TP
 from streams import metrics
 from streams.contract import (
     INTENTS,
-    AttemptFinished,
     Command,
     CommandRequested,
     ContractError,
     IntentCaptured,
     JobDead,
     ReceiptReceived,
-    StatusChanged,
     decode_topic_record,
-    job_state_key,
 )
-from streams.dispatcher import Done, JobProcessor, Outcome, Park
+from streams.job_processor import Done, JobProcessor, Outcome, Park
 from streams.lanes import ConversationLanes
 from streams.parking import ParkedConversation
+from streams.stores import ParkingLot
 from streams.topics import Topics
 
 log = logging.getLogger(__name__)
-
-
-class FaustJobStore:
-    """Job states in the ``jobs`` table; ``put`` waits for Kafka to acknowledge the changelog.
-
-    Faust's own ``table[key] = value`` goes through its producer buffer, whose flush
-    before each offset commit never finishes while lanes keep writing; we send the
-    changelog record ourselves to the partition of the conversation (co-partitioning)
-    and update the table's local store first, so a lane reading the job in the
-    meantime already sees the new state.
-    """
-
-    def __init__(self, table: Any, changelog: Any) -> None:
-        self.table = table
-        self.changelog = changelog
-
-    def get(self, job_id: int) -> StatusChanged | None:
-        raw = self.table.data.get(job_state_key(job_id))
-        return StatusChanged.loads(raw) if raw is not None else None
-
-    async def put(self, state: StatusChanged, partition: int) -> None:
-        key, value = job_state_key(state.job_id), state.dumps()
-        self.table.data[key] = value
-        await (await self.changelog.send(key=key, value=value, partition=partition))
-        metrics.STATES.labels(state.status).inc()
-
-
-class ParkingLot:
-    """The ``parked`` table, written durably like :class:`FaustJobStore`."""
-
-    def __init__(self, table: Any, changelog: Any) -> None:
-        self.table = table
-        self.changelog = changelog
-
-    def get(self, key: bytes) -> ParkedConversation | None:
-        raw = self.table.data.get(key)
-        return ParkedConversation.loads(raw) if raw is not None else None
-
-    def items(self) -> list[tuple[bytes, ParkedConversation]]:
-        return [(k, ParkedConversation.loads(v)) for k, v in list(self.table.data.items())]
-
-    async def park(self, key: bytes, parked: ParkedConversation) -> None:
-        value = parked.dumps()
-        self.table.data[key] = value
-        await (await self.changelog.send(key=key, value=value, partition=parked.partition))
-
-    async def unpark(self, key: bytes, partition: int) -> None:
-        self.table.data.pop(key, None)
-        # A tombstone: recovery deletes the key, compaction drops it.
-        await (await self.changelog.send(key=key, value=None, partition=partition))
-
-
-class FaustPublisher:
-    """Attempt outcomes to ``zapstream.results``, dead jobs to ``zapstream.dead``."""
-
-    def __init__(self, topics: Topics) -> None:
-        self.topics = topics
-
-    async def attempt_finished(self, record: AttemptFinished, key: bytes) -> None:
-        await (await self.topics.results.send(key=key, value=record.dumps()))
-        metrics.ATTEMPTS.labels(record.gateway, record.outcome).inc()
-
-    async def job_dead(self, record: JobDead) -> None:
-        await (await self.topics.dead.send(key=str(record.job_id).encode(), value=record.dumps()))
-        metrics.DEAD.inc()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import faust
 
-from streams.settings import WorkerSettings
+from streams.worker_settings import WorkerSettings
 
 
 class Resource(Protocol):

@@ -22,7 +22,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from streams.gateway import Gateway, GatewayError, ListedJob
+from streams.errors import GatewayError
+from streams.ports import Gateway, ListedJob
 
 
 class Verdict(enum.StrEnum):

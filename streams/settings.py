@@ -1,7 +1,10 @@
-"""Configuration of every zapstream deployable, read once in ``main()`` and passed down.
+"""Configuration blocks shared by several zapstream deployables: Kafka, PostgreSQL, gateway.
 
-Nothing else reads ``os.environ``. Blocks shared by several deployables
-(Kafka, PostgreSQL, gateway) are their own classes. Secrets are ``SecretStr``
+Each deployable has its own settings class beside its code
+(:mod:`streams.worker_settings`, :mod:`connectors.cdc.settings`,
+:mod:`connectors.sink.settings`, :mod:`connectors.webhook.settings`), nests
+these blocks, and is built once in ``main()`` and passed down. Nothing else
+reads ``os.environ``. Secrets are ``SecretStr``
 and can come from a secrets directory (``ZAPSTREAM_SECRETS_DIR``, e.g. a
 Kubernetes volume with one file per variable name).
 
@@ -24,7 +27,7 @@ def _secrets_dir() -> str | None:
     return path if path and os.path.isdir(path) else None
 
 
-class _Base(BaseSettings):
+class SettingsBase(BaseSettings):
     model_config = SettingsConfigDict(extra="ignore", populate_by_name=True)
 
     def __init__(self, **values: Any) -> None:
@@ -38,7 +41,7 @@ class BrokerFlavor(enum.StrEnum):
     TANSU = "tansu"
 
 
-class KafkaSettings(_Base):
+class KafkaSettings(SettingsBase):
     """The Kafka cluster (``ZAPSTREAM_KAFKA_*``)."""
 
     model_config = SettingsConfigDict(env_prefix="ZAPSTREAM_KAFKA_", extra="ignore")
@@ -66,7 +69,7 @@ class KafkaSettings(_Base):
         return [b.strip() for b in self.brokers.split(",") if b.strip()]
 
 
-class PostgresSettings(_Base):
+class PostgresSettings(SettingsBase):
     """The application's PostgreSQL (``ZAPSTREAM_DATABASE_URL``)."""
 
     model_config = SettingsConfigDict(env_prefix="ZAPSTREAM_DATABASE_", extra="ignore")
@@ -115,7 +118,7 @@ def _default_zapapi_labels() -> dict[str, str]:
     }
 
 
-class GatewaySettings(_Base):
+class GatewaySettings(SettingsBase):
     """Which gateway to call and how (``ZAPSTREAM_GATEWAY``, ``STACKZAP_*``, ``ZAP_*``)."""
 
     model_config = SettingsConfigDict(extra="ignore", populate_by_name=True)
@@ -185,69 +188,3 @@ class GatewaySettings(_Base):
             if status not in JobStatus.__members__:
                 raise ValueError(f"label {label!r} maps to unknown status {status!r}")
         return {k.lower(): v for k, v in value.items()}
-
-
-class WebhookSettings(_Base):
-    """``zapstream webhook``: gateway status callbacks (``ZAPSTREAM_WEBHOOK_*``)."""
-
-    model_config = SettingsConfigDict(env_prefix="ZAPSTREAM_WEBHOOK_", extra="ignore")
-
-    host: str = "127.0.0.1"
-    port: int = Field(default=8090, ge=0)
-    secret: SecretStr = SecretStr("")
-    """Shared HMAC-SHA256 secret; callbacks without a valid ``X-Zap-Signature`` get 401."""
-    signature_header: str = "X-Zap-Signature"
-
-    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
-    postgres: PostgresSettings = Field(default_factory=PostgresSettings)
-    gateway: GatewaySettings = Field(default_factory=GatewaySettings)
-
-
-class RelaySettings(_Base):
-    """``zapstream relay`` (``ZAPSTREAM_RELAY_*``)."""
-
-    model_config = SettingsConfigDict(env_prefix="ZAPSTREAM_RELAY_", extra="ignore")
-
-    slot: str = "zapstream_outbox"
-    publication: str = "zapstream_outbox"
-    status_interval_s: float = Field(default=1.0, gt=0)
-    """How often the confirmed LSN is reported to PostgreSQL."""
-    standby_retry_s: float = Field(default=2.0, gt=0)
-    """How often a standby relay retries to take the slot."""
-    drain_timeout_s: float = Field(default=30.0, gt=0)
-    max_in_flight: int = Field(default=20_000, ge=1)
-    """Records sent to Kafka and not yet acknowledged before the relay stops reading WAL."""
-    metrics_port: int = Field(default=0, ge=0)
-
-    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
-    postgres: PostgresSettings = Field(default_factory=PostgresSettings)
-
-
-class WorkerSettings(_Base):
-    """``zapstream worker`` (``ZAPSTREAM_WORKER_*``)."""
-
-    model_config = SettingsConfigDict(env_prefix="ZAPSTREAM_WORKER_", extra="ignore")
-
-    app_id: str = "zapstream-worker"
-    data_dir: str = "/tmp/zapstream-worker"
-    web_port: int = Field(default=6066, ge=1)
-    web_bind_local: bool = True
-    """Bind Faust's web server (metrics) to 127.0.0.1; set false in containers."""
-    max_in_flight: int = Field(default=256, ge=1)
-    """Intents being sent at once by one worker (across conversations)."""
-    retry_schedule_s: list[float] = Field(
-        default_factory=lambda: [60.0, 300.0, 1800.0, 7200.0, 86400.0]
-    )
-    """Delay before retry n (the outbox article's 1 min, 5 min, 30 min, 2 h, 24 h); the
-    last value repeats. JSON list, e.g. ``ZAPSTREAM_WORKER_RETRY_SCHEDULE_S=[1,1,1]``."""
-    retry_jitter: float = Field(default=0.2, ge=0, le=1)
-    """Each delay is drawn from [delay * (1 - jitter), delay]."""
-    retry_scan_interval_s: float = Field(default=0.5, gt=0)
-    """How often parked conversations are checked for due retries."""
-    state_sink_batch: int = Field(default=500, ge=1)
-    state_sink_within_s: float = Field(default=0.2, gt=0)
-    commit_interval_s: float = Field(default=1.0, gt=0)
-
-    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
-    postgres: PostgresSettings = Field(default_factory=PostgresSettings)
-    gateway: GatewaySettings = Field(default_factory=GatewaySettings)

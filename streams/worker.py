@@ -11,13 +11,14 @@ from collections.abc import Sequence
 
 from faust.sensors.prometheus import setup_prometheus_sensors
 
-from streams.agents import Dispatcher, FaustJobStore, FaustPublisher, ParkingLot
+from streams.agents import Dispatcher
 from streams.app import Resource, WorkerApp, build_app
-from streams.dispatcher import JobProcessor, RetryPolicy
-from streams.gateway import Gateway
-from streams.settings import WorkerSettings
+from streams.job_processor import JobProcessor, RetryPolicy
+from streams.ports import Gateway
+from streams.stores import FaustJobStore, FaustPublisher, ParkingLot
 from streams.tables import register_tables
 from streams.topics import register_topics
+from streams.worker_settings import WorkerSettings
 
 
 def build_worker_app(

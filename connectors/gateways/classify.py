@@ -1,9 +1,9 @@
 """Map httpx outcomes onto the gateway error tree, once, at the edge.
 
 Every gateway client sends through :func:`send_request`, which turns transport
-exceptions and non-2xx answers into :class:`~streams.gateway.PermanentGatewayError`,
-:class:`~streams.gateway.TransientGatewayError` or
-:class:`~streams.gateway.UncertainGatewayError`. Callers look at ``retriable``
+exceptions and non-2xx answers into :class:`~streams.ports.PermanentGatewayError`,
+:class:`~streams.ports.TransientGatewayError` or
+:class:`~streams.ports.UncertainGatewayError`. Callers look at ``retriable``
 and never at httpx types.
 
 What "no effect" means here:
@@ -40,8 +40,8 @@ from typing import Any
 import httpx
 import orjson
 
-from connectors.recipients import mask_phone
-from streams.gateway import (
+from connectors.outbox.recipients import mask_phone
+from streams.errors import (
     GatewayError,
     PermanentGatewayError,
     TransientGatewayError,

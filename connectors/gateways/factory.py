@@ -6,7 +6,7 @@ import httpx
 
 from connectors.gateways.stackzap import StackZapClient
 from connectors.gateways.zapapi import ZapApiClient
-from streams.gateway import Gateway
+from streams.ports import Gateway
 from streams.settings import GatewayKind, GatewaySettings
 
 

@@ -18,7 +18,8 @@ import httpx
 from connectors.gateways.classify import json_object
 from connectors.gateways.labels import map_label
 from streams.contract import JobStatus
-from streams.gateway import PermanentGatewayError, SendAccepted
+from streams.errors import PermanentGatewayError
+from streams.ports import SendAccepted
 from streams.settings import GatewaySettings
 
 log = logging.getLogger(__name__)

@@ -28,13 +28,8 @@ from connectors.gateways.classify import json_object, send_request
 from connectors.gateways.http_client import HttpGatewayClient, first_str
 from connectors.gateways.labels import map_label
 from streams.contract import JobStatus
-from streams.gateway import (
-    CancelOutcome,
-    ListedJob,
-    PermanentGatewayError,
-    SendAccepted,
-    TextMessage,
-)
+from streams.errors import PermanentGatewayError
+from streams.ports import CancelOutcome, ListedJob, SendAccepted, TextMessage
 from streams.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
@@ -67,7 +62,7 @@ class JobPage:
 
 
 class StackZapClient(HttpGatewayClient):
-    """A :class:`~streams.gateway.Gateway` for StackZap.
+    """A :class:`~streams.ports.Gateway` for StackZap.
 
     Owns its ``httpx.AsyncClient``: opened in :meth:`start`, closed in :meth:`stop`
     (idempotent); ``async with`` does both.

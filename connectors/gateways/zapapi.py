@@ -16,19 +16,14 @@ import httpx
 
 from connectors.gateways.classify import send_request
 from connectors.gateways.http_client import HttpGatewayClient
-from streams.gateway import (
-    CancelOutcome,
-    ListedJob,
-    SendAccepted,
-    TextMessage,
-)
+from streams.ports import CancelOutcome, ListedJob, SendAccepted, TextMessage
 from streams.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
 
 
 class ZapApiClient(HttpGatewayClient):
-    """A :class:`~streams.gateway.Gateway` for the ZAP API.
+    """A :class:`~streams.ports.Gateway` for the ZAP API.
 
     Owns its ``httpx.AsyncClient``: opened in :meth:`start`, closed in :meth:`stop`
     (idempotent); ``async with`` does both.

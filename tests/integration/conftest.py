@@ -6,18 +6,12 @@ a missing binary fails the run with the reason, never a silent skip.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
-import psycopg
 import pytest
 
-from connectors.delivery_audit import DeliveryReport, audit
-from connectors.dev_runner import enqueue_demo
-from connectors.devstack import PostgresCluster
-from connectors.local_pipeline import LocalPipeline
-from connectors.migrate import migrate
+from connectors.outbox.migrate import migrate
+from devtools.devstack import PostgresCluster
 
 
 @pytest.fixture(scope="module")
@@ -27,78 +21,3 @@ def outbox_db() -> Iterator[str]:
         dsn = cluster.dsn()
         migrate(dsn)
         yield dsn
-
-
-def wait_until(
-    predicate: Callable[[], bool], timeout_s: float, what: str, interval_s: float = 0.2
-) -> None:
-    """Poll ``predicate`` until true; fail with ``what`` after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(interval_s)
-
-
-def count_rows(dsn: str, sql: str, params: tuple[object, ...] = ()) -> int:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute(sql, params).fetchone()
-        return int(row[0]) if row else 0
-
-
-class Arrivals:
-    """What the gateway simulator accepted, fetched incrementally."""
-
-    def __init__(self, pipeline: LocalPipeline) -> None:
-        self.pipeline = pipeline
-        self.items: list[dict[str, Any]] = []
-
-    def refresh(self) -> list[dict[str, Any]]:
-        self.items.extend(self.pipeline.sim_messages(since=len(self.items)))
-        return self.items
-
-    def wait_for(self, keys: list[str], timeout_s: float) -> DeliveryReport:
-        """Wait until every key arrived at least once; return the audit."""
-        report = audit(keys, self.refresh())
-        deadline = time.monotonic() + timeout_s
-        while report.missing and time.monotonic() < deadline:
-            time.sleep(0.25)
-            report = audit(keys, self.refresh())
-        assert not report.missing, (
-            f"{len(report.missing)} of {len(keys)} never reached the gateway, "
-            f"e.g. {report.missing[:5]}"
-        )
-        return report
-
-
-def enqueue_conversations(
-    dsn: str,
-    run: str,
-    *,
-    messages: int,
-    conversations: int,
-    per_transaction: int = 100,
-    instances: int = 5,
-    after_transaction: Callable[[int], None] | None = None,
-) -> list[str]:
-    """Enqueue ``messages`` spread round-robin over ``conversations``, in commit order."""
-    keys, _ = enqueue_demo(
-        dsn,
-        run=run,
-        messages=messages,
-        instances=instances,
-        conversations=conversations,
-        batch=per_transaction,
-        after_transaction=after_transaction,
-    )
-    return keys
-
-
-def wait_for_status(dsn: str, keys: list[str], status: str, timeout_s: float) -> None:
-    """Wait until the state sink wrote ``status`` for every key into outbox_jobs."""
-    sql = "SELECT count(*) FROM outbox_jobs WHERE idempotency_key = ANY(%s) AND status = %s"
-    wait_until(
-        lambda: count_rows(dsn, sql, (keys, status)) == len(keys),
-        timeout_s,
-        f"{len(keys)} jobs {status} in outbox_jobs (have {count_rows(dsn, sql, (keys, status))})",
-    )

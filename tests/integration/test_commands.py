@@ -18,16 +18,16 @@ import psycopg
 import pytest
 from psycopg import errors
 
-from connectors.commands import (
+from connectors.ops.jobs_cli import add_jobs_parser, cancel_job, list_jobs, reprocess_job
+from connectors.outbox.commands import (
     InvalidCommand,
     cancel,
     cancel_async,
     request_cancel_by_id,
     request_reprocess,
 )
-from connectors.enqueue import enqueue
-from connectors.jobs_cli import add_jobs_parser, cancel_job, list_jobs, reprocess_job
-from tests.integration.conftest import count_rows
+from connectors.outbox.enqueue import enqueue
+from tests.integration.support import count_rows
 
 pytestmark = pytest.mark.integration
 

@@ -12,10 +12,10 @@ import httpx
 import psycopg
 import pytest
 
-from connectors.commands import cancel
-from connectors.enqueue import enqueue
-from connectors.local_pipeline import LocalPipeline
-from tests.integration.conftest import Arrivals, wait_for_status
+from connectors.outbox.commands import cancel
+from connectors.outbox.enqueue import enqueue
+from devtools.local_pipeline import LocalPipeline
+from tests.integration.support import Arrivals, wait_for_status
 
 pytestmark = pytest.mark.integration
 

@@ -19,10 +19,10 @@ import psycopg
 import pytest
 from aiokafka import AIOKafkaConsumer
 
-from connectors.enqueue import enqueue
-from connectors.local_pipeline import LocalPipeline
+from connectors.outbox.enqueue import enqueue
+from devtools.local_pipeline import LocalPipeline
 from streams.contract import DEAD, JobDead
-from tests.integration.conftest import (
+from tests.integration.support import (
     Arrivals,
     count_rows,
     enqueue_conversations,
@@ -103,7 +103,7 @@ def test_hidden_references_and_non_authoritative_listing_never_send_twice(
         400,
         "every job ACCEPTED or UNCERTAIN",
     )
-    from connectors.delivery_audit import audit
+    from devtools.delivery_audit import audit
 
     report = audit(keys, arrivals.refresh())
     assert report.duplicate_count == 0, f"sent twice: {list(report.duplicates)[:5]}"

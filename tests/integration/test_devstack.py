@@ -14,7 +14,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from connectors.devstack import (
+from devtools.devstack import (
     DevStackError,
     ManagedProcess,
     PostgresCluster,

@@ -7,9 +7,9 @@ import datetime as dt
 import psycopg
 import pytest
 
-from connectors.enqueue import InvalidIntent, enqueue, enqueue_async
-from connectors.migrate import migrate
-from tests.integration.conftest import count_rows
+from connectors.outbox.enqueue import InvalidIntent, enqueue, enqueue_async
+from connectors.outbox.migrate import migrate
+from tests.integration.support import count_rows
 
 pytestmark = pytest.mark.integration
 

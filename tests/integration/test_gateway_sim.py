@@ -17,17 +17,13 @@ import pytest
 from aiohttp import web
 from pydantic import SecretStr
 
-from connectors.gateway_sim import GatewaySimulator, SimConfigError
 from connectors.gateways.stackzap import StackZapClient
 from connectors.gateways.zapapi import ZapApiClient
-from connectors.webhook import sign
+from connectors.webhook.signature import sign
+from devtools.gateway_sim import GatewaySimulator, SimConfigError
 from streams.contract import JobStatus
-from streams.gateway import (
-    PermanentGatewayError,
-    TextMessage,
-    TransientGatewayError,
-    UncertainGatewayError,
-)
+from streams.errors import PermanentGatewayError, TransientGatewayError, UncertainGatewayError
+from streams.ports import TextMessage
 from streams.settings import GatewaySettings
 
 pytestmark = pytest.mark.integration
@@ -355,7 +351,7 @@ async def test_command_line_entry_point() -> None:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "connectors.gateway_sim",
+        "devtools.gateway_sim",
         "--port",
         "0",
         "--api-key",

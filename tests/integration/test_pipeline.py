@@ -11,10 +11,11 @@ import psycopg
 import pytest
 from aiokafka import AIOKafkaConsumer
 
-from connectors.enqueue import enqueue
-from connectors.local_pipeline import LocalPipeline
+from connectors.outbox.enqueue import enqueue
+from devtools.delivery_audit import demo_key, demo_text
+from devtools.local_pipeline import LocalPipeline
 from streams.contract import INVALID, IntentRejected
-from tests.integration.conftest import Arrivals, count_rows, wait_for_status, wait_until
+from tests.integration.support import Arrivals, count_rows, wait_for_status, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -159,10 +160,40 @@ def _text_payload(key: str) -> str:
     ).decode()
 
 
+def test_sending_goes_on_while_the_state_sink_is_down(pipeline: LocalPipeline) -> None:
+    """The sink is its own process: stopping it stops write-back, never sending."""
+    sink = pipeline.sink
+    assert sink is not None and sink.is_running
+    assert sink.pid not in {p.pid for p in pipeline.processes if p.name == "worker"}
+    since = sink.log_offset()
+    assert sink.terminate(timeout_s=30) == 0, sink.log_tail()
+    assert sink.wait_for_log(r"state sink stopped: \d+ states applied", since=since, timeout_s=1)
+
+    run = uuid.uuid4().hex[:8]
+    keys = [demo_key(f"nosink-{run}", "shop-4", 0, seq) for seq in range(20)]
+    with psycopg.connect(pipeline.dsn) as conn:
+        for key in keys:
+            enqueue(
+                conn,
+                instance_id="shop-4",
+                to="+5511955550000",
+                text=demo_text(key),
+                idempotency_key=key,
+            )
+        conn.commit()
+    report = Arrivals(pipeline).wait_for(keys, timeout_s=60)
+    assert not report.duplicates and not report.order_violations
+    pending = "SELECT count(*) FROM outbox_jobs WHERE idempotency_key = ANY(%s) AND status = %s"
+    assert count_rows(pipeline.dsn, pending, (keys, "PENDING")) == len(keys)
+
+    pipeline.start_sink()
+    wait_for_status(pipeline.dsn, keys, "ACCEPTED", 60)
+
+
 def test_no_process_logged_a_full_phone_number_or_message_text(pipeline: LocalPipeline) -> None:
-    """Runs last in this module: scans every log the relay, worker and simulator wrote."""
+    """Runs last in this module: scans every log the relay, worker, sink and simulator wrote."""
     logs = {p.name: p.read_text(errors="replace") for p in pipeline.dir.glob("*.log")}
-    assert {"relay.log", "worker.log", "gateway-sim.log"} <= set(logs)
+    assert {"relay.log", "worker.log", "sink.log", "gateway-sim.log"} <= set(logs)
     secrets = [
         "5511912345678",
         "5511987650000",

@@ -13,11 +13,11 @@ from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.partitioner import DefaultPartitioner
 
-from connectors.enqueue import enqueue
-from connectors.local_pipeline import LocalPipeline
-from connectors.webhook import sign
+from connectors.outbox.enqueue import enqueue
+from connectors.webhook.signature import sign
+from devtools.local_pipeline import LocalPipeline
 from streams.contract import INTENTS, conversation_partition_key
-from tests.integration.conftest import Arrivals, count_rows, wait_for_status, wait_until
+from tests.integration.support import Arrivals, count_rows, wait_for_status, wait_until
 
 pytestmark = pytest.mark.integration
 PARTITIONS = 4

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from connectors.local_pipeline import LocalPipeline
-from tests.integration.conftest import (
+from devtools.local_pipeline import LocalPipeline
+from tests.integration.support import (
     Arrivals,
     count_rows,
     enqueue_conversations,

@@ -13,15 +13,15 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from connectors.lsn import Lsn
-from connectors.pgoutput import Begin, Commit, Insert, PgOutputDecoder, PgOutputMessage, Update
-from connectors.replication import (
+from connectors.cdc.lsn import Lsn
+from connectors.cdc.pgoutput import Begin, Commit, Insert, PgOutputDecoder, PgOutputMessage, Update
+from connectors.cdc.replication_messages import XLogData
+from connectors.cdc.replication_stream import (
     ReplicationStream,
     ReplicationStreamClosed,
     SlotInUse,
     SlotNotFound,
 )
-from connectors.replication_messages import XLogData
 
 pytestmark = pytest.mark.integration
 
@@ -41,7 +41,7 @@ def _as_postgres(*args: str | Path) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def postgres_dsn() -> Iterator[str]:
-    """A throwaway wal_level=logical cluster (to be replaced by connectors.devstack)."""
+    """A throwaway wal_level=logical cluster (to be replaced by devtools.devstack)."""
     root = Path(tempfile.mkdtemp(prefix="zapstream-replication-test-"))
     shutil.chown(root, "postgres")
     with socket.socket() as probe:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from connectors.enqueue import enqueue
-from connectors.state_sink import apply_states
+from connectors.outbox.enqueue import enqueue
+from connectors.sink.state_sink import apply_states
 from streams.contract import JobStatus
 from streams.state_machine import JobRef, transition
 

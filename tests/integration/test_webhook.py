@@ -15,12 +15,14 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 from pydantic import SecretStr
 
-from connectors.devstack import TansuBroker
-from connectors.enqueue import enqueue
-from connectors.gateway_sim import CALLBACK_STATUS_HEADER, GatewaySimulator
 from connectors.gateways.zapapi import ZapApiClient
-from connectors.topic_admin import ensure_topics
-from connectors.webhook import WebhookIntake, receipt_event_id, sign
+from connectors.ops.topics import ensure_topics
+from connectors.outbox.enqueue import enqueue
+from connectors.webhook.intake import WebhookIntake, receipt_event_id
+from connectors.webhook.settings import WebhookSettings
+from connectors.webhook.signature import sign
+from devtools.devstack import TansuBroker
+from devtools.gateway_sim import CALLBACK_STATUS_HEADER, GatewaySimulator
 from streams.contract import (
     DEAD,
     HEADER_JOB_ID,
@@ -31,8 +33,8 @@ from streams.contract import (
     ReceiptReceived,
     conversation_partition_key,
 )
-from streams.gateway import TextMessage
-from streams.settings import GatewaySettings, KafkaSettings, PostgresSettings, WebhookSettings
+from streams.ports import TextMessage
+from streams.settings import GatewaySettings, KafkaSettings, PostgresSettings
 
 pytestmark = pytest.mark.integration
 

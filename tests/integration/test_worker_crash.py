@@ -19,8 +19,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from connectors.local_pipeline import LocalPipeline
-from tests.integration.conftest import Arrivals, enqueue_conversations, wait_for_status, wait_until
+from devtools.local_pipeline import LocalPipeline
+from tests.integration.support import Arrivals, enqueue_conversations, wait_for_status, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -1,0 +1,180 @@
+"""Turn an ``outbox_jobs`` or ``outbox_commands`` row, as pgoutput delivers it, into a record.
+
+pgoutput gives every column as PostgreSQL's text output (``None`` for NULL).
+A row that cannot become an intent (payload not an object, unknown type,
+missing recipient, ...) becomes an :class:`~streams.contract.IntentRejected`
+carrying the whole row and the reason: the relay publishes it to
+``zapstream.invalid`` and moves on, so one bad row never stops the stream.
+An ``outbox_commands`` row becomes a :class:`~streams.contract.CommandRequested`
+(:func:`command_row_to_record`), or likewise a rejection.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+
+import orjson
+
+from connectors.outbox.enqueue import MAX_TEXT_CHARS
+from connectors.outbox.recipients import InvalidRecipient, conversation_key_for, normalize_recipient
+from streams.contract import Command, CommandRequested, IntentCaptured, IntentRejected, Priority
+
+SUPPORTED_TYPES = frozenset({"text"})
+
+
+class _Reject(Exception):
+    pass
+
+
+def _timestamp(value: str | None) -> str | None:
+    """PostgreSQL's timestamptz text (``2026-11-29 15:52:57.1+00``) as ISO 8601."""
+    if value is None:
+        return None
+    text = value.strip()
+    # Python wants "+00:00" where PostgreSQL may print "+00".
+    if len(text) >= 3 and text[-3] in "+-" and text[-2:].isdigit():
+        text += ":00"
+    try:
+        return dt.datetime.fromisoformat(text).isoformat()
+    except ValueError as exc:
+        raise _Reject(f"unreadable timestamp {value!r}") from exc
+
+
+def _required(row: Mapping[str, str | None], column: str) -> str:
+    value = row.get(column)
+    if value is None or not value.strip():
+        raise _Reject(f"{column} is missing")
+    return value
+
+
+def row_to_record(
+    row: Mapping[str, str | None], *, lsn: str, committed_at: str | None
+) -> IntentCaptured | IntentRejected:
+    """Validate one inserted row; return the intent, or the rejection with its reason."""
+    job_id_text = row.get("id")
+    job_id = int(job_id_text) if job_id_text and job_id_text.isdigit() else None
+    try:
+        if job_id is None:
+            raise _Reject("id is missing")
+        instance_id = _required(row, "instance_id")
+        idempotency_key = _required(row, "idempotency_key")
+        try:
+            payload = orjson.loads(_required(row, "payload"))
+        except orjson.JSONDecodeError as exc:
+            raise _Reject(f"payload is not JSON: {exc}") from exc
+        if not isinstance(payload, dict):
+            raise _Reject(f"payload is a JSON {type(payload).__name__}, not an object")
+        kind = payload.get("type", "text")
+        if kind not in SUPPORTED_TYPES:
+            raise _Reject(f"unknown message type {kind!r}")
+        try:
+            recipient = normalize_recipient(payload.get("to"))
+        except InvalidRecipient as exc:
+            raise _Reject(str(exc)) from exc
+        text = payload.get("text")
+        if not isinstance(text, str) or not text.strip():
+            raise _Reject("text is missing or empty")
+        if len(text) > MAX_TEXT_CHARS:
+            raise _Reject(f"text has {len(text)} characters; the limit is {MAX_TEXT_CHARS}")
+        priority = row.get("priority") or Priority.OPERATIONAL.value
+        if priority not in {p.value for p in Priority}:
+            raise _Reject(f"unknown priority {priority!r}")
+        max_attempts_text = row.get("max_attempts") or "5"
+        if not max_attempts_text.isdigit() or int(max_attempts_text) < 1:
+            raise _Reject(f"max_attempts {max_attempts_text!r} is not a positive integer")
+        return IntentCaptured(
+            job_id=job_id,
+            instance_id=instance_id,
+            conversation_key=row.get("conversation_key") or conversation_key_for(recipient),
+            idempotency_key=idempotency_key,
+            message_type=kind,
+            to=recipient,
+            text=text,
+            priority=priority,
+            purpose=row.get("purpose"),
+            expires_at=_timestamp(row.get("expires_at")),
+            max_attempts=int(max_attempts_text),
+            created_at=_timestamp(row.get("created_at")),
+            committed_at=committed_at,
+            lsn=lsn,
+        )
+    except _Reject as reason:
+        return IntentRejected(
+            job_id=job_id, reason=str(reason), row=dict(row), lsn=lsn, committed_at=committed_at
+        )
+
+
+def _row_id(row: Mapping[str, str | None], column: str) -> int | None:
+    text = row.get(column)
+    return int(text) if text and text.isdigit() else None
+
+
+def command_row_to_record(
+    row: Mapping[str, str | None], *, lsn: str, committed_at: str | None
+) -> CommandRequested | IntentRejected:
+    """Validate one inserted ``outbox_commands`` row; return the command or the rejection.
+
+    The row carries copies of its job's columns (``instance_id``, ``payload``,
+    ..., ``job_created_at``), filled by the table's trigger. For ``reprocess``
+    they become the intent to send again, validated exactly like a new
+    ``outbox_jobs`` row by :func:`row_to_record`; for ``cancel`` they give the
+    conversation the command is keyed by.
+    """
+    job_id = _row_id(row, "job_id")
+    try:
+        command_id = _row_id(row, "id")
+        if command_id is None:
+            raise _Reject("id is missing")
+        if job_id is None:
+            raise _Reject("job_id is missing")
+        command = row.get("command")
+        if command not in {c.value for c in Command}:
+            raise _Reject(f"unknown command {command!r}")
+        idempotency_key = _required(row, "idempotency_key")
+        instance_id = _required(row, "instance_id")
+        reason = _required(row, "reason")
+        actor = _required(row, "actor")
+        requested_at = _timestamp(row.get("created_at"))
+        job_row = {
+            "id": row.get("job_id"),
+            "instance_id": row.get("instance_id"),
+            "payload": row.get("payload"),
+            "idempotency_key": row.get("idempotency_key"),
+            "conversation_key": row.get("conversation_key"),
+            "priority": row.get("priority"),
+            "purpose": row.get("purpose"),
+            "expires_at": row.get("expires_at"),
+            "max_attempts": row.get("max_attempts"),
+            "created_at": row.get("job_created_at"),
+        }
+        job = row_to_record(job_row, lsn=lsn, committed_at=committed_at)
+        intent = None
+        if command == Command.REPROCESS:
+            if isinstance(job, IntentRejected):
+                raise _Reject(f"cannot reprocess job {job_id}: {job.reason}")
+            intent = job.to_dict()
+        conversation_key = row.get("conversation_key")
+        if not conversation_key and isinstance(job, IntentCaptured):
+            conversation_key = job.conversation_key
+        if not conversation_key:
+            # The job's own row was rejected too: it never reached a conversation.
+            reason_text = job.reason if isinstance(job, IntentRejected) else "unknown"
+            raise _Reject(f"conversation_key is missing (the job's row: {reason_text})")
+        return CommandRequested(
+            command_id=command_id,
+            command=command,
+            job_id=job_id,
+            idempotency_key=idempotency_key,
+            instance_id=instance_id,
+            conversation_key=conversation_key,
+            reason=reason,
+            actor=actor,
+            requested_at=requested_at,
+            intent=intent,
+            lsn=lsn,
+        )
+    except _Reject as rejected:
+        return IntentRejected(
+            job_id=job_id, reason=str(rejected), row=dict(row), lsn=lsn, committed_at=committed_at
+        )

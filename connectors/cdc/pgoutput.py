@@ -1,0 +1,477 @@
+"""Sans-IO decoder for PostgreSQL's ``pgoutput`` logical replication plugin.
+
+Scope: protocol version 1 (``proto_version '1'``) as sent by PostgreSQL 15, with
+tuple values in text format (the default; ``binary 'true'`` is not supported).
+Every XLogData payload of a pgoutput slot is exactly one of the messages below.
+Layouts are documented beside each parser; all integers are big-endian and
+``String`` means a NUL-terminated string in the connection's client_encoding
+(the replication connection sets UTF8). Reference:
+https://www.postgresql.org/docs/15/protocol-logicalrep-message-formats.html
+
+Protocol version 1 never sends the streaming (``S``/``E``/``c``/``A``) or
+two-phase (``b``/``P``/``K``/``r``/``p``) messages, and none of its messages
+carry the leading Int32 xid that versions 2+ add inside streamed transactions.
+Anything this decoder does not understand, including trailing bytes after a
+message, raises :class:`PgOutputError`: the relay must crash on it rather than
+skip WAL it cannot read and then acknowledge past it.
+
+Text values are kept as ``str`` (``None`` for SQL NULL); converting them (e.g.
+parsing a jsonb column with orjson) is the caller's business and costs nothing
+for columns it ignores.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TypeAlias
+
+from connectors.cdc.lsn import Lsn
+from connectors.cdc.replication_messages import from_pg_timestamp
+
+_U8 = struct.Struct(">B")
+_I16 = struct.Struct(">h")
+_I32 = struct.Struct(">i")
+_U32 = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
+
+# Fixed-size message bodies, tag byte included so unpack_from starts at 0.
+_BEGIN = struct.Struct(">cQqI")  # 'B', final_lsn, commit_ts, xid
+_COMMIT = struct.Struct(">cBQQq")  # 'C', flags, commit_lsn, end_lsn, commit_ts
+
+_EMPTY_NAMES: frozenset[str] = frozenset()
+
+TupleValues: TypeAlias = dict[str, str | None]
+"""A row: column name -> text value, ``None`` for SQL NULL."""
+
+
+class PgOutputError(ValueError):
+    """A pgoutput payload that is truncated, malformed or of an unsupported kind.
+
+    A broken invariant (bug or misconfiguration), never retried.
+    """
+
+    retriable = False
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """One column as described by a Relation message."""
+
+    flags: int
+    """Bit 1 set: the column is part of the replica identity (the key)."""
+    name: str
+    type_oid: int
+    type_modifier: int
+    """``atttypmod``: -1 when the type has none."""
+
+    @property
+    def is_key(self) -> bool:
+        """Whether this column is part of the table's replica identity."""
+        return bool(self.flags & 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Begin:
+    """Start of a transaction; its row changes follow, then a :class:`Commit`."""
+
+    final_lsn: Lsn
+    """LSN of the transaction's commit record (equals ``Commit.commit_lsn``)."""
+    commit_ts: datetime
+    xid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """End of a transaction."""
+
+    flags: int
+    """Unused by PostgreSQL 15; always 0."""
+    commit_lsn: Lsn
+    end_lsn: Lsn
+    """End of the commit record: the LSN to confirm once the transaction is durable downstream."""
+    commit_ts: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Replication origin of the transaction (sent only for changes replayed from elsewhere)."""
+
+    commit_lsn: Lsn
+    """Commit LSN on the origin server."""
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Relation:
+    """A table's shape, sent before its first change in a session and after schema changes."""
+
+    oid: int
+    namespace: str
+    """Schema name; the empty string stands for ``pg_catalog``."""
+    name: str
+    replica_identity: str
+    """``relreplident``: 'd' default (primary key), 'n' nothing, 'f' full, 'i' index."""
+    columns: tuple[Column, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TypeMessage:
+    """A non-built-in data type used by a following Relation ('Y')."""
+
+    oid: int
+    namespace: str
+    """Schema name; the empty string stands for ``pg_catalog``."""
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Insert:
+    """A new row."""
+
+    relation: Relation
+    new: TupleValues
+
+
+@dataclass(frozen=True, slots=True)
+class Update:
+    """A changed row.
+
+    Unchanged TOASTed columns (large values the UPDATE did not touch) are not
+    sent by the server; they are *left out of* :attr:`new` and listed in
+    :attr:`unchanged_toast` so a caller can never mistake them for NULL.
+    """
+
+    relation: Relation
+    new: TupleValues
+    old: TupleValues | None
+    """The old row, or only its key columns (see :attr:`old_is_key`), or None when not sent."""
+    old_is_key: bool
+    """True when :attr:`old` holds only the replica identity columns (the rest are None)."""
+    unchanged_toast: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    """A deleted row, identified by its key or (REPLICA IDENTITY FULL) its whole old value."""
+
+    relation: Relation
+    old: TupleValues
+    old_is_key: bool
+    """True when :attr:`old` holds only the replica identity columns (the rest are None)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Truncate:
+    """TRUNCATE of one or more tables."""
+
+    relations: tuple[Relation, ...]
+    cascade: bool
+    restart_identity: bool
+
+
+@dataclass(frozen=True, slots=True)
+class LogicalMessage:
+    """A message from ``pg_logical_emit_message`` (sent only with ``messages 'true'``)."""
+
+    transactional: bool
+    lsn: Lsn
+    prefix: str
+    content: bytes
+
+
+PgOutputMessage: TypeAlias = (
+    Begin
+    | Commit
+    | Origin
+    | Relation
+    | TypeMessage
+    | Insert
+    | Update
+    | Delete
+    | Truncate
+    | LogicalMessage
+)
+
+
+def _cstring(buf: bytes, pos: int) -> tuple[str, int]:
+    """Read a NUL-terminated string at ``pos``; return it and the position after the NUL."""
+    end = buf.find(0, pos)
+    if end < 0:
+        raise PgOutputError(f"unterminated string at offset {pos}")
+    return buf[pos:end].decode(), end + 1
+
+
+class PgOutputDecoder:
+    """Turns pgoutput payloads into typed messages, keeping the Relation cache.
+
+    pgoutput describes each table once per session (and again after a schema
+    change) in a Relation message and then refers to it by OID alone, so the
+    decoder must see every payload of the stream in order. A row change for an
+    OID it has not seen described is an error, never a guess. One decoder per
+    replication connection: after a reconnect the server resends Relations.
+    """
+
+    def __init__(self) -> None:
+        self._relations: dict[int, Relation] = {}
+        # Column names per OID, cached apart from Relation so the row hot path
+        # does not rebuild them for every tuple.
+        self._names: dict[int, tuple[str, ...]] = {}
+        self._parsers: dict[int, Callable[[bytes], PgOutputMessage]] = {
+            ord("B"): self._begin,
+            ord("C"): self._commit,
+            ord("O"): self._origin,
+            ord("R"): self._relation,
+            ord("Y"): self._type,
+            ord("I"): self._insert,
+            ord("U"): self._update,
+            ord("D"): self._delete,
+            ord("T"): self._truncate,
+            ord("M"): self._message,
+        }
+
+    @property
+    def relations(self) -> Mapping[int, Relation]:
+        """Relations seen so far, by OID (read-only view)."""
+        return self._relations
+
+    def decode(self, payload: bytes) -> PgOutputMessage:
+        """Decode one pgoutput message (one XLogData payload)."""
+        if not payload:
+            raise PgOutputError("empty pgoutput message")
+        parser = self._parsers.get(payload[0])
+        if parser is None:
+            raise PgOutputError(
+                f"unknown pgoutput message type {payload[:1]!r} ({len(payload)} bytes); "
+                "only protocol version 1 is supported"
+            )
+        try:
+            return parser(payload)
+        except PgOutputError:
+            raise
+        except (struct.error, IndexError) as exc:
+            raise PgOutputError(
+                f"truncated pgoutput {payload[:1]!r} message ({len(payload)} bytes): {exc}"
+            ) from exc
+        except UnicodeDecodeError as exc:
+            raise PgOutputError(
+                f"invalid UTF-8 in pgoutput {payload[:1]!r} message: {exc}"
+            ) from exc
+        except OverflowError as exc:
+            raise PgOutputError(
+                f"value out of range in pgoutput {payload[:1]!r} message: {exc}"
+            ) from exc
+
+    @staticmethod
+    def _end(buf: bytes, pos: int) -> None:
+        # A message longer than its layout means we parsed it wrong (or the
+        # server speaks a newer protocol): never ignore the rest.
+        if pos != len(buf):
+            raise PgOutputError(
+                f"{len(buf) - pos} trailing bytes after pgoutput {buf[:1]!r} message "
+                f"({len(buf)} bytes)"
+            )
+
+    def _begin(self, buf: bytes) -> Begin:
+        # 'B' | Int64 final_lsn | Int64 commit_ts (µs since 2000-01-01 UTC) | Int32 xid
+        _, final_lsn, ts, xid = _BEGIN.unpack_from(buf)
+        self._end(buf, _BEGIN.size)
+        return Begin(final_lsn=Lsn(final_lsn), commit_ts=from_pg_timestamp(ts), xid=xid)
+
+    def _commit(self, buf: bytes) -> Commit:
+        # 'C' | Int8 flags (0) | Int64 commit_lsn | Int64 end_lsn | Int64 commit_ts
+        _, flags, commit_lsn, end_lsn, ts = _COMMIT.unpack_from(buf)
+        self._end(buf, _COMMIT.size)
+        return Commit(
+            flags=flags,
+            commit_lsn=Lsn(commit_lsn),
+            end_lsn=Lsn(end_lsn),
+            commit_ts=from_pg_timestamp(ts),
+        )
+
+    def _origin(self, buf: bytes) -> Origin:
+        # 'O' | Int64 commit_lsn on the origin | String origin name
+        (lsn,) = _U64.unpack_from(buf, 1)
+        name, pos = _cstring(buf, 9)
+        self._end(buf, pos)
+        return Origin(commit_lsn=Lsn(lsn), name=name)
+
+    def _relation(self, buf: bytes) -> Relation:
+        # 'R' | Int32 oid | String namespace | String name | Int8 replica identity
+        #     | Int16 ncolumns | ncolumns x (Int8 flags | String name | Int32 type oid
+        #     | Int32 atttypmod)
+        (oid,) = _U32.unpack_from(buf, 1)
+        namespace, pos = _cstring(buf, 5)
+        name, pos = _cstring(buf, pos)
+        (identity,) = _U8.unpack_from(buf, pos)
+        (ncols,) = _I16.unpack_from(buf, pos + 1)
+        pos += 3
+        columns = []
+        for _ in range(ncols):
+            (flags,) = _U8.unpack_from(buf, pos)
+            col_name, pos = _cstring(buf, pos + 1)
+            (type_oid,) = _U32.unpack_from(buf, pos)
+            (typmod,) = _I32.unpack_from(buf, pos + 4)
+            pos += 8
+            columns.append(Column(flags, col_name, type_oid, typmod))
+        self._end(buf, pos)
+        relation = Relation(
+            oid=oid,
+            namespace=namespace,
+            name=name,
+            replica_identity=chr(identity),
+            columns=tuple(columns),
+        )
+        self._relations[oid] = relation
+        self._names[oid] = tuple(c.name for c in columns)
+        return relation
+
+    def _type(self, buf: bytes) -> TypeMessage:
+        # 'Y' | Int32 type oid | String namespace | String type name
+        (oid,) = _U32.unpack_from(buf, 1)
+        namespace, pos = _cstring(buf, 5)
+        name, pos = _cstring(buf, pos)
+        self._end(buf, pos)
+        return TypeMessage(oid=oid, namespace=namespace, name=name)
+
+    def _lookup(self, buf: bytes, oid: int) -> Relation:
+        try:
+            return self._relations[oid]
+        except KeyError:
+            raise PgOutputError(
+                f"pgoutput {buf[:1]!r} message for relation oid {oid} that no Relation "
+                "message described (payloads decoded out of order or by a fresh decoder "
+                "mid-stream?)"
+            ) from None
+
+    def _tuple(self, buf: bytes, pos: int, oid: int) -> tuple[TupleValues, frozenset[str], int]:
+        """Parse TupleData at ``pos``; return (values, unchanged TOAST columns, end)."""
+        # TupleData: Int16 ncolumns, then per column one of
+        #   'n'                       NULL
+        #   'u'                       unchanged TOASTed value (UPDATE only; not sent)
+        #   't' Int32 len Byte[len]   text representation
+        #   'b' Int32 len Byte[len]   binary representation (only with binary 'true')
+        names = self._names[oid]
+        (ncols,) = _I16.unpack_from(buf, pos)
+        if ncols != len(names):
+            raise PgOutputError(
+                f"tuple has {ncols} columns but relation {oid} was described with {len(names)}"
+            )
+        pos += 2
+        size = len(buf)
+        values: TupleValues = {}
+        unchanged: frozenset[str] = _EMPTY_NAMES
+        unpack_i32 = _I32.unpack_from
+        for name in names:
+            kind = buf[pos]
+            if kind == 0x74:  # 't'
+                (length,) = unpack_i32(buf, pos + 1)
+                start = pos + 5
+                pos = start + length
+                if length < 0 or pos > size:
+                    raise PgOutputError(
+                        f"text value of column {name!r} claims {length} bytes, {size - start} left"
+                    )
+                values[name] = buf[start:pos].decode()
+            elif kind == 0x6E:  # 'n'
+                values[name] = None
+                pos += 1
+            elif kind == 0x75:  # 'u'
+                unchanged = unchanged | {name}
+                pos += 1
+            elif kind == 0x62:  # 'b'
+                raise PgOutputError(
+                    f"binary value for column {name!r}: this decoder expects text format "
+                    "(do not start replication with binary 'true')"
+                )
+            else:
+                raise PgOutputError(
+                    f"unknown tuple value kind {bytes([kind])!r} for column {name!r} "
+                    f"at offset {pos}"
+                )
+        return values, unchanged, pos
+
+    def _insert(self, buf: bytes) -> Insert:
+        # 'I' | Int32 oid | Byte1 'N' | TupleData new
+        # The relay's hot path (one call per outbox row): checks are inlined.
+        (oid,) = _U32.unpack_from(buf, 1)
+        relation = self._relations.get(oid)
+        if relation is None:
+            relation = self._lookup(buf, oid)  # raises
+        if buf[5] != 0x4E:  # 'N'
+            raise PgOutputError(f"INSERT: expected 'N' at offset 5, got {buf[5:6]!r}")
+        new, unchanged, pos = self._tuple(buf, 6, oid)
+        if unchanged:
+            raise PgOutputError(f"INSERT with unchanged TOAST columns {sorted(unchanged)}")
+        if pos != len(buf):
+            self._end(buf, pos)  # raises
+        return Insert(relation=relation, new=new)
+
+    def _update(self, buf: bytes) -> Update:
+        # 'U' | Int32 oid | [Byte1 'K' | TupleData old key] or [Byte1 'O' | TupleData old row]
+        #     | Byte1 'N' | TupleData new
+        # The old part is present only when the key changed ('K') or the table
+        # has REPLICA IDENTITY FULL ('O').
+        (oid,) = _U32.unpack_from(buf, 1)
+        relation = self._lookup(buf, oid)
+        pos = 5
+        old: TupleValues | None = None
+        marker = buf[pos]
+        old_is_key = marker == 0x4B  # 'K'
+        if marker in (0x4B, 0x4F):  # 'K', 'O'
+            old, _, pos = self._tuple(buf, pos + 1, oid)
+            marker = buf[pos]
+        if marker != 0x4E:  # 'N'
+            raise PgOutputError(f"UPDATE: expected 'N' at offset {pos}, got {buf[pos : pos + 1]!r}")
+        new, unchanged, pos = self._tuple(buf, pos + 1, oid)
+        self._end(buf, pos)
+        return Update(
+            relation=relation, new=new, old=old, old_is_key=old_is_key, unchanged_toast=unchanged
+        )
+
+    def _delete(self, buf: bytes) -> Delete:
+        # 'D' | Byte1 'K' (key columns only) or 'O' (whole old row) | TupleData old
+        (oid,) = _U32.unpack_from(buf, 1)
+        relation = self._lookup(buf, oid)
+        marker = buf[5]
+        if marker not in (0x4B, 0x4F):
+            raise PgOutputError(f"DELETE: expected 'K' or 'O' at offset 5, got {buf[5:6]!r}")
+        old, _, pos = self._tuple(buf, 6, oid)
+        self._end(buf, pos)
+        return Delete(relation=relation, old=old, old_is_key=marker == 0x4B)
+
+    def _truncate(self, buf: bytes) -> Truncate:
+        # 'T' | Int32 nrelations | Int8 options (1 = CASCADE, 2 = RESTART IDENTITY)
+        #     | nrelations x Int32 oid
+        (count,) = _U32.unpack_from(buf, 1)
+        (options,) = _U8.unpack_from(buf, 5)
+        if 6 + 4 * count > len(buf):
+            # Checked before unpacking so a corrupt count cannot build a huge format.
+            raise PgOutputError(f"TRUNCATE claims {count} relations, {len(buf)} bytes in message")
+        oids = struct.unpack_from(f">{count}I", buf, 6)
+        self._end(buf, 6 + 4 * count)
+        return Truncate(
+            relations=tuple(self._lookup(buf, oid) for oid in oids),
+            cascade=bool(options & 1),
+            restart_identity=bool(options & 2),
+        )
+
+    def _message(self, buf: bytes) -> LogicalMessage:
+        # 'M' | Int8 flags (1 = transactional) | Int64 lsn | String prefix
+        #     | Int32 length | Byte[length] content
+        (flags,) = _U8.unpack_from(buf, 1)
+        (lsn,) = _U64.unpack_from(buf, 2)
+        prefix, pos = _cstring(buf, 10)
+        (length,) = _I32.unpack_from(buf, pos)
+        start = pos + 4
+        content = buf[start : start + length]
+        if length < 0 or len(content) != length:
+            raise PgOutputError(
+                f"logical message content claims {length} bytes, {len(buf) - start} left"
+            )
+        self._end(buf, start + length)
+        return LogicalMessage(
+            transactional=bool(flags & 1), lsn=Lsn(lsn), prefix=prefix, content=content
+        )

@@ -1,0 +1,144 @@
+"""Sans-IO parsing and building of streaming replication CopyData messages.
+
+Once ``START_REPLICATION`` succeeds the connection is in COPY BOTH mode and every
+message in either direction is the body of a CopyData ('d') message whose first
+byte says what it carries. The server sends XLogData ('w') and primary
+keepalives ('k'); the client sends standby status updates ('r'). This module
+turns those bodies into typed values and back, without touching a socket, so it
+is unit-tested with plain bytes. All integers are big-endian (network order).
+
+See https://www.postgresql.org/docs/15/protocol-replication.html
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from connectors.cdc.lsn import Lsn
+
+PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+"""PostgreSQL timestamps on the wire are microseconds since this instant."""
+
+_ONE_MICROSECOND = timedelta(microseconds=1)
+
+# 'w' + Int64 wal_start + Int64 wal_end + Int64 send_time, then the payload.
+_XLOG_HEADER = struct.Struct(">cQQq")
+# 'k' + Int64 wal_end + Int64 send_time + Byte1 reply_requested.
+_KEEPALIVE = struct.Struct(">cQqB")
+# 'r' + Int64 write + Int64 flush + Int64 apply + Int64 client_time + Byte1 reply_requested.
+_STATUS_UPDATE = struct.Struct(">cQQQqB")
+
+
+class ReplicationProtocolError(ValueError):
+    """The server sent a CopyData body this client does not understand.
+
+    A broken invariant, not a transient fault: the relay crashes rather than
+    skip WAL it cannot read.
+    """
+
+    retriable = False
+
+
+def from_pg_timestamp(microseconds: int) -> datetime:
+    """Convert a wire timestamp (Int64 microseconds since 2000-01-01 UTC) to an aware datetime."""
+    return PG_EPOCH + timedelta(microseconds=microseconds)
+
+
+def to_pg_timestamp(moment: datetime) -> int:
+    """Convert an aware datetime to wire microseconds since 2000-01-01 UTC."""
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        # A naive datetime would silently be taken as UTC or local time: refuse.
+        raise ValueError("timestamp must be timezone-aware")
+    return (moment - PG_EPOCH) // _ONE_MICROSECOND
+
+
+@dataclass(frozen=True, slots=True)
+class XLogData:
+    """A chunk of WAL, or for logical replication one output-plugin message ('w')."""
+
+    wal_start: Lsn
+    """Where this message's data starts in the WAL."""
+    wal_end: Lsn
+    """The current end of WAL on the server when it sent this."""
+    send_time: datetime
+    payload: bytes
+    """For a logical slot: one message of the output plugin (here pgoutput)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PrimaryKeepalive:
+    """A heartbeat from the server ('k'); may ask the client to reply at once."""
+
+    wal_end: Lsn
+    send_time: datetime
+    reply_requested: bool
+    """If true the server disconnects after wal_sender_timeout unless a status update arrives."""
+
+
+def parse_copy_data(data: bytes | bytearray | memoryview) -> XLogData | PrimaryKeepalive:
+    """Parse the body of one server-to-client CopyData message.
+
+    Layouts (after the 1-byte tag)::
+
+        'w' XLogData         Int64 wal_start, Int64 wal_end, Int64 send_time, Byte[n] payload
+        'k' PrimaryKeepalive Int64 wal_end, Int64 send_time, Byte1 reply_requested (0 or 1)
+
+    Raises :class:`ReplicationProtocolError` on any other tag or a short message.
+    """
+    if len(data) == 0:
+        raise ReplicationProtocolError("empty CopyData message")
+    tag = data[0]
+    try:
+        if tag == 0x77:  # 'w'
+            if len(data) < _XLOG_HEADER.size:
+                raise ReplicationProtocolError(
+                    f"XLogData too short: {len(data)} bytes, header needs {_XLOG_HEADER.size}"
+                )
+            _, start, end, sent = _XLOG_HEADER.unpack_from(data)
+            return XLogData(
+                wal_start=Lsn(start),
+                wal_end=Lsn(end),
+                send_time=from_pg_timestamp(sent),
+                payload=bytes(data[_XLOG_HEADER.size :]),
+            )
+        if tag == 0x6B:  # 'k'
+            if len(data) != _KEEPALIVE.size:
+                raise ReplicationProtocolError(
+                    f"primary keepalive must be {_KEEPALIVE.size} bytes, got {len(data)}"
+                )
+            _, end, sent, reply = _KEEPALIVE.unpack_from(data)
+            return PrimaryKeepalive(
+                wal_end=Lsn(end), send_time=from_pg_timestamp(sent), reply_requested=reply != 0
+            )
+    except OverflowError as exc:
+        # A send_time beyond datetime's range: the bytes are not what we think.
+        raise ReplicationProtocolError(f"timestamp out of range in CopyData: {exc}") from exc
+    raise ReplicationProtocolError(
+        f"unknown CopyData message type {bytes([tag])!r} ({len(data)} bytes)"
+    )
+
+
+def standby_status_update(
+    write: Lsn, flush: Lsn, apply: Lsn, now: datetime, reply_requested: bool = False
+) -> bytes:
+    """Build a standby status update ('r'), the client's acknowledgement of WAL.
+
+    Layout::
+
+        'r' Int64 write, Int64 flush, Int64 apply, Int64 client_time, Byte1 reply_requested
+
+    Each LSN is "the last WAL byte + 1" processed, i.e. for logical replication
+    the ``end_lsn`` of the last committed transaction the client has made
+    durable. For a logical slot the server stores ``flush`` as the slot's
+    ``confirmed_flush_lsn`` and restarts decoding from it after a reconnect.
+    """
+    return _STATUS_UPDATE.pack(
+        b"r",
+        write.value,
+        flush.value,
+        apply.value,
+        to_pg_timestamp(now),
+        1 if reply_requested else 0,
+    )

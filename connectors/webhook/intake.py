@@ -1,0 +1,428 @@
+"""``zapstream webhook``: gateway status callbacks (receipts) into Kafka.
+
+Both gateways call us back when a message is sent, delivered, read or fails:
+
+- ``POST /v1/webhooks/zapapi`` and ``POST /v1/webhooks/stackzap`` (the gateway is
+  the last path segment), body ``{"event_id"?, "id", "status", "reference"?,
+  "timestamp"?}``; ``id`` is the gateway's job id, ``reference`` the
+  ``Idempotency-Key`` we sent (``"<job_id>-<attempt>"``).
+- ``GET /v1/webhooks/health``: liveness, no auth.
+
+Every callback must carry ``X-Zap-Signature: sha256=<hex HMAC-SHA256(secret, raw
+body)>`` (:func:`sign`); anything else, or an empty configured secret, is 401 and
+nothing is published or written.
+
+A verified callback is looked up in ``outbox_jobs`` (by the job id in
+``reference`` first, because the state sink may not have written
+``gateway_job_id`` yet when the first callback arrives; by ``gateway_job_id``
+otherwise), mapped to a :class:`~streams.contract.JobStatus` with the gateway's
+configured labels (unknown -> REVIEW) and published as a
+:class:`~streams.contract.ReceiptReceived` on the intents topic with the job's
+conversation key, so the worker applies it in order with everything else of the
+conversation. A callback for a job we cannot find becomes a
+:class:`~streams.contract.JobDead` on the dead-letter topic: accepted for review,
+never lost.
+
+The answer (202) is given only after Kafka acknowledged the record. When Kafka
+or PostgreSQL fails the answer is 503 and the gateway retries; a retried
+callback keeps its ``event_id`` (or, without one, gets the same digest of
+gateway, id and label), so the worker drops the duplicate. The ``timestamp`` is
+accepted and not used: the worker orders receipts by status, not by clock.
+
+Logs carry the gateway, job ids, labels and the reason of a rejection; never a
+body, a phone number, a text, the secret or a signature.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime
+import hashlib
+import logging
+import signal
+from collections.abc import Awaitable, Callable, Mapping
+from types import TracebackType
+from typing import Any
+
+import orjson
+import psycopg
+from aiohttp import web
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from connectors.gateways.labels import map_label
+from connectors.outbox.recipients import mask_phone
+from connectors.webhook.settings import WebhookSettings
+from connectors.webhook.signature import verify_signature
+from streams.contract import (
+    DEAD,
+    HEADER_JOB_ID,
+    HEADER_SCHEMA,
+    INTENTS,
+    JobDead,
+    ReceiptReceived,
+    Record,
+)
+from streams.settings import GatewayKind
+
+log = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 64 * 1024
+"""Callbacks are a few hundred bytes; anything far larger is not a callback."""
+POOL_MAX_CONNECTIONS = 4
+"""Each lookup is one indexed SELECT; a handful of connections keeps up with Kafka's acks."""
+
+# Body keys that may carry the recipient, masked before a body goes to the dead letters.
+_RECIPIENT_KEYS = frozenset({"to", "recipient", "phone", "from", "chat_id", "chatId"})
+
+_BY_ID = "SELECT id, idempotency_key, instance_id, conversation_key FROM outbox_jobs WHERE id = %s"
+# Newest first: a gateway id is unique per gateway, but nothing in the schema promises it.
+_BY_GATEWAY_JOB_ID = (
+    "SELECT id, idempotency_key, instance_id, conversation_key FROM outbox_jobs "
+    "WHERE gateway_job_id = %s ORDER BY id DESC LIMIT 1"
+)
+
+
+# --- the callback body ---------------------------------------------------------------
+
+
+class MalformedCallback(ValueError):
+    """A signed body that is not a status callback (answered 400)."""
+
+
+def parse_reference(reference: str | None) -> int | None:
+    """The job id in our ``Idempotency-Key`` (``"<job_id>-<attempt>"``), or ``None``."""
+    if not reference:
+        return None
+    job, sep, attempt = reference.strip().rpartition("-")
+    if not sep or not job.isdigit() or not attempt.isdigit():
+        return None
+    job_id = int(job)
+    # outbox_jobs.id is a BIGSERIAL: anything outside it cannot be one of ours.
+    return job_id if 0 < job_id < 2**63 else None
+
+
+def receipt_event_id(gateway: str, gateway_job_id: str, label: str) -> str:
+    """The dedup key of a callback without ``event_id``: the same for every retry of it."""
+    raw = f"{gateway}:{gateway_job_id}:{label.lower()}".encode()
+    return hashlib.sha256(raw).hexdigest()[:32]
+
+
+def _callback_fields(raw: bytes) -> tuple[dict[str, Any], str, str, str | None, str | None]:
+    """``(body, id, status, reference, event_id)``; raises :class:`MalformedCallback`."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise MalformedCallback("body is not JSON") from exc
+    if not isinstance(body, dict):
+        raise MalformedCallback("body is not a JSON object")
+    job = body.get("id")
+    if isinstance(job, int) and not isinstance(job, bool):
+        job = str(job)
+    if not isinstance(job, str) or not job.strip():
+        raise MalformedCallback("'id' must be a non-empty string")
+    label = body.get("status")
+    if not isinstance(label, str) or not label.strip():
+        raise MalformedCallback("'status' must be a non-empty string")
+    reference = body.get("reference")
+    if reference is not None and not isinstance(reference, str):
+        raise MalformedCallback("'reference' must be a string")
+    event_id = body.get("event_id")
+    if event_id is not None and not isinstance(event_id, str):
+        raise MalformedCallback("'event_id' must be a string")
+    return body, job.strip(), label.strip(), reference, event_id or None
+
+
+def masked_body(body: Mapping[str, Any]) -> dict[str, Any]:
+    """``body`` with every recipient-like string value masked, for the dead letters."""
+    return {
+        key: mask_phone(value) if key in _RECIPIENT_KEYS and isinstance(value, str) else value
+        for key, value in body.items()
+    }
+
+
+def _now_iso() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat()
+
+
+def _json(data: Any, status: int) -> web.Response:
+    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Job:
+    """What a receipt needs from ``outbox_jobs``."""
+
+    id: int
+    idempotency_key: str
+    instance_id: str
+    conversation_key: str | None
+
+
+class _Unavailable(Exception):
+    """PostgreSQL or Kafka could not do its part now; the gateway should retry (503)."""
+
+
+# --- the service ------------------------------------------------------------------------
+
+
+class WebhookIntake:
+    """Verifies gateway status callbacks, looks their jobs up and publishes them to Kafka.
+
+    ``start()`` opens the PostgreSQL pool and the Kafka producer, then listens, and
+    returns the bound port (``settings.port`` may be 0). ``stop()`` stops listening,
+    lets requests in flight finish, flushes the producer and closes the pool; it
+    is idempotent. ``publish_timeout_s`` bounds the wait for Kafka's acknowledgement
+    before answering 503.
+    """
+
+    def __init__(self, settings: WebhookSettings, *, publish_timeout_s: float = 10.0) -> None:
+        self.settings = settings
+        self._publish_timeout_s = publish_timeout_s
+        self._runner: web.AppRunner | None = None
+        self._producer: AIOKafkaProducer | None = None
+        self._pool: AsyncConnectionPool | None = None
+        self._port = 0
+        self.stats: dict[str, int] = {
+            "accepted": 0,
+            "unknown_job": 0,
+            "unauthorized": 0,
+            "malformed": 0,
+            "unavailable": 0,
+        }
+        """What the intake answered, by outcome, for the closing summary and tests."""
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    @property
+    def url(self) -> str:
+        """Base URL; callbacks go to ``{url}/v1/webhooks/{gateway}``."""
+        return f"http://{self.settings.host}:{self._port}"
+
+    async def __aenter__(self) -> WebhookIntake:
+        if self._runner is None:
+            await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    async def start(self) -> int:
+        if self._runner is not None:
+            raise RuntimeError("WebhookIntake already started")
+        if not self.settings.secret.get_secret_value():
+            # Still start (health checks pass) but say loudly why every callback gets 401.
+            log.warning("webhook secret is empty: every callback will be rejected with 401")
+        try:
+            await self._open_clients()
+            app = web.Application(client_max_size=MAX_BODY_BYTES)
+            for gateway in GatewayKind:
+                app.router.add_post(f"/v1/webhooks/{gateway.value}", self._handler(gateway))
+            app.router.add_get("/v1/webhooks/health", self._health)
+            runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5)
+            await runner.setup()
+            self._runner = runner
+            site = web.TCPSite(runner, self.settings.host, self.settings.port)
+            await site.start()
+        except BaseException:
+            await self.stop()
+            raise
+        self._port = int(runner.addresses[0][1])
+        log.info("webhook intake listening on http://%s:%d", self.settings.host, self._port)
+        return self._port
+
+    async def _open_clients(self) -> None:
+        kafka = self.settings.kafka
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=kafka.bootstrap_servers,
+            client_id="zapstream-webhook",
+            acks="all",
+            enable_idempotence=kafka.use_idempotent_producer,
+            # Batches not acknowledged in time fail, so stop() never waits longer than this.
+            request_timeout_ms=int(self._publish_timeout_s * 1000),
+        )
+        await self._producer.start()
+        self._pool = AsyncConnectionPool(
+            self.settings.postgres.dsn,
+            min_size=1,
+            max_size=POOL_MAX_CONNECTIONS,
+            kwargs={"autocommit": True},
+            timeout=self._publish_timeout_s,
+            open=False,
+            name="zapstream-webhook",
+        )
+        await self._pool.open(wait=True, timeout=self._publish_timeout_s)
+
+    async def stop(self) -> None:
+        runner, self._runner = self._runner, None
+        try:
+            if runner is not None:
+                # Stops listening and lets handlers in flight finish (shutdown_timeout):
+                # they still need the producer and the pool, released only afterwards.
+                await runner.cleanup()
+        finally:
+            producer, self._producer = self._producer, None
+            pool, self._pool = self._pool, None
+            try:
+                if producer is not None:
+                    await producer.stop()
+            finally:
+                if pool is not None:
+                    await pool.close()
+        if runner is not None:
+            log.info(
+                "webhook intake stopped: %s",
+                ", ".join(f"{k} {v}" for k, v in self.stats.items()),
+            )
+
+    # --- request path -------------------------------------------------------------------
+
+    def _handler(self, gateway: GatewayKind) -> Callable[[web.Request], Awaitable[web.Response]]:
+        async def handle(request: web.Request) -> web.Response:
+            return await self._callback(request, gateway)
+
+        return handle
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return _json({"ok": True}, 200)
+
+    def _labels(self, gateway: GatewayKind) -> Mapping[str, str]:
+        g = self.settings.gateway
+        return g.zapapi_labels if gateway is GatewayKind.ZAPAPI else g.stackzap_labels
+
+    async def _callback(self, request: web.Request, gateway: GatewayKind) -> web.Response:
+        raw = await request.read()
+        header = request.headers.get(self.settings.signature_header)
+        secret = self.settings.secret.get_secret_value()
+        if not verify_signature(secret, raw, header):
+            self.stats["unauthorized"] += 1
+            if not secret:
+                why = "no secret configured"
+            elif header is None:
+                why = f"missing {self.settings.signature_header}"
+            else:
+                why = "signature mismatch"
+            log.warning(
+                "rejected %s callback from %s: %s (%d bytes)",
+                gateway.value,
+                request.remote,
+                why,
+                len(raw),
+            )
+            return _json({"error": "invalid signature"}, 401)
+        try:
+            body, gateway_job_id, label, reference, event_id = _callback_fields(raw)
+        except MalformedCallback as exc:
+            self.stats["malformed"] += 1
+            log.warning("malformed %s callback: %s (%d bytes)", gateway.value, exc, len(raw))
+            return _json({"error": str(exc)}, 400)
+        event_id = event_id or receipt_event_id(gateway.value, gateway_job_id, label)
+        try:
+            job = await self._lookup(gateway_job_id, parse_reference(reference))
+            if job is None or job.conversation_key is None:
+                await self._publish_dead(gateway, body, gateway_job_id, reference, job)
+                self.stats["unknown_job"] += 1
+                return _json({"accepted": True}, 202)
+            receipt = ReceiptReceived(
+                event_id=event_id,
+                job_id=job.id,
+                idempotency_key=job.idempotency_key,
+                instance_id=job.instance_id,
+                conversation_key=job.conversation_key,
+                gateway=gateway.value,
+                gateway_job_id=gateway_job_id,
+                label=label,
+                status=map_label(label, self._labels(gateway)).value,
+                received_at=_now_iso(),
+            )
+            await self._publish(INTENTS, receipt, key=receipt.partition_key, job_id=job.id)
+        except _Unavailable as exc:
+            self.stats["unavailable"] += 1
+            log.warning("%s callback for gateway job %s: %s", gateway.value, gateway_job_id, exc)
+            return _json({"error": "temporarily unavailable"}, 503)
+        self.stats["accepted"] += 1
+        log.debug(
+            "receipt %s for job %d: %s -> %s", event_id, receipt.job_id, label, receipt.status
+        )
+        return _json({"accepted": True}, 202)
+
+    async def _lookup(self, gateway_job_id: str, job_id: int | None) -> _Job | None:
+        """The job by ``job_id`` (from our reference), else by ``gateway_job_id``."""
+        pool = self._pool
+        if pool is None:
+            raise _Unavailable("intake is stopping")
+        try:
+            async with pool.connection() as conn:
+                row: tuple[Any, ...] | None = None
+                if job_id is not None:
+                    row = await (await conn.execute(_BY_ID, (job_id,))).fetchone()
+                if row is None:
+                    cur = await conn.execute(_BY_GATEWAY_JOB_ID, (gateway_job_id,))
+                    row = await cur.fetchone()
+        except (psycopg.OperationalError, PoolTimeout) as exc:
+            raise _Unavailable(f"PostgreSQL: {type(exc).__name__}") from exc
+        if row is None:
+            return None
+        return _Job(int(row[0]), str(row[1]), str(row[2]), row[3])
+
+    async def _publish_dead(
+        self,
+        gateway: GatewayKind,
+        body: Mapping[str, Any],
+        gateway_job_id: str,
+        reference: str | None,
+        job: _Job | None,
+    ) -> None:
+        record = {"gateway": gateway.value, **masked_body(body)}
+        if job is None:
+            reason = (
+                f"receipt for unknown job: {gateway.value} job {gateway_job_id!r}, "
+                f"reference {reference!r}"
+            )
+            dead = JobDead(job_id=None, idempotency_key=None, reason=reason, record=record)
+        else:
+            # The relay never sent it (its payload has no recipient), yet the gateway knows it.
+            reason = (
+                f"receipt for job {job.id} without a conversation key: "
+                f"{gateway.value} job {gateway_job_id!r}"
+            )
+            dead = JobDead(
+                job_id=job.id, idempotency_key=job.idempotency_key, reason=reason, record=record
+            )
+        log.warning("%s (to %s)", reason, DEAD)
+        await self._publish(DEAD, dead, key=gateway_job_id.encode(), job_id=dead.job_id)
+
+    async def _publish(self, topic: str, record: Record, *, key: bytes, job_id: int | None) -> None:
+        """Send one record and wait for Kafka's acknowledgement; :class:`_Unavailable` if not."""
+        producer = self._producer
+        if producer is None:
+            raise _Unavailable("intake is stopping")
+        headers = [(HEADER_SCHEMA, record.SCHEMA.encode())]
+        if job_id is not None:
+            headers.append((HEADER_JOB_ID, str(job_id).encode()))
+        try:
+            async with asyncio.timeout(self._publish_timeout_s):
+                await producer.send_and_wait(topic, record.dumps(), key=key, headers=headers)
+        except (KafkaError, TimeoutError) as exc:
+            # Maybe written, maybe not: the gateway retries with the same event id and the
+            # worker drops whichever copy comes second.
+            raise _Unavailable(f"Kafka: {type(exc).__name__}") from exc
+
+
+async def serve(settings: WebhookSettings) -> None:
+    """Run an intake until SIGINT/SIGTERM (what ``zapstream webhook`` calls)."""
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stopping.set)
+    async with WebhookIntake(settings):
+        await stopping.wait()

@@ -1,0 +1,886 @@
+"""A WhatsApp gateway simulator speaking both the StackZap and the ZAP API, with fault injection.
+
+Run it as ``python -m devtools.gateway_sim --port P [--api-key K] [--token T]``
+or in-process as :class:`GatewaySimulator`. It records every message it accepts
+(global arrival ``seq``, api, instance, to, text, ``Idempotency-Key`` as
+``reference``, the id it answered, arrival time) so tests can count what a
+gateway really received, duplicates included: it does **not** deduplicate by
+``Idempotency-Key``.
+
+Gateway endpoints (``X-API-Key`` / ``Authorization: Bearer`` checked when configured):
+
+- ``POST /v1/instances/{i}/send-queue/text`` (StackZap send) -> 201 ``{"id", "status"}``
+- ``GET  /v1/instances/{i}/send-queue?page=&page_size=&status=`` (StackZap listing)
+- ``POST /v1/instances/{i}/send-queue/{id}/cancel`` -> ``{"id", "status": "cancelled"}``
+  while the job is not yet sent (again on an already-cancelled job), 409 once sent
+- ``POST /v1/instances/{i}/messages`` (ZAP API send) -> 200 ``{"id", "status"}``
+
+Control endpoints (no auth):
+
+- ``GET  /_sim/health``
+- ``GET  /_sim/messages[?since=<seq>]``: accepted messages with ``seq > since``
+- ``GET  /_sim/stats``: ``accepted``, ``requests``, ``by_outcome``, ``by_api``,
+  ``distinct_references``
+- ``GET|POST /_sim/config``: read / partially update :class:`SimConfig`; ``outage_s``
+  sets ``outage_until`` to now + N seconds; ``seed`` re-seeds the fault generator
+- ``POST /_sim/reset``: forget messages, stats and config
+- ``POST /_sim/jobs/status``: ``{"status", "ids"?, "instance"?, "from_status"?}``
+  relabels jobs (e.g. ``"sent"`` so a cancel answers 409)
+- ``POST /_sim/callbacks/emit``: ``{"id", "status", "event_id"?, "signed"?}`` sends one
+  status callback now and answers the body it sent, with the receiver's HTTP status
+  in the ``X-Sim-Callback-Status`` header (``error`` when it could not be reached)
+
+Status callbacks: with ``callback_url`` configured, every accepted message (both
+APIs, dropped responses included: the gateway did accept them) is followed by one
+signed callback per ``callback_statuses`` label, in order, each after
+``callback_delay_ms``; the job is relabelled before its callback goes out, as a
+real gateway's state moves first. The body is ``{"event_id", "id", "status",
+"reference", "timestamp"}`` and ``X-Zap-Signature`` is
+:func:`connectors.webhook.signature.sign` of it under ``callback_secret``. Callbacks are not
+retried; a failure (no connection, non-2xx) is logged and counted in
+``callbacks_failed``, a 2xx in ``callbacks_sent``. ``/_sim/callbacks/emit`` relabels
+nothing, so it can replay old labels out of order or twice.
+
+``fail_recipients`` (``{"<to as received>": N}``) answers the first N sends to that
+recipient 503 with ``Retry-After: 0``, after auth and the other faults, counting
+down in ``GET /_sim/config``.
+
+Faults are decided when a request arrives, in arrival order, from
+``random.Random(seed)``: three draws per faultable request (rate limit, error,
+drop) whatever the rates, so a seed gives the same sequence for the same
+arrival order. Latency jitter has its own generator so it never shifts them.
+By default only sends are faultable (``fault_scope="send"``) so reconciliation
+can list while sends fail; ``"all"`` includes listing and cancel. An outage
+answers 503 to every gateway endpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import dataclasses
+import datetime
+import hmac
+import logging
+import math
+import random
+import signal
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from connectors.gateways.classify import mask_secret
+from connectors.webhook.signature import sign
+
+log = logging.getLogger(__name__)
+
+STACKZAP = "stackzap"
+ZAPAPI = "zapapi"
+
+_SENT_LABELS = frozenset({"sent", "delivered", "read", "played", "failed", "error"})
+_CANCELLED = "cancelled"
+_ID_FIELDS = frozenset({"id", "jobId", "job_id", "messageId"})
+_MAX_PAGE_SIZE = 1000
+_CALLBACK_TIMEOUT_S = 5.0
+SIGNATURE_HEADER = "X-Zap-Signature"
+CALLBACK_STATUS_HEADER = "X-Sim-Callback-Status"
+
+
+@dataclasses.dataclass(slots=True)
+class SimMessage:
+    """One message the simulator accepted."""
+
+    seq: int
+    api: str
+    instance: str
+    to: str
+    text: str
+    reference: str | None
+    id: str
+    status: str
+    arrived_at: float
+    dropped: bool = False
+    """The message was recorded but the connection was aborted instead of answering."""
+
+
+@dataclasses.dataclass(slots=True)
+class SimConfig:
+    """Fault injection and behaviour, changed at run time through ``POST /_sim/config``."""
+
+    seed: int | None = 0
+    latency_ms: float = 0.0
+    latency_jitter_ms: float = 0.0
+    error_rate: float = 0.0
+    """Fraction of faultable requests answered 500."""
+    rate_limit_rate: float = 0.0
+    """Fraction of faultable requests answered 429 with ``Retry-After: retry_after_s``."""
+    retry_after_s: float = 1.0
+    outage_until: float | None = None
+    """Epoch seconds until which every gateway request is answered 503."""
+    drop_response_rate: float = 0.0
+    """Fraction of faultable requests processed (message recorded) and then aborted."""
+    hide_references: bool = False
+    initial_status: str = "queued"
+    reject_instances: list[str] = dataclasses.field(default_factory=list)
+    id_field: str = "id"
+    """Key the send answer uses for the id: ``id``, ``jobId``, ``job_id`` or ``messageId``."""
+    fault_scope: str = "send"
+    """``send``: error/rate-limit/drop only on sends; ``all``: on listing and cancel too."""
+    callback_url: str | None = None
+    """Full URL status callbacks are POSTed to (e.g. ``http://h:p/v1/webhooks/zapapi``)."""
+    callback_secret: str = ""
+    """HMAC secret of ``X-Zap-Signature``; shown masked by ``/_sim/config``."""
+    callback_statuses: list[str] = dataclasses.field(
+        default_factory=lambda: ["sent", "delivered", "read"]
+    )
+    callback_delay_ms: float = 50.0
+    """Pause before each automatic callback."""
+    fail_recipients: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Recipient (``to`` as received) -> sends still to be answered 503 (transient)."""
+
+
+class SimConfigError(ValueError):
+    """A ``/_sim/config`` update that does not make sense."""
+
+
+def _rate(key: str, value: Any) -> float:
+    number = _non_negative(key, value)
+    if number > 1:
+        raise SimConfigError(f"{key} must be between 0 and 1")
+    return number
+
+
+def _non_negative(key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise SimConfigError(f"{key} must be a number")
+    number = float(value)
+    if not math.isfinite(number) or number < 0:
+        raise SimConfigError(f"{key} must be a finite number >= 0")
+    return number
+
+
+def _updated_config(current: SimConfig, changes: Mapping[str, Any]) -> SimConfig:
+    """A copy of ``current`` with ``changes`` validated and applied (all or nothing)."""
+    cfg = dataclasses.replace(
+        current,
+        reject_instances=list(current.reject_instances),
+        callback_statuses=list(current.callback_statuses),
+        fail_recipients=dict(current.fail_recipients),
+    )
+    for key, value in changes.items():
+        if key in ("error_rate", "rate_limit_rate", "drop_response_rate"):
+            setattr(cfg, key, _rate(key, value))
+        elif key in ("latency_ms", "latency_jitter_ms", "retry_after_s"):
+            setattr(cfg, key, _non_negative(key, value))
+        elif key == "outage_s":
+            seconds = _non_negative(key, value)
+            cfg.outage_until = time.time() + seconds if seconds > 0 else None
+        elif key == "outage_until":
+            cfg.outage_until = None if value is None else _non_negative(key, value)
+        elif key == "seed":
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise SimConfigError("seed must be an integer or null")
+            cfg.seed = value
+        elif key == "hide_references":
+            if not isinstance(value, bool):
+                raise SimConfigError("hide_references must be a boolean")
+            cfg.hide_references = value
+        elif key == "initial_status":
+            if not isinstance(value, str) or not value:
+                raise SimConfigError("initial_status must be a non-empty string")
+            cfg.initial_status = value
+        elif key == "reject_instances":
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise SimConfigError("reject_instances must be a list of strings")
+            cfg.reject_instances = list(value)
+        elif key == "id_field":
+            if value not in _ID_FIELDS:
+                raise SimConfigError(f"id_field must be one of {sorted(_ID_FIELDS)}")
+            cfg.id_field = value
+        elif key == "fault_scope":
+            if value not in ("send", "all"):
+                raise SimConfigError("fault_scope must be 'send' or 'all'")
+            cfg.fault_scope = value
+        elif key == "callback_url":
+            if value is not None and (
+                not isinstance(value, str) or not value.startswith(("http://", "https://"))
+            ):
+                raise SimConfigError("callback_url must be an http(s) URL or null")
+            cfg.callback_url = value
+        elif key == "callback_secret":
+            if not isinstance(value, str):
+                raise SimConfigError("callback_secret must be a string")
+            cfg.callback_secret = value
+        elif key == "callback_statuses":
+            if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+                raise SimConfigError("callback_statuses must be a list of non-empty strings")
+            cfg.callback_statuses = list(value)
+        elif key == "callback_delay_ms":
+            cfg.callback_delay_ms = _non_negative(key, value)
+        elif key == "fail_recipients":
+            if not isinstance(value, dict) or not all(
+                isinstance(k, str) and isinstance(n, int) and not isinstance(n, bool) and n >= 0
+                for k, n in value.items()
+            ):
+                raise SimConfigError("fail_recipients must map recipients to integers >= 0")
+            cfg.fail_recipients = dict(value)
+        else:
+            raise SimConfigError(f"unknown config key {key!r}")
+    return cfg
+
+
+def _shown_config(cfg: SimConfig) -> dict[str, Any]:
+    """The config as ``/_sim/config`` answers it: the callback secret masked."""
+    shown = dataclasses.asdict(cfg)
+    shown["callback_secret"] = mask_secret(cfg.callback_secret)
+    return shown
+
+
+def _json(data: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:
+    return web.Response(
+        body=orjson.dumps(data), status=status, headers=headers, content_type="application/json"
+    )
+
+
+def _seconds_header(seconds: float) -> str:
+    return str(int(seconds)) if float(seconds).is_integer() else f"{seconds:.3f}"
+
+
+def _iso(ts: float) -> str:
+    return datetime.datetime.fromtimestamp(ts, datetime.UTC).isoformat()
+
+
+@dataclasses.dataclass(slots=True)
+class _Decision:
+    rate_limited: bool
+    error: bool
+    drop: bool
+
+
+_NO_FAULT = _Decision(False, False, False)
+
+
+class GatewaySimulator:
+    """An in-process (or ``python -m``) aiohttp server imitating both gateways.
+
+    ``start(host, port=0)`` returns the bound port; ``stop()`` is idempotent;
+    ``async with`` starts on 127.0.0.1 and an ephemeral port unless already started.
+    """
+
+    def __init__(
+        self, *, api_key: str | None = None, token: str | None = None, seed: int | None = 0
+    ) -> None:
+        self._api_key = api_key or None
+        self._bearer = f"Bearer {token}" if token else None
+        self._default_seed = seed
+        self._runner: web.AppRunner | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._callback_tasks: set[asyncio.Task[None]] = set()
+        self._host = "127.0.0.1"
+        self._port = 0
+        self._reset_state()
+
+    def _reset_state(self) -> None:
+        self._config = SimConfig(seed=self._default_seed)
+        self._fault_rng = random.Random(self._default_seed)
+        self._latency_rng = random.Random(self._default_seed)
+        self._messages: list[SimMessage] = []
+        self._by_id: dict[str, SimMessage] = {}
+        self._queues: dict[str, list[SimMessage]] = {}
+        self._counts: dict[str, collections.Counter[str]] = {}
+        self._requests = 0
+        self._outcomes: collections.Counter[str] = collections.Counter()
+        self._callbacks_sent = 0
+        self._callbacks_failed = 0
+
+    # --- lifecycle -----------------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    @property
+    def url(self) -> str:
+        """Base URL to give both clients (``STACKZAP_API_URL`` and ``ZAP_API_URL``)."""
+        return f"http://{self._host}:{self._port}"
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
+        if self._runner is not None:
+            raise RuntimeError("GatewaySimulator already started")
+        app = web.Application(client_max_size=1024 * 1024)
+        app.router.add_post("/v1/instances/{instance}/send-queue/text", self._stackzap_send)
+        app.router.add_get("/v1/instances/{instance}/send-queue", self._stackzap_list)
+        app.router.add_post(
+            "/v1/instances/{instance}/send-queue/{job_id}/cancel", self._stackzap_cancel
+        )
+        app.router.add_post("/v1/instances/{instance}/messages", self._zapapi_send)
+        app.router.add_get("/_sim/health", self._health)
+        app.router.add_get("/_sim/messages", self._messages_endpoint)
+        app.router.add_get("/_sim/stats", self._stats_endpoint)
+        app.router.add_get("/_sim/config", self._config_get)
+        app.router.add_post("/_sim/config", self._config_post)
+        app.router.add_post("/_sim/reset", self._reset_endpoint)
+        app.router.add_post("/_sim/jobs/status", self._jobs_status_endpoint)
+        app.router.add_post("/_sim/callbacks/emit", self._callbacks_emit_endpoint)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0)
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, host, port, backlog=1024)
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=_CALLBACK_TIMEOUT_S)
+        )
+        self._host = host
+        self._port = int(runner.addresses[0][1])
+        log.info(
+            "gateway simulator listening on http://%s:%d (api key %s, token %s)",
+            host,
+            self._port,
+            mask_secret(self._api_key or "") or "off",
+            "on" if self._bearer else "off",
+        )
+        return self._port
+
+    async def stop(self) -> None:
+        runner, self._runner = self._runner, None
+        if runner is None:
+            return
+        try:
+            # Requests in flight finish first; they may still schedule callbacks.
+            await runner.cleanup()
+        finally:
+            await self._cancel_callbacks()
+            session, self._session = self._session, None
+            if session is not None:
+                await session.close()
+        log.info(
+            "gateway simulator stopped: %d requests, %d messages accepted",
+            self._requests,
+            len(self._messages),
+        )
+
+    async def _cancel_callbacks(self) -> None:
+        tasks = list(self._callback_tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def __aenter__(self) -> GatewaySimulator:
+        if self._runner is None:
+            await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    # --- in-process control (the /_sim endpoints call these) ---------------------------
+
+    @property
+    def config(self) -> SimConfig:
+        return self._config
+
+    @property
+    def messages(self) -> Sequence[SimMessage]:
+        """Every accepted message, in arrival order (``seq`` = index + 1)."""
+        return self._messages
+
+    def configure(self, **changes: Any) -> SimConfig:
+        """Validate and apply a partial config update; raises :class:`SimConfigError`."""
+        cfg = _updated_config(self._config, changes)
+        if "seed" in changes:
+            self._fault_rng = random.Random(cfg.seed)
+            self._latency_rng = random.Random(cfg.seed)
+        self._config = cfg
+        return cfg
+
+    def reset(self) -> None:
+        # Callbacks still scheduled belong to the forgotten messages and config.
+        for task in self._callback_tasks:
+            task.cancel()
+        self._reset_state()
+
+    def stats(self) -> dict[str, Any]:
+        by_api = collections.Counter(m.api for m in self._messages)
+        return {
+            "accepted": len(self._messages),
+            "requests": self._requests,
+            "by_outcome": dict(self._outcomes),
+            "by_api": dict(by_api),
+            "distinct_references": len({m.reference for m in self._messages}),
+            "callbacks_sent": self._callbacks_sent,
+            "callbacks_failed": self._callbacks_failed,
+        }
+
+    def set_job_status(
+        self,
+        status: str,
+        *,
+        ids: Sequence[str] | None = None,
+        instance: str | None = None,
+        from_status: str | None = None,
+    ) -> int:
+        """Relabel matching jobs; returns how many changed."""
+        if ids is not None:
+            candidates = [self._by_id[i] for i in ids if i in self._by_id]
+        else:
+            candidates = self._messages
+        updated = 0
+        for msg in candidates:
+            if instance is not None and msg.instance != instance:
+                continue
+            if from_status is not None and msg.status != from_status:
+                continue
+            self._relabel(msg, status)
+            updated += 1
+        return updated
+
+    def _relabel(self, msg: SimMessage, status: str) -> None:
+        if msg.api == STACKZAP:
+            counts = self._counts[msg.instance]
+            counts[msg.status] -= 1
+            if counts[msg.status] <= 0:
+                del counts[msg.status]
+            counts[status] += 1
+        msg.status = status
+
+    # --- the request path ---------------------------------------------------------------
+
+    def _decide(self, faultable: bool) -> _Decision:
+        if not faultable:
+            return _NO_FAULT
+        cfg = self._config
+        rng = self._fault_rng
+        # Always three draws, so changing one rate never shifts the others' sequence.
+        r_limit, r_error, r_drop = rng.random(), rng.random(), rng.random()
+        return _Decision(
+            rate_limited=r_limit < cfg.rate_limit_rate,
+            error=r_error < cfg.error_rate,
+            drop=r_drop < cfg.drop_response_rate,
+        )
+
+    async def _prelude(
+        self, request: web.Request, *, api: str, send: bool
+    ) -> tuple[web.Response | None, _Decision]:
+        """Outage, latency, auth, rate limit, error and unknown instance, in that order."""
+        self._requests += 1
+        cfg = self._config
+        if cfg.outage_until is not None:
+            remaining = cfg.outage_until - time.time()
+            if remaining > 0:
+                self._outcomes["outage"] += 1
+                return (
+                    _json(
+                        {"error": "service unavailable", "message": "service unavailable"},
+                        503,
+                        {"Retry-After": str(max(1, math.ceil(remaining)))},
+                    ),
+                    _NO_FAULT,
+                )
+        decision = self._decide(send or cfg.fault_scope == "all")
+        delay_ms = cfg.latency_ms
+        if cfg.latency_jitter_ms > 0:
+            delay_ms += self._latency_rng.uniform(0, cfg.latency_jitter_ms)
+        if delay_ms > 0:
+            await asyncio.sleep(delay_ms / 1000)
+        if api == STACKZAP:
+            key = request.headers.get("X-API-Key")
+            authorized = self._api_key is None or (
+                key is not None and hmac.compare_digest(key, self._api_key)
+            )
+        else:
+            header = request.headers.get("Authorization")
+            authorized = self._bearer is None or (
+                header is not None and hmac.compare_digest(header, self._bearer)
+            )
+        if not authorized:
+            self._outcomes["unauthorized"] += 1
+            return self._error(api, 401, "unauthorized"), decision
+        if decision.rate_limited:
+            self._outcomes["rate_limited"] += 1
+            return (
+                self._error(
+                    api, 429, "rate limited", {"Retry-After": _seconds_header(cfg.retry_after_s)}
+                ),
+                decision,
+            )
+        if decision.error:
+            self._outcomes["error"] += 1
+            return self._error(api, 500, "simulated internal error"), decision
+        if request.match_info["instance"] in cfg.reject_instances:
+            self._outcomes["unknown_instance"] += 1
+            return self._error(api, 404, "unknown instance"), decision
+        return None, decision
+
+    @staticmethod
+    def _error(
+        api: str, status: int, message: str, headers: Mapping[str, str] | None = None
+    ) -> web.Response:
+        # The two APIs word errors differently; the clients read both shapes.
+        body = {"error": message} if api == STACKZAP else {"message": message, "code": status}
+        return _json(body, status, headers)
+
+    async def _read_send(self, request: web.Request, api: str) -> tuple[str, str] | web.Response:
+        try:
+            body = orjson.loads(await request.read())
+        except orjson.JSONDecodeError:
+            self._outcomes["bad_request"] += 1
+            return self._error(api, 400, "body is not JSON")
+        if not isinstance(body, dict):
+            self._outcomes["bad_request"] += 1
+            return self._error(api, 400, "body is not a JSON object")
+        if api == ZAPAPI and body.get("type") != "text":
+            self._outcomes["bad_request"] += 1
+            return self._error(api, 422, "type must be 'text'")
+        to, text = body.get("to"), body.get("text")
+        if not isinstance(to, str) or not to or not isinstance(text, str) or not text:
+            self._outcomes["bad_request"] += 1
+            return self._error(api, 400, "'to' and 'text' must be non-empty strings")
+        return to, text
+
+    def _record(self, request: web.Request, api: str, to: str, text: str) -> SimMessage:
+        instance = request.match_info["instance"]
+        msg = SimMessage(
+            seq=len(self._messages) + 1,
+            api=api,
+            instance=instance,
+            to=to,
+            text=text,
+            reference=request.headers.get("Idempotency-Key"),
+            id=uuid.uuid4().hex,
+            status=self._config.initial_status,
+            arrived_at=time.time(),
+        )
+        self._messages.append(msg)
+        self._by_id[msg.id] = msg
+        if api == STACKZAP:
+            self._queues.setdefault(instance, []).append(msg)
+            self._counts.setdefault(instance, collections.Counter())[msg.status] += 1
+        return msg
+
+    def _answer(
+        self, request: web.Request, decision: _Decision, outcome: str, response: web.Response
+    ) -> web.Response:
+        if decision.drop:
+            self._outcomes["dropped"] += 1
+            transport = request.transport
+            if transport is not None:
+                # The client sees the connection close without a response.
+                transport.close()
+            return response
+        self._outcomes[outcome] += 1
+        return response
+
+    async def _send(self, request: web.Request, api: str, ok_status: int) -> web.Response:
+        early, decision = await self._prelude(request, api=api, send=True)
+        if early is not None:
+            return early
+        parsed = await self._read_send(request, api)
+        if isinstance(parsed, web.Response):
+            return parsed
+        to, text = parsed
+        remaining = self._config.fail_recipients.get(to, 0)
+        if remaining > 0:
+            self._config.fail_recipients[to] = remaining - 1
+            self._outcomes["recipient_failed"] += 1
+            return self._error(api, 503, "recipient temporarily unavailable", {"Retry-After": "0"})
+        msg = self._record(request, api, to, text)
+        msg.dropped = decision.drop
+        self._schedule_callbacks(msg)
+        body = {self._config.id_field: msg.id, "status": msg.status}
+        return self._answer(request, decision, "accepted", _json(body, ok_status))
+
+    async def _stackzap_send(self, request: web.Request) -> web.Response:
+        return await self._send(request, STACKZAP, 201)
+
+    async def _zapapi_send(self, request: web.Request) -> web.Response:
+        return await self._send(request, ZAPAPI, 200)
+
+    async def _stackzap_list(self, request: web.Request) -> web.Response:
+        early, decision = await self._prelude(request, api=STACKZAP, send=False)
+        if early is not None:
+            return early
+        try:
+            page = int(request.query.get("page", "1"))
+            page_size = int(request.query.get("page_size", "100"))
+        except ValueError:
+            self._outcomes["bad_request"] += 1
+            return self._error(STACKZAP, 400, "page and page_size must be integers")
+        if page < 1 or not 1 <= page_size <= _MAX_PAGE_SIZE:
+            self._outcomes["bad_request"] += 1
+            return self._error(STACKZAP, 400, f"page >= 1 and 1 <= page_size <= {_MAX_PAGE_SIZE}")
+        instance = request.match_info["instance"]
+        jobs: Sequence[SimMessage] = self._queues.get(instance, [])
+        label = request.query.get("status")
+        if label is not None:
+            jobs = [j for j in jobs if j.status == label]
+        start = (page - 1) * page_size
+        chunk = jobs[start : start + page_size]
+        hide = self._config.hide_references
+        items = []
+        for job in chunk:
+            item: dict[str, Any] = {
+                "id": job.id,
+                "to": job.to,
+                "text": job.text,
+                "status": job.status,
+                "created_at": _iso(job.arrived_at),
+            }
+            if not hide:
+                item["reference"] = job.reference
+            items.append(item)
+        body = {
+            "items": items,
+            "page": page,
+            "page_size": page_size,
+            "total": len(jobs),
+            "counts": dict(self._counts.get(instance, {})),
+            "next_page": page + 1 if start + page_size < len(jobs) else None,
+        }
+        return self._answer(request, decision, "listed", _json(body))
+
+    async def _stackzap_cancel(self, request: web.Request) -> web.Response:
+        early, decision = await self._prelude(request, api=STACKZAP, send=False)
+        if early is not None:
+            return early
+        job = self._by_id.get(request.match_info["job_id"])
+        if job is None or job.api != STACKZAP or job.instance != request.match_info["instance"]:
+            self._outcomes["not_found"] += 1
+            return self._error(STACKZAP, 404, "unknown job")
+        if job.status.lower() in _SENT_LABELS:
+            self._outcomes["cancel_conflict"] += 1
+            return self._error(STACKZAP, 409, f"job already {job.status}")
+        if job.status != _CANCELLED:
+            self._relabel(job, _CANCELLED)
+        return self._answer(
+            request, decision, "cancelled", _json({"id": job.id, "status": _CANCELLED})
+        )
+
+    # --- status callbacks -------------------------------------------------------------------
+
+    def _schedule_callbacks(self, msg: SimMessage) -> None:
+        cfg = self._config
+        if cfg.callback_url is None or not cfg.callback_statuses or self._session is None:
+            return
+        task = asyncio.create_task(
+            self._run_callbacks(
+                msg,
+                url=cfg.callback_url,
+                secret=cfg.callback_secret,
+                statuses=list(cfg.callback_statuses),
+                delay_s=cfg.callback_delay_ms / 1000,
+            ),
+            name=f"sim-callbacks-{msg.id}",
+        )
+        self._callback_tasks.add(task)
+        task.add_done_callback(self._callback_tasks.discard)
+
+    async def _run_callbacks(
+        self, msg: SimMessage, *, url: str, secret: str, statuses: list[str], delay_s: float
+    ) -> None:
+        for status in statuses:
+            await asyncio.sleep(delay_s)
+            if msg.status == _CANCELLED:
+                return  # cancelled before it went out: a gateway reports nothing more
+            if msg.status != status:
+                self._relabel(msg, status)
+            await self.emit_callback(msg, status, url=url, secret=secret)
+
+    def callback_body(
+        self, msg: SimMessage, status: str, *, event_id: str | None = None
+    ) -> dict[str, Any]:
+        return {
+            "event_id": event_id or uuid.uuid4().hex,
+            "id": msg.id,
+            "status": status,
+            "reference": msg.reference,
+            "timestamp": round(time.time(), 3),
+        }
+
+    async def emit_callback(
+        self,
+        msg: SimMessage,
+        status: str,
+        *,
+        url: str,
+        secret: str,
+        event_id: str | None = None,
+        signed: bool = True,
+    ) -> tuple[dict[str, Any], int | None]:
+        """POST one callback; return the body sent and the receiver's status (None: no answer).
+
+        Never raises for the receiver's failures: they are logged and counted.
+        """
+        body = self.callback_body(msg, status, event_id=event_id)
+        raw = orjson.dumps(body)
+        headers = {"Content-Type": "application/json"}
+        if signed:
+            headers[SIGNATURE_HEADER] = sign(secret, raw)
+        session = self._session
+        if session is None:
+            raise RuntimeError("GatewaySimulator is not started")
+        try:
+            async with session.post(url, data=raw, headers=headers) as response:
+                await response.read()
+                answered: int | None = response.status
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            answered = None
+            self._callbacks_failed += 1
+            log.warning("callback %r for job %s failed: %s", status, msg.id, type(exc).__name__)
+        else:
+            if response.ok:
+                self._callbacks_sent += 1
+            else:
+                self._callbacks_failed += 1
+                log.warning(
+                    "callback %r for job %s answered HTTP %d", status, msg.id, response.status
+                )
+        return body, answered
+
+    # --- control endpoints ----------------------------------------------------------------
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return _json({"ok": True, "port": self._port})
+
+    async def _messages_endpoint(self, request: web.Request) -> web.Response:
+        try:
+            since = int(request.query.get("since", "0"))
+        except ValueError:
+            return _json({"error": "since must be an integer"}, 400)
+        return _json(self._messages[max(0, since) :])
+
+    async def _stats_endpoint(self, request: web.Request) -> web.Response:
+        return _json(self.stats())
+
+    async def _config_get(self, request: web.Request) -> web.Response:
+        return _json(_shown_config(self._config))
+
+    async def _config_post(self, request: web.Request) -> web.Response:
+        try:
+            changes = orjson.loads(await request.read())
+        except orjson.JSONDecodeError:
+            return _json({"error": "body is not JSON"}, 400)
+        if not isinstance(changes, dict):
+            return _json({"error": "body is not a JSON object"}, 400)
+        try:
+            cfg = self.configure(**changes)
+        except SimConfigError as exc:
+            return _json({"error": str(exc)}, 400)
+        return _json(_shown_config(cfg))
+
+    async def _reset_endpoint(self, request: web.Request) -> web.Response:
+        self.reset()
+        return _json({"ok": True})
+
+    async def _jobs_status_endpoint(self, request: web.Request) -> web.Response:
+        try:
+            body = orjson.loads(await request.read())
+        except orjson.JSONDecodeError:
+            return _json({"error": "body is not JSON"}, 400)
+        if not isinstance(body, dict) or not isinstance(body.get("status"), str):
+            return _json({"error": "need {'status': str}"}, 400)
+        ids = body.get("ids")
+        instance = body.get("instance")
+        from_status = body.get("from_status")
+        if ids is not None and (
+            not isinstance(ids, list) or not all(isinstance(i, str) for i in ids)
+        ):
+            return _json({"error": "ids must be a list of strings"}, 400)
+        if instance is not None and not isinstance(instance, str):
+            return _json({"error": "instance must be a string"}, 400)
+        if from_status is not None and not isinstance(from_status, str):
+            return _json({"error": "from_status must be a string"}, 400)
+        updated = self.set_job_status(
+            body["status"], ids=ids, instance=instance, from_status=from_status
+        )
+        return _json({"updated": updated})
+
+    async def _callbacks_emit_endpoint(self, request: web.Request) -> web.Response:
+        try:
+            body = orjson.loads(await request.read())
+        except orjson.JSONDecodeError:
+            return _json({"error": "body is not JSON"}, 400)
+        if not isinstance(body, dict):
+            return _json({"error": "body is not a JSON object"}, 400)
+        job_id, status = body.get("id"), body.get("status")
+        event_id, signed = body.get("event_id"), body.get("signed", True)
+        if not isinstance(job_id, str) or not isinstance(status, str) or not status:
+            return _json({"error": "need {'id': str, 'status': str}"}, 400)
+        if event_id is not None and not isinstance(event_id, str):
+            return _json({"error": "event_id must be a string"}, 400)
+        if not isinstance(signed, bool):
+            return _json({"error": "signed must be a boolean"}, 400)
+        url = self._config.callback_url
+        if url is None:
+            return _json({"error": "callback_url is not configured"}, 409)
+        msg = self._by_id.get(job_id)
+        if msg is None:
+            return _json({"error": "unknown job"}, 404)
+        sent, answered = await self.emit_callback(
+            msg,
+            status,
+            url=url,
+            secret=self._config.callback_secret,
+            event_id=event_id,
+            signed=signed,
+        )
+        header = "error" if answered is None else str(answered)
+        return _json(sent, 200, {CALLBACK_STATUS_HEADER: header})
+
+
+# --- command line -------------------------------------------------------------------------
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    sim = GatewaySimulator(api_key=args.api_key, token=args.token, seed=args.seed)
+    if args.callback_url:
+        sim.configure(callback_url=args.callback_url, callback_secret=args.callback_secret)
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stopping.set)
+    await sim.start(args.host, args.port)
+    try:
+        await stopping.wait()
+    finally:
+        await sim.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m devtools.gateway_sim",
+        description="WhatsApp gateway simulator (StackZap and ZAP API) with fault injection.",
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8088, help="0 picks a free port (logged)")
+    parser.add_argument("--api-key", default=None, help="required X-API-Key (StackZap)")
+    parser.add_argument("--token", default=None, help="required Bearer token (ZAP API)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the fault generator")
+    parser.add_argument("--callback-url", default=None, help="where status callbacks go")
+    parser.add_argument("--callback-secret", default="", help="HMAC secret of the callbacks")
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    asyncio.run(_serve(args))
+
+
+if __name__ == "__main__":
+    main()

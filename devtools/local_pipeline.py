@@ -1,0 +1,245 @@
+"""The whole pipeline on throwaway local processes, for ``make dev`` and the tests.
+
+:class:`LocalPipeline` starts a private PostgreSQL cluster (wal_level=logical)
+and a Tansu broker on free ports in its own directory, applies the schema,
+creates the topics, and runs the gateway simulator, the state sink, relays and
+workers as real ``zapstream`` subprocesses that tests can SIGKILL and restart.
+
+Tansu differs from Apache Kafka (see the README):
+Kafka-only features are switched off through ``ZAPSTREAM_KAFKA_FLAVOR=tansu``,
+and short session timeouts keep group joins at a few seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from connectors.ops.topics import ensure_topics
+from connectors.outbox.migrate import migrate
+from devtools.devstack import ManagedProcess, PostgresCluster, TansuBroker, find_free_port
+from streams.settings import BrokerFlavor, KafkaSettings
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SIM_API_KEY = "dev-stackzap-key"
+SIM_TOKEN = "dev-zap-token"
+WEBHOOK_SECRET = "dev-webhook-secret"
+
+
+class LocalPipeline:
+    """PostgreSQL + Tansu + simulator, and relay/worker processes on demand."""
+
+    def __init__(
+        self,
+        base_dir: Path | None = None,
+        *,
+        partitions: int = 8,
+        log_level: str = "info",
+        worker_env: dict[str, str] | None = None,
+        keep: bool = False,
+        with_sink: bool = True,
+    ) -> None:
+        """``with_sink``: :meth:`start` also runs ``zapstream sink`` (states into PostgreSQL)."""
+        self._own_dir = base_dir is None
+        self.dir = Path(base_dir or tempfile.mkdtemp(prefix="zapstream-"))
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.partitions = partitions
+        self.log_level = log_level
+        self.worker_env = dict(worker_env or {})
+        self.keep = keep
+        # Not under self.dir: mkdtemp makes it 0700, which the postgres OS user cannot enter.
+        self.postgres = PostgresCluster()
+        self.kafka = TansuBroker(log_path=self.dir / "tansu.log")
+        self.sim_port = find_free_port()
+        self.simulator: ManagedProcess | None = None
+        self.processes: list[ManagedProcess] = []
+        self.with_sink = with_sink
+        self.sink: ManagedProcess | None = None
+
+    # --- lifecycle -----------------------------------------------------------------
+
+    def __enter__(self) -> LocalPipeline:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self.postgres.start()
+        self.kafka.start()
+        migrate(self.dsn)
+        asyncio.run(ensure_topics(self.kafka_settings()))
+        self.simulator = self.process(
+            "gateway-sim",
+            [
+                "--port",
+                str(self.sim_port),
+                "--api-key",
+                SIM_API_KEY,
+                "--token",
+                SIM_TOKEN,
+            ],
+            module="devtools.gateway_sim",
+        )
+        self.simulator.start()
+        self.simulator.wait_for_log(r"listening|started|port", timeout_s=30)
+        self.wait_sim_ready()
+        if self.with_sink:
+            self.start_sink()
+
+    def stop(self) -> None:
+        for proc in reversed(self.processes):
+            proc.stop()
+        self.processes.clear()
+        self.kafka.stop()
+        self.postgres.stop()
+        if self._own_dir and not self.keep:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    # --- configuration ----------------------------------------------------------------
+
+    @property
+    def dsn(self) -> str:
+        return self.postgres.dsn()
+
+    @property
+    def sim_url(self) -> str:
+        return f"http://127.0.0.1:{self.sim_port}"
+
+    def kafka_settings(self) -> KafkaSettings:
+        return KafkaSettings(
+            brokers=self.kafka.bootstrap,
+            flavor=BrokerFlavor.TANSU,
+            partitions=self.partitions,
+            session_timeout_s=6,
+            heartbeat_interval_s=1,
+        )
+
+    def env(self) -> dict[str, str]:
+        return {
+            "ZAPSTREAM_DATABASE_URL": self.dsn,
+            "ZAPSTREAM_KAFKA_BROKERS": self.kafka.bootstrap,
+            "ZAPSTREAM_KAFKA_FLAVOR": "tansu",
+            "ZAPSTREAM_KAFKA_PARTITIONS": str(self.partitions),
+            "ZAPSTREAM_KAFKA_SESSION_TIMEOUT_S": "6",
+            "ZAPSTREAM_KAFKA_HEARTBEAT_INTERVAL_S": "1",
+            "ZAPSTREAM_GATEWAY": "stackzap",
+            "STACKZAP_API_URL": self.sim_url,
+            "STACKZAP_API_KEY": SIM_API_KEY,
+            "ZAP_API_URL": self.sim_url,
+            "ZAP_TOKEN": SIM_TOKEN,
+            "ZAPSTREAM_WEBHOOK_SECRET": WEBHOOK_SECRET,
+        }
+
+    # --- processes ----------------------------------------------------------------------
+
+    def process(
+        self,
+        name: str,
+        args: list[str],
+        env: dict[str, str] | None = None,
+        *,
+        module: str = "connectors.cli",
+    ) -> ManagedProcess:
+        """A ``python -m module`` subprocess (``zapstream`` by default) with the pipeline's env.
+
+        The repository root goes on ``PYTHONPATH`` so the development tools in
+        ``devtools/``, which the package does not ship, import in the child too.
+        """
+        pythonpath = os.pathsep.join(
+            p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p
+        )
+        full_env = {**os.environ, **self.env(), "PYTHONPATH": pythonpath, **(env or {})}
+        proc = ManagedProcess(
+            [sys.executable, "-m", module, "--log-level", self.log_level, *args],
+            env=full_env,
+            log_path=self.dir / f"{name}.log",
+            name=name,
+        )
+        self.processes.append(proc)
+        return proc
+
+    def start_relay(self, name: str = "relay", *, wait: bool = True) -> ManagedProcess:
+        proc = self.process(name, ["relay"], {"ZAPSTREAM_RELAY_STATUS_INTERVAL_S": "0.5"})
+        proc.start()
+        if wait:
+            proc.wait_for_log(r"relay (streaming|standby)", timeout_s=60)
+        return proc
+
+    def start_worker(
+        self, name: str = "worker", *, wait: bool = True, env: dict[str, str] | None = None
+    ) -> ManagedProcess:
+        """Run a worker; ``env`` adds to (and overrides) the pipeline's ``worker_env``."""
+        full_env = {
+            "ZAPSTREAM_WORKER_WEB_PORT": str(find_free_port()),
+            "ZAPSTREAM_WORKER_DATA_DIR": str(self.dir / name),
+            **self.worker_env,
+            **(env or {}),
+        }
+        proc = self.process(name, ["worker"], full_env)
+        proc.start()
+        if wait:
+            proc.wait_for_log(r"\[\^Worker\]: Ready", timeout_s=120)
+        return proc
+
+    def start_sink(self, name: str = "sink", *, wait: bool = True) -> ManagedProcess:
+        """Run ``zapstream sink``, the state write-back, as its own process."""
+        proc = self.process(name, ["sink"])
+        proc.start()
+        if wait:
+            proc.wait_for_log(r"state sink consuming", timeout_s=60)
+        self.sink = proc
+        return proc
+
+    def start_webhook(self, name: str = "webhook") -> str:
+        """Run ``zapstream webhook`` and point the simulator's callbacks at it; return its URL."""
+        port = find_free_port()
+        proc = self.process(name, ["webhook"], {"ZAPSTREAM_WEBHOOK_PORT": str(port)})
+        proc.start()
+        url = f"http://127.0.0.1:{port}"
+        import time
+
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                httpx.get(f"{url}/v1/webhooks/health", timeout=1.0).raise_for_status()
+                break
+            except httpx.HTTPError:
+                if time.monotonic() > deadline or not proc.is_running:
+                    raise
+                time.sleep(0.1)
+        self.sim_config(callback_url=f"{url}/v1/webhooks/stackzap", callback_secret=WEBHOOK_SECRET)
+        return url
+
+    # --- the simulator's control API -------------------------------------------------------
+
+    def wait_sim_ready(self, timeout_s: float = 15.0) -> None:
+        import time
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                httpx.get(f"{self.sim_url}/_sim/stats", timeout=1.0).raise_for_status()
+                return
+            except httpx.HTTPError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def sim_messages(self, since: int = 0) -> list[dict[str, Any]]:
+        """Messages the simulator accepted, in arrival order, from sequence ``since`` on."""
+        response = httpx.get(f"{self.sim_url}/_sim/messages", params={"since": since}, timeout=30.0)
+        response.raise_for_status()
+        data = response.json()
+        return list(data["messages"] if isinstance(data, dict) else data)
+
+    def sim_config(self, **config: Any) -> None:
+        httpx.post(f"{self.sim_url}/_sim/config", json=config, timeout=5.0).raise_for_status()

@@ -1,0 +1,490 @@
+"""What happens to a job: the dispatcher's logic, free of Faust.
+
+:class:`JobProcessor` decides and carries out what an intent, a command or a
+receipt does to a job. It reads and writes the job's state through a
+:class:`JobStore` whose ``put`` returns only once the state is durable (Kafka
+acknowledged it), and it never sleeps: a transient failure returns
+:class:`Park` with the time the job is due again, and the caller parks the
+conversation durably (see :mod:`streams.parking`).
+
+An intent, step by step:
+
+1. The job is settled (sent, failed, dead, expired, cancelled, uncertain,
+   review): a redelivery. Nothing is sent.
+2. The job is ATTEMPTING: a previous owner may have sent it and died before the
+   outcome was recorded. Reconcile (:mod:`streams.reconcile`) before any resend.
+3. Before each attempt: expired means EXPIRED, never sent.
+4. Journal: ATTEMPTING with a fresh attempt id, durable, before the gateway call;
+   the attempt id is the ``Idempotency-Key`` the gateway sees.
+5. Outcome: accepted (or REVIEW for an unknown label); permanent means FAILED;
+   uncertain means reconcile, then adopt, resend or UNCERTAIN; transient means
+   RETRY_WAIT until the backoff schedule says so, or DEAD (with every error, on
+   ``zapstream.dead``) once ``max_attempts`` attempts were made.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+import random
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from streams.contract import (
+    AttemptFinished,
+    AttemptOutcome,
+    CommandRequested,
+    IntentCaptured,
+    JobDead,
+    JobStatus,
+    ReceiptReceived,
+    StatusChanged,
+)
+from streams.errors import (
+    GatewayError,
+    PermanentGatewayError,
+    TransientGatewayError,
+    UncertainGatewayError,
+)
+from streams.ports import CancelOutcome, Gateway, TextMessage
+from streams.reconcile import Verdict, reconcile
+from streams.state_machine import (
+    RECEIPT_RANK,
+    REPROCESSABLE,
+    SENT,
+    SETTLED,
+    InvalidTransition,
+    JobRef,
+    transition,
+)
+
+log = logging.getLogger(__name__)
+S = JobStatus
+
+
+class JobStore(Protocol):
+    """The jobs' latest states; ``put`` returns when the state is durable."""
+
+    def get(self, job_id: int) -> StatusChanged | None: ...
+
+    async def put(self, state: StatusChanged, partition: int) -> None: ...
+
+
+class Publisher(Protocol):
+    """Where attempt outcomes and dead jobs go (``zapstream.results``, ``zapstream.dead``)."""
+
+    async def attempt_finished(self, record: AttemptFinished, key: bytes) -> None: ...
+
+    async def job_dead(self, record: JobDead) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Backoff schedule for transient failures, with jitter downwards."""
+
+    schedule_s: Sequence[float] = (60, 300, 1800, 7200, 86400)
+    jitter: float = 0.2
+
+    def delay_s(self, attempts: int, retry_after_s: float | None, rng: random.Random) -> float:
+        """Delay after the ``attempts``-th failed attempt (1-based); the last step repeats."""
+        base = self.schedule_s[min(attempts, len(self.schedule_s)) - 1]
+        delay = rng.uniform(base * (1 - self.jitter), base)
+        return max(delay, retry_after_s or 0.0)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Done:
+    """The job needs nothing more from this conversation lane."""
+
+    state: StatusChanged | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Park:
+    """Transient failure: the conversation waits until ``due`` (epoch seconds)."""
+
+    due: float
+    state: StatusChanged
+
+
+Outcome = Done | Park
+
+
+def job_ref(intent: IntentCaptured) -> JobRef:
+    return JobRef(
+        intent.job_id, intent.idempotency_key, intent.instance_id, intent.conversation_key
+    )
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class JobProcessor:
+    """Carries out intents, commands and receipts for one worker."""
+
+    def __init__(
+        self,
+        gateway: Gateway,
+        store: JobStore,
+        publisher: Publisher,
+        policy: RetryPolicy,
+        *,
+        listing_authoritative: bool = True,
+        now: Callable[[], dt.datetime] = _now,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.gateway = gateway
+        self.store = store
+        self.publisher = publisher
+        self.policy = policy
+        self.listing_authoritative = listing_authoritative
+        self.now = now
+        self.rng = rng or random.Random()
+
+    # --- intents -------------------------------------------------------------------
+
+    async def on_intent(
+        self,
+        intent: IntentCaptured,
+        partition: int,
+        *,
+        reprocess: CommandRequested | None = None,
+    ) -> Outcome:
+        ref = job_ref(intent)
+        current = self.store.get(intent.job_id)
+        if reprocess is not None:
+            if current is None or S(current.status) not in REPROCESSABLE:
+                status = current.status if current else "unknown to this worker"
+                return Done(
+                    await self._note(
+                        ref,
+                        current,
+                        partition,
+                        f"reprocess refused: job is {status}",
+                        actor=reprocess.actor,
+                    )
+                )
+            # A new round: the budget of attempts starts again, the ids go on.
+            current = await self._put(
+                transition(
+                    ref,
+                    current,
+                    S(current.status),
+                    attempts=0,
+                    errors=[],
+                    actor=reprocess.actor,
+                    reason=f"reprocess requested: {reprocess.reason}",
+                ),
+                partition,
+            )
+        elif current is not None and S(current.status) in SETTLED:
+            return Done(None)
+
+        if current is not None and S(current.status) is S.ATTEMPTING:
+            decided = await self._reconcile(intent, ref, current, partition, "redelivered")
+            if decided is not None:
+                return decided
+            current = self.store.get(intent.job_id)
+
+        while True:
+            if intent.expires_at is not None:
+                if dt.datetime.fromisoformat(intent.expires_at) <= self.now():
+                    expired = await self._put(
+                        transition(
+                            ref, current, S.EXPIRED, reason=f"expired at {intent.expires_at}"
+                        ),
+                        partition,
+                    )
+                    await self._attempt(intent, 0, AttemptOutcome.EXPIRED, error="expired")
+                    return Done(expired)
+            attempts = (current.attempts if current else 0) + 1
+            seq = (current.attempt_seq if current else 0) + 1
+            attempt_id = f"{intent.job_id}-{seq}"
+            current = await self._put(
+                transition(
+                    ref,
+                    current,
+                    S.ATTEMPTING,
+                    attempts=attempts,
+                    attempt_seq=seq,
+                    attempt_id=attempt_id,
+                ),
+                partition,
+            )
+            started = self.now()
+            message = TextMessage(intent.instance_id, intent.to, intent.text, attempt_id)
+            try:
+                accepted = await self.gateway.send_text(message)
+            except PermanentGatewayError as exc:
+                await self._attempt(intent, seq, AttemptOutcome.PERMANENT, started, error=str(exc))
+                return Done(
+                    await self._put(transition(ref, current, S.FAILED, reason=str(exc)), partition)
+                )
+            except UncertainGatewayError as exc:
+                await self._attempt(intent, seq, AttemptOutcome.UNCERTAIN, started, error=str(exc))
+                decided = await self._reconcile(intent, ref, current, partition, str(exc))
+                if decided is not None:
+                    return decided
+                current = self.store.get(intent.job_id)
+                continue
+            except TransientGatewayError as exc:
+                await self._attempt(intent, seq, AttemptOutcome.TRANSIENT, started, error=str(exc))
+                return await self._retry_or_die(
+                    intent, ref, current, partition, str(exc), exc.retry_after_s
+                )
+            except GatewayError as exc:  # an unclassified subclass is a gateway client bug
+                raise TypeError(f"unclassified gateway error {type(exc).__name__}") from exc
+            review = accepted.status is S.REVIEW
+            await self._attempt(
+                intent,
+                seq,
+                AttemptOutcome.REVIEW if review else AttemptOutcome.ACCEPTED,
+                started,
+                gateway_job_id=accepted.gateway_job_id,
+                gateway_status=accepted.gateway_status,
+            )
+            reason = (
+                f"gateway label {accepted.gateway_status!r} is not configured" if review else None
+            )
+            return Done(
+                await self._put(
+                    transition(
+                        ref,
+                        current,
+                        accepted.status,
+                        reason=reason,
+                        gateway_job_id=accepted.gateway_job_id,
+                    ),
+                    partition,
+                )
+            )
+
+    async def _reconcile(
+        self,
+        intent: IntentCaptured,
+        ref: JobRef,
+        current: StatusChanged,
+        partition: int,
+        why: str,
+    ) -> Outcome | None:
+        """Decide an attempt of unknown outcome. None: not accepted, send again."""
+        result = await reconcile(
+            self.gateway,
+            instance_id=intent.instance_id,
+            job_id=intent.job_id,
+            to=intent.to,
+            text=intent.text,
+            authoritative=self.listing_authoritative,
+        )
+        if result.verdict is Verdict.RESEND:
+            log.info("job %d: %s; %s, sending again", intent.job_id, why, result.reason)
+            return None
+        if result.verdict is Verdict.ADOPT:
+            assert result.job is not None
+            status = result.job.status if result.job.status in SENT else S.ACCEPTED
+            await self._attempt(
+                intent,
+                current.attempt_seq,
+                AttemptOutcome.ACCEPTED,
+                None,
+                gateway_job_id=result.job.gateway_job_id,
+                gateway_status=result.job.gateway_status,
+                error=f"reconciled: {result.reason}",
+            )
+            return Done(
+                await self._put(
+                    transition(
+                        ref,
+                        current,
+                        status,
+                        reason=f"reconciled ({why}): {result.reason}",
+                        gateway_job_id=result.job.gateway_job_id,
+                    ),
+                    partition,
+                )
+            )
+        if result.verdict is Verdict.LATER:
+            return await self._retry_or_die(intent, ref, current, partition, result.reason, None)
+        return Done(
+            await self._put(
+                transition(
+                    ref,
+                    current,
+                    S.UNCERTAIN,
+                    reason=f"outcome unknown ({why}); {result.reason}; not resent",
+                ),
+                partition,
+            )
+        )
+
+    async def _retry_or_die(
+        self,
+        intent: IntentCaptured,
+        ref: JobRef,
+        current: StatusChanged,
+        partition: int,
+        error: str,
+        retry_after_s: float | None,
+    ) -> Outcome:
+        errors = [*current.errors, error]
+        if current.attempts >= intent.max_attempts:
+            reason = f"gave up after {current.attempts} attempts: {error}"
+            dead = await self._put(
+                transition(ref, current, S.DEAD, reason=reason, errors=errors), partition
+            )
+            await self.publisher.job_dead(
+                JobDead(
+                    job_id=intent.job_id,
+                    idempotency_key=intent.idempotency_key,
+                    reason=reason,
+                    errors=errors,
+                    record=intent.to_dict(),
+                )
+            )
+            return Done(dead)
+        delay = self.policy.delay_s(current.attempts, retry_after_s, self.rng)
+        due = self.now() + dt.timedelta(seconds=delay)
+        waiting = await self._put(
+            transition(
+                ref,
+                current,
+                S.RETRY_WAIT,
+                reason=error,
+                errors=errors,
+                next_retry_at=due.isoformat(),
+            ),
+            partition,
+        )
+        return Park(due=due.timestamp(), state=waiting)
+
+    # --- commands and receipts ------------------------------------------------------
+
+    def cancels_without_gateway(self, command: CommandRequested) -> bool:
+        """True when a cancel needs no gateway call: the job was not handed over yet."""
+        current = self.store.get(command.job_id)
+        return current is None or S(current.status) in {S.PENDING, S.RETRY_WAIT}
+
+    async def on_cancel(self, command: CommandRequested, partition: int) -> StatusChanged | None:
+        ref = JobRef(
+            command.job_id, command.idempotency_key, command.instance_id, command.conversation_key
+        )
+        current = self.store.get(command.job_id)
+        status = S(current.status) if current else S.PENDING
+        why = f"cancel requested: {command.reason}"
+        if status in {S.PENDING, S.RETRY_WAIT}:
+            return await self._put(
+                transition(ref, current, S.CANCELLED, reason=why, actor=command.actor), partition
+            )
+        if status in {S.ACCEPTED, S.REVIEW} and current and current.gateway_job_id:
+            try:
+                outcome = await self.gateway.cancel_job(command.instance_id, current.gateway_job_id)
+            except GatewayError as exc:
+                return await self._note(
+                    ref,
+                    current,
+                    partition,
+                    f"cancel failed at the gateway: {exc}",
+                    actor=command.actor,
+                )
+            if outcome is CancelOutcome.CANCELLED:
+                return await self._put(
+                    transition(
+                        ref,
+                        current,
+                        S.CANCELLED,
+                        actor=command.actor,
+                        reason=f"{why}; confirmed by {self.gateway.name}",
+                    ),
+                    partition,
+                )
+            detail = (
+                "the gateway already sent it"
+                if outcome is CancelOutcome.REFUSED
+                else f"{self.gateway.name} cannot cancel accepted messages"
+            )
+            return await self._note(
+                ref, current, partition, f"cancel not possible: {detail}", actor=command.actor
+            )
+        return await self._note(
+            ref, current, partition, f"cancel not possible: job is {status}", actor=command.actor
+        )
+
+    async def on_receipt(self, receipt: ReceiptReceived, partition: int) -> StatusChanged | None:
+        """Apply a gateway callback monotonically; late and duplicated ones change nothing."""
+        ref = JobRef(
+            receipt.job_id, receipt.idempotency_key, receipt.instance_id, receipt.conversation_key
+        )
+        current = self.store.get(receipt.job_id)
+        if current is None:
+            await self.publisher.job_dead(
+                JobDead(
+                    job_id=receipt.job_id,
+                    idempotency_key=receipt.idempotency_key,
+                    reason="receipt for a job this pipeline has no state for",
+                    record=receipt.to_dict(),
+                )
+            )
+            return None
+        status, target = S(current.status), S(receipt.status)
+        if target in RECEIPT_RANK and status in RECEIPT_RANK:
+            if RECEIPT_RANK[target] <= RECEIPT_RANK[status]:
+                return None  # late or duplicated: a "sent" never downgrades "read"
+        elif target is S.FAILED and status not in {S.ACCEPTED, S.DELIVERED}:
+            return None
+        elif target is S.REVIEW and status is not S.ACCEPTED:
+            return None
+        try:
+            return await self._put(
+                transition(
+                    ref,
+                    current,
+                    target,
+                    actor=f"gateway:{receipt.gateway}",
+                    reason=f"receipt {receipt.label!r}",
+                    gateway_job_id=receipt.gateway_job_id,
+                ),
+                partition,
+            )
+        except InvalidTransition as exc:
+            log.warning("receipt not applied: %s", exc)
+            return None
+
+    # --- helpers ----------------------------------------------------------------------
+
+    async def _put(self, state: StatusChanged, partition: int) -> StatusChanged:
+        await self.store.put(state, partition)
+        return state
+
+    async def _note(
+        self, ref: JobRef, current: StatusChanged | None, partition: int, reason: str, *, actor: str
+    ) -> StatusChanged:
+        status = S(current.status) if current else S.PENDING
+        return await self._put(
+            transition(ref, current, status, reason=reason, actor=actor), partition
+        )
+
+    async def _attempt(
+        self,
+        intent: IntentCaptured,
+        seq: int,
+        outcome: AttemptOutcome,
+        started: dt.datetime | None = None,
+        **fields: str | None,
+    ) -> None:
+        record = AttemptFinished(
+            job_id=intent.job_id,
+            idempotency_key=intent.idempotency_key,
+            instance_id=intent.instance_id,
+            conversation_key=intent.conversation_key,
+            attempt=seq,
+            attempt_id=f"{intent.job_id}-{seq}",
+            outcome=outcome,
+            gateway=self.gateway.name,
+            started_at=(started or self.now()).isoformat(),
+            finished_at=self.now().isoformat(),
+            committed_at=intent.committed_at,
+            **fields,
+        )
+        await self.publisher.attempt_finished(record, intent.partition_key)

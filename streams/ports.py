@@ -1,0 +1,74 @@
+"""The port the job processor sends through: what a WhatsApp gateway client offers.
+
+Concrete clients live in ``connectors/gateways`` and raise from :mod:`streams.errors`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Protocol
+
+from streams.contract import JobStatus
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SendAccepted:
+    """The gateway took the message. ``status`` is our mapping of its label."""
+
+    gateway_job_id: str | None
+    gateway_status: str | None
+    status: JobStatus
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TextMessage:
+    """What the dispatcher asks a gateway to send."""
+
+    instance_id: str
+    to: str
+    text: str
+    reference: str
+    """Our attempt id, sent as the ``Idempotency-Key`` header."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ListedJob:
+    """A job as the gateway's listing shows it, for reconciliation."""
+
+    gateway_job_id: str | None
+    reference: str | None
+    """The ``Idempotency-Key`` we sent, when the gateway echoes it."""
+    to: str | None
+    text: str | None = dataclasses.field(repr=False)
+    status: JobStatus
+    gateway_status: str | None
+
+
+class CancelOutcome(enum.StrEnum):
+    CANCELLED = "cancelled"
+    REFUSED = "refused"
+    """The gateway says it is too late (already sent)."""
+    UNSUPPORTED = "unsupported"
+
+
+class Gateway(Protocol):
+    """A WhatsApp gateway client as the dispatcher sees it."""
+
+    name: str
+
+    async def send_text(self, message: TextMessage) -> SendAccepted:
+        """Send one text message or raise a :class:`GatewayError` subclass."""
+        ...
+
+    async def list_for_reconciliation(self, instance_id: str) -> list[ListedJob] | None:
+        """Every job the gateway holds for the instance; None when it has no listing."""
+        ...
+
+    async def cancel_job(self, instance_id: str, gateway_job_id: str) -> CancelOutcome:
+        """Cancel an accepted job, or say why not."""
+        ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...

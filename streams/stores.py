@@ -1,0 +1,80 @@
+"""The worker's Faust-backed stores: job states, parked conversations, published outcomes.
+
+Each implements a port of :mod:`streams.job_processor` (``JobStore``, ``Publisher``)
+or the parking the dispatcher agent needs, and makes every write durable in Kafka
+before it returns.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from streams import metrics
+from streams.contract import AttemptFinished, JobDead, StatusChanged, job_state_key
+from streams.parking import ParkedConversation
+from streams.topics import Topics
+
+
+class FaustJobStore:
+    """Job states in the ``jobs`` table; ``put`` waits for Kafka to acknowledge the changelog.
+
+    Faust's own ``table[key] = value`` goes through its producer buffer, whose flush
+    before each offset commit never finishes while lanes keep writing; we send the
+    changelog record ourselves to the partition of the conversation (co-partitioning)
+    and update the table's local store first, so a lane reading the job in the
+    meantime already sees the new state.
+    """
+
+    def __init__(self, table: Any, changelog: Any) -> None:
+        self.table = table
+        self.changelog = changelog
+
+    def get(self, job_id: int) -> StatusChanged | None:
+        raw = self.table.data.get(job_state_key(job_id))
+        return StatusChanged.loads(raw) if raw is not None else None
+
+    async def put(self, state: StatusChanged, partition: int) -> None:
+        key, value = job_state_key(state.job_id), state.dumps()
+        self.table.data[key] = value
+        await (await self.changelog.send(key=key, value=value, partition=partition))
+        metrics.STATES.labels(state.status).inc()
+
+
+class ParkingLot:
+    """The ``parked`` table, written durably like :class:`FaustJobStore`."""
+
+    def __init__(self, table: Any, changelog: Any) -> None:
+        self.table = table
+        self.changelog = changelog
+
+    def get(self, key: bytes) -> ParkedConversation | None:
+        raw = self.table.data.get(key)
+        return ParkedConversation.loads(raw) if raw is not None else None
+
+    def items(self) -> list[tuple[bytes, ParkedConversation]]:
+        return [(k, ParkedConversation.loads(v)) for k, v in list(self.table.data.items())]
+
+    async def park(self, key: bytes, parked: ParkedConversation) -> None:
+        value = parked.dumps()
+        self.table.data[key] = value
+        await (await self.changelog.send(key=key, value=value, partition=parked.partition))
+
+    async def unpark(self, key: bytes, partition: int) -> None:
+        self.table.data.pop(key, None)
+        # A tombstone: recovery deletes the key, compaction drops it.
+        await (await self.changelog.send(key=key, value=None, partition=partition))
+
+
+class FaustPublisher:
+    """Attempt outcomes to ``zapstream.results``, dead jobs to ``zapstream.dead``."""
+
+    def __init__(self, topics: Topics) -> None:
+        self.topics = topics
+
+    async def attempt_finished(self, record: AttemptFinished, key: bytes) -> None:
+        await (await self.topics.results.send(key=key, value=record.dumps()))
+        metrics.ATTEMPTS.labels(record.gateway, record.outcome).inc()
+
+    async def job_dead(self, record: JobDead) -> None:
+        await (await self.topics.dead.send(key=str(record.job_id).encode(), value=record.dumps()))
+        metrics.DEAD.inc()

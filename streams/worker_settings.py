@@ -1,0 +1,35 @@
+"""Settings of ``zapstream worker`` (``ZAPSTREAM_WORKER_*``), read once in ``main()``."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from streams.settings import GatewaySettings, KafkaSettings, SettingsBase
+
+
+class WorkerSettings(SettingsBase):
+    """``zapstream worker`` (``ZAPSTREAM_WORKER_*``)."""
+
+    model_config = SettingsConfigDict(env_prefix="ZAPSTREAM_WORKER_", extra="ignore")
+
+    app_id: str = "zapstream-worker"
+    data_dir: str = "/tmp/zapstream-worker"
+    web_port: int = Field(default=6066, ge=1)
+    web_bind_local: bool = True
+    """Bind Faust's web server (metrics) to 127.0.0.1; set false in containers."""
+    max_in_flight: int = Field(default=256, ge=1)
+    """Intents being sent at once by one worker (across conversations)."""
+    retry_schedule_s: list[float] = Field(
+        default_factory=lambda: [60.0, 300.0, 1800.0, 7200.0, 86400.0]
+    )
+    """Delay before retry n (the outbox article's 1 min, 5 min, 30 min, 2 h, 24 h); the
+    last value repeats. JSON list, e.g. ``ZAPSTREAM_WORKER_RETRY_SCHEDULE_S=[1,1,1]``."""
+    retry_jitter: float = Field(default=0.2, ge=0, le=1)
+    """Each delay is drawn from [delay * (1 - jitter), delay]."""
+    retry_scan_interval_s: float = Field(default=0.5, gt=0)
+    """How often parked conversations are checked for due retries."""
+    commit_interval_s: float = Field(default=1.0, gt=0)
+
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    gateway: GatewaySettings = Field(default_factory=GatewaySettings)

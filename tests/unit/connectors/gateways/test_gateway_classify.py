@@ -1,0 +1,234 @@
+"""The httpx -> gateway error tree table, Retry-After parsing and masking."""
+
+from __future__ import annotations
+
+import email.utils
+
+import httpx
+import pytest
+
+from connectors.gateways.classify import (
+    MAX_REASON_CHARS,
+    classify_exception,
+    error_for_response,
+    error_reason,
+    mask_secret,
+    mask_text,
+    parse_retry_after,
+    send_request,
+)
+from connectors.outbox.recipients import mask_phone
+from streams.errors import (
+    GatewayError,
+    PermanentGatewayError,
+    TransientGatewayError,
+    UncertainGatewayError,
+)
+
+REQUEST = httpx.Request("POST", "http://gw.test/v1/instances/i1/send-queue/text")
+NOW = 1_700_000_000.0
+
+
+def response(
+    status: int, body: bytes = b"", headers: dict[str, str] | None = None
+) -> httpx.Response:
+    return httpx.Response(status, content=body, headers=headers, request=REQUEST)
+
+
+# --- exceptions -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("exc_type", "expected"),
+    [
+        (httpx.ConnectError, TransientGatewayError),
+        (httpx.ConnectTimeout, TransientGatewayError),
+        (httpx.PoolTimeout, TransientGatewayError),
+        (httpx.WriteTimeout, UncertainGatewayError),
+        (httpx.WriteError, UncertainGatewayError),
+        (httpx.ReadTimeout, UncertainGatewayError),
+        (httpx.ReadError, UncertainGatewayError),
+        (httpx.RemoteProtocolError, UncertainGatewayError),
+        (httpx.CloseError, UncertainGatewayError),
+        (httpx.LocalProtocolError, PermanentGatewayError),
+        (httpx.UnsupportedProtocol, PermanentGatewayError),
+    ],
+)
+def test_exceptions_classified(
+    exc_type: type[httpx.TransportError], expected: type[GatewayError]
+) -> None:
+    err = classify_exception(exc_type("boom", request=REQUEST), gateway="stackzap")
+    assert type(err) is expected
+    assert err.retriable is (expected is TransientGatewayError)
+    assert err.status_code is None
+    assert str(err).startswith("stackzap: ")
+
+
+def test_exception_message_masks_sensitive_values() -> None:
+    exc = httpx.ReadError("peer said 5511987654321 hello world secret-key-123", request=REQUEST)
+    err = classify_exception(exc, gateway="zapapi", sensitive=("hello world", "secret-key-123"))
+    assert "5511987654321" not in str(err)
+    assert "hello world" not in str(err)
+    assert "secret-key-123" not in str(err)
+    assert "5511*****4321" in str(err)
+
+
+# --- responses --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("status", [200, 201, 202, 204])
+def test_2xx_is_not_an_error(status: int) -> None:
+    assert error_for_response(response(status), gateway="g") is None
+
+
+@pytest.mark.parametrize("status", [500, 502, 504, 599, 408])
+def test_5xx_and_408_are_transient(status: int) -> None:
+    err = error_for_response(response(status, b'{"error":"down"}'), gateway="g")
+    assert isinstance(err, TransientGatewayError)
+    assert err.retriable
+    assert err.status_code == status
+    assert err.retry_after_s is None
+    assert "down" in str(err)
+
+
+@pytest.mark.parametrize("status", [429, 503])
+def test_429_and_503_honour_retry_after_seconds(status: int) -> None:
+    err = error_for_response(response(status, headers={"Retry-After": "7"}), gateway="g", now=NOW)
+    assert isinstance(err, TransientGatewayError)
+    assert err.status_code == status
+    assert err.retry_after_s == 7.0
+
+
+def test_429_retry_after_http_date() -> None:
+    date = email.utils.formatdate(NOW + 30, usegmt=True)
+    err = error_for_response(response(429, headers={"Retry-After": date}), gateway="g", now=NOW)
+    assert isinstance(err, TransientGatewayError)
+    assert err.retry_after_s == pytest.approx(30.0)
+
+
+def test_429_without_retry_after() -> None:
+    err = error_for_response(response(429), gateway="g")
+    assert isinstance(err, TransientGatewayError)
+    assert err.retry_after_s is None
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (None, None),
+        ("", None),
+        ("0", 0.0),
+        ("120", 120.0),
+        (" 3 ", 3.0),
+        ("1.5", 1.5),
+        ("-1", None),
+        ("nan", None),
+        ("inf", None),
+        ("soon", None),
+        (email.utils.formatdate(NOW - 60, usegmt=True), 0.0),
+        (email.utils.formatdate(NOW + 90, usegmt=True), 90.0),
+    ],
+)
+def test_parse_retry_after(value: str | None, expected: float | None) -> None:
+    result = parse_retry_after(value, now=NOW)
+    if expected is None:
+        assert result is None
+    else:
+        assert result == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("status", [400, 401, 403, 404, 409, 410, 413, 418, 422, 301, 302])
+def test_other_4xx_and_3xx_are_permanent(status: int) -> None:
+    err = error_for_response(response(status, b'{"error":"invalid recipient"}'), gateway="g")
+    assert isinstance(err, PermanentGatewayError)
+    assert not err.retriable
+    assert err.status_code == status
+    assert "invalid recipient" in str(err)
+    assert f"HTTP {status}" in str(err)
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (b'{"error": "bad to"}', "bad to"),
+        (b'{"message": "bad to", "code": 400}', "bad to"),
+        (b'{"error": {"code": 7, "message": "nested"}}', "nested"),
+        (b'{"detail": [{"loc": ["to"], "msg": "field required"}]}', "field required"),
+        (b'"just a string"', "just a string"),
+        (b"<html>Bad   Gateway</html>", "<html>Bad Gateway</html>"),
+        (b"", "Unprocessable Entity"),
+    ],
+)
+def test_error_reason_shapes(body: bytes, reason: str) -> None:
+    assert error_reason(response(422, body)) == reason
+
+
+def test_error_reason_truncated_and_masked() -> None:
+    body = (
+        b'{"error": "recipient 5511987654321 rejected text Ola mundo segredo ' + b"x" * 500 + b'"}'
+    )
+    reason = error_reason(response(400, body), sensitive=("Ola mundo segredo",))
+    assert len(reason) == MAX_REASON_CHARS
+    assert reason.endswith("...")
+    assert "5511987654321" not in reason
+    assert "5511*****4321" in reason
+    assert "Ola mundo segredo" not in reason
+
+
+# --- masking ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("phone", "masked"),
+    [
+        ("5511987654321", "5511*****4321"),
+        ("+5511987654321", "+551******4321"),
+        ("551198765", "5511*8765"),
+        ("12345678", "******78"),
+        ("12", "**"),
+        ("", ""),
+    ],
+)
+def test_mask_phone(phone: str, masked: str) -> None:
+    assert mask_phone(phone) == masked
+
+
+def test_mask_secret() -> None:
+    assert mask_secret("") == ""
+    assert mask_secret("short") == "***"
+    assert mask_secret("sk_live_0123456789abcdef") == "***cdef"
+
+
+def test_mask_text_redacts_and_masks_digit_runs() -> None:
+    text = "to 5511987654321 from key abcdefgh with 1234 and hi"
+    masked = mask_text(text, ("abcdefgh", "hi"))
+    assert masked == "to 5511*****4321 from key [redacted] with 1234 and hi"
+
+
+# --- send_request ------------------------------------------------------------------
+
+
+async def test_send_request_raises_classified_and_chains() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        with pytest.raises(TransientGatewayError) as info:
+            await send_request(client, "POST", "http://gw.test/x", gateway="g", json_body={})
+    assert isinstance(info.value.__cause__, httpx.ConnectError)
+
+
+async def test_send_request_returns_2xx_and_sends_json() -> None:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json={"ok": True})
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        resp = await send_request(
+            client, "POST", "http://gw.test/x", gateway="g", json_body={"a": 1}
+        )
+    assert resp.json() == {"ok": True}
+    assert seen[0].headers["content-type"] == "application/json"
+    assert seen[0].content == b'{"a":1}'

@@ -1,0 +1,381 @@
+"""StackZapClient against httpx.MockTransport: request shape, parsing, errors, listing, cancel."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+from pydantic import SecretStr
+
+from connectors.gateways.factory import build_gateway
+from connectors.gateways.stackzap import GatewayJob, StackZapClient
+from streams.contract import JobStatus
+from streams.errors import PermanentGatewayError, TransientGatewayError, UncertainGatewayError
+from streams.ports import TextMessage
+from streams.settings import GatewayKind, GatewaySettings
+
+API_KEY = "sz-key-0123456789abcdef"
+PHONE = "5511987654321"
+TEXT = "Seu codigo e 424242"
+MESSAGE_URL = "https://stackzap.test/base/v1/instances/inst%201/send-queue/text"
+
+Handler = Callable[[httpx.Request], httpx.Response]
+
+
+def settings(**overrides: Any) -> GatewaySettings:
+    values: dict[str, Any] = {
+        "kind": GatewayKind.STACKZAP,
+        "stackzap_api_url": "https://stackzap.test/base/",
+        "stackzap_api_key": SecretStr(API_KEY),
+    }
+    values.update(overrides)
+    return GatewaySettings(**values)
+
+
+def client(handler: Handler, **overrides: Any) -> StackZapClient:
+    return StackZapClient(settings(**overrides), transport=httpx.MockTransport(handler))
+
+
+def message(reference: str = "att-1") -> TextMessage:
+    return TextMessage(instance_id="inst 1", to=PHONE, text=TEXT, reference=reference)
+
+
+def answer(status: int, body: Any = None, headers: dict[str, str] | None = None) -> Handler:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if isinstance(body, bytes):
+            return httpx.Response(status, content=body, headers=headers)
+        return httpx.Response(status, json=body, headers=headers)
+
+    return handler
+
+
+def raising(exc_type: type[httpx.TransportError]) -> Handler:
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise exc_type("simulated", request=request)
+
+    return handler
+
+
+# --- send ------------------------------------------------------------------------
+
+
+async def test_send_request_shape() -> None:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(201, json={"id": "job-1", "status": "queued"})
+
+    async with client(handler) as gw:
+        accepted = await gw.send_text(message("att-42"))
+
+    assert accepted.gateway_job_id == "job-1"
+    assert accepted.gateway_status == "queued"
+    assert accepted.status is JobStatus.ACCEPTED
+    (request,) = seen
+    assert request.method == "POST"
+    assert str(request.url) == MESSAGE_URL
+    assert request.headers["X-API-Key"] == API_KEY
+    assert request.headers["Idempotency-Key"] == "att-42"
+    assert request.headers["Content-Type"] == "application/json"
+    assert "authorization" not in request.headers
+    assert json.loads(request.content) == {"to": PHONE, "text": TEXT}
+
+
+async def test_no_api_key_header_when_unset() -> None:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json={"id": "j", "status": "queued"})
+
+    async with client(handler, stackzap_api_key=SecretStr("")) as gw:
+        await gw.send_text(message())
+    assert "x-api-key" not in seen[0].headers
+
+
+@pytest.mark.parametrize(
+    ("body", "job_id", "label", "status"),
+    [
+        ({"id": "a", "status": "queued"}, "a", "queued", JobStatus.ACCEPTED),
+        ({"jobId": "b", "status": "QUEUED"}, "b", "QUEUED", JobStatus.ACCEPTED),
+        ({"job_id": "c", "state": "pending"}, "c", "pending", JobStatus.ACCEPTED),
+        ({"id": 17, "status": "sent"}, "17", "sent", JobStatus.ACCEPTED),
+        ({"id": "", "jobId": "d", "status": "delivered"}, "d", "delivered", JobStatus.DELIVERED),
+        ({"id": "e", "status": "weird"}, "e", "weird", JobStatus.REVIEW),
+        ({"id": "f"}, "f", None, JobStatus.REVIEW),
+        ({}, None, None, JobStatus.REVIEW),
+        (b"OK", None, None, JobStatus.REVIEW),
+        ([1, 2], None, None, JobStatus.REVIEW),
+    ],
+)
+async def test_send_parses_id_and_label(
+    body: Any, job_id: str | None, label: str | None, status: JobStatus
+) -> None:
+    async with client(answer(200, body)) as gw:
+        accepted = await gw.send_text(message())
+    assert accepted.gateway_job_id == job_id
+    assert accepted.gateway_status == label
+    assert accepted.status is status
+
+
+async def test_custom_labels_from_settings() -> None:
+    handler = answer(200, {"id": "x", "status": "Enfileirado"})
+    async with client(handler, stackzap_labels={"enfileirado": "ACCEPTED"}) as gw:
+        assert (await gw.send_text(message())).status is JobStatus.ACCEPTED
+
+
+@pytest.mark.parametrize("label", ["failed", "ERROR", "cancelled", "canceled"])
+async def test_refused_label_on_send_is_permanent(label: str) -> None:
+    async with client(answer(200, {"id": "x", "status": label})) as gw:
+        with pytest.raises(PermanentGatewayError) as info:
+            await gw.send_text(message())
+    assert info.value.status_code == 200
+    assert not info.value.retriable
+
+
+@pytest.mark.parametrize(
+    ("exc_type", "expected"),
+    [
+        (httpx.ConnectError, TransientGatewayError),
+        (httpx.ConnectTimeout, TransientGatewayError),
+        (httpx.PoolTimeout, TransientGatewayError),
+        (httpx.ReadTimeout, UncertainGatewayError),
+        (httpx.WriteTimeout, UncertainGatewayError),
+        (httpx.ReadError, UncertainGatewayError),
+        (httpx.RemoteProtocolError, UncertainGatewayError),
+    ],
+)
+async def test_transport_errors_classified(
+    exc_type: type[httpx.TransportError], expected: type[Exception]
+) -> None:
+    async with client(raising(exc_type)) as gw:
+        with pytest.raises(expected):
+            await gw.send_text(message())
+
+
+@pytest.mark.parametrize(
+    ("status", "headers", "expected", "retry_after_s"),
+    [
+        (429, {"Retry-After": "3"}, TransientGatewayError, 3.0),
+        (429, {"Retry-After": "0.25"}, TransientGatewayError, 0.25),
+        (503, {"Retry-After": "10"}, TransientGatewayError, 10.0),
+        (503, {}, TransientGatewayError, None),
+        (500, {}, TransientGatewayError, None),
+        (502, {}, TransientGatewayError, None),
+        (504, {}, TransientGatewayError, None),
+        (408, {}, TransientGatewayError, None),
+    ],
+)
+async def test_transient_statuses(
+    status: int, headers: dict[str, str], expected: type[Exception], retry_after_s: float | None
+) -> None:
+    async with client(answer(status, {"error": "later"}, headers)) as gw:
+        with pytest.raises(TransientGatewayError) as info:
+            await gw.send_text(message())
+    assert info.value.status_code == status
+    assert info.value.retry_after_s == retry_after_s
+    assert info.value.retriable
+
+
+@pytest.mark.parametrize("status", [400, 401, 403, 404, 409, 422])
+async def test_permanent_statuses_carry_masked_reason(status: int) -> None:
+    # A gateway that echoes everything back must not leak it into our error.
+    body = {"error": f"invalid recipient {PHONE} for text {TEXT!r} with key {API_KEY}"}
+    async with client(answer(status, body)) as gw:
+        with pytest.raises(PermanentGatewayError) as info:
+            await gw.send_text(message())
+    text = str(info.value)
+    assert info.value.status_code == status
+    assert "invalid recipient" in text
+    assert PHONE not in text
+    assert TEXT not in text
+    assert API_KEY not in text
+
+
+async def test_not_started_raises() -> None:
+    gw = client(answer(200, {}))
+    with pytest.raises(RuntimeError, match="not started"):
+        await gw.send_text(message())
+
+
+async def test_stop_is_idempotent_and_start_twice_is_harmless() -> None:
+    gw = client(answer(200, {"id": "j", "status": "queued"}))
+    await gw.start()
+    await gw.start()
+    await gw.send_text(message())
+    await gw.stop()
+    await gw.stop()
+    with pytest.raises(RuntimeError):
+        await gw.send_text(message())
+
+
+def test_factory_builds_stackzap() -> None:
+    gw = build_gateway(settings())
+    assert isinstance(gw, StackZapClient)
+    assert gw.name == "stackzap"
+
+
+# --- listing -----------------------------------------------------------------------
+
+
+def listing_handler(total: int, seen: list[httpx.Request]) -> Handler:
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        page = int(request.url.params.get("page", "1"))
+        size = int(request.url.params["page_size"])
+        start = (page - 1) * size
+        items = [
+            {
+                "id": f"j{i}",
+                "to": PHONE,
+                "text": TEXT,
+                "status": "queued" if i % 2 else "sent",
+                "reference": f"att-{i}",
+                "created_at": "2024-01-01T00:00:00+00:00",
+            }
+            for i in range(start, min(start + size, total))
+        ]
+        return httpx.Response(
+            200,
+            json={
+                "items": items,
+                "page": page,
+                "page_size": size,
+                "total": total,
+                "counts": {"queued": total // 2, "sent": total - total // 2},
+                "next_page": page + 1 if start + size < total else None,
+            },
+        )
+
+    return handler
+
+
+async def test_list_jobs_request_and_parse() -> None:
+    seen: list[httpx.Request] = []
+    async with client(listing_handler(5, seen)) as gw:
+        page = await gw.list_jobs("inst 1", page=1, page_size=3, status="queued")
+    (request,) = seen
+    assert request.method == "GET"
+    assert request.url.raw_path.startswith(b"/base/v1/instances/inst%201/send-queue?")
+    assert dict(request.url.params) == {"page": "1", "page_size": "3", "status": "queued"}
+    assert request.headers["X-API-Key"] == API_KEY
+    assert page.page == 1
+    assert page.page_size == 3
+    assert page.total == 5
+    assert page.next_page == 2
+    assert page.counts == {"queued": 2, "sent": 3}
+    assert [j.id for j in page.items] == ["j0", "j1", "j2"]
+    first = page.items[0]
+    assert first == GatewayJob(
+        id="j0",
+        gateway_status="sent",
+        status=JobStatus.ACCEPTED,
+        reference="att-0",
+        created_at="2024-01-01T00:00:00+00:00",
+        to=PHONE,
+        text=TEXT,
+    )
+    # Phone numbers and texts never show up in a repr that might be logged.
+    assert PHONE not in repr(first)
+    assert TEXT not in repr(first)
+
+
+async def test_list_jobs_omits_page_when_not_given() -> None:
+    seen: list[httpx.Request] = []
+    async with client(listing_handler(1, seen)) as gw:
+        page = await gw.list_jobs("i")
+    assert dict(seen[0].url.params) == {"page_size": "100"}
+    assert page.next_page is None
+
+
+async def test_iter_jobs_follows_three_pages() -> None:
+    seen: list[httpx.Request] = []
+    async with client(listing_handler(7, seen)) as gw:
+        pages = [p async for p in gw.iter_pages("i", page_size=3)]
+        jobs = [j async for j in gw.iter_jobs("i", page_size=3)]
+    assert [p.page for p in pages] == [1, 2, 3]
+    assert [len(p.items) for p in pages] == [3, 3, 1]
+    assert [j.reference for j in jobs] == [f"att-{i}" for i in range(7)]
+    assert [r.url.params.get("page") for r in seen[:3]] == [None, "2", "3"]
+
+
+async def test_iter_pages_refuses_a_listing_that_does_not_advance() -> None:
+    body = {"items": [], "page": 2, "page_size": 1, "total": 3, "next_page": 2}
+    async with client(answer(200, body)) as gw:
+        with pytest.raises(PermanentGatewayError, match="page 2 to 2"):
+            _ = [p async for p in gw.iter_pages("i")]
+
+
+async def test_listing_without_references_and_with_fallback_keys() -> None:
+    body = {"items": [{"jobId": 5, "state": "mystery"}], "next_page": None}
+    async with client(answer(200, body)) as gw:
+        page = await gw.list_jobs("i", page=4, page_size=10)
+    (job,) = page.items
+    assert job.id == "5"
+    assert job.reference is None
+    assert job.status is JobStatus.REVIEW
+    assert (page.page, page.page_size, page.total, page.counts) == (4, 10, None, {})
+
+
+@pytest.mark.parametrize("body", [b"nope", [], {"items": "x"}, {"items": [1]}])
+async def test_malformed_listing_is_permanent(body: Any) -> None:
+    async with client(answer(200, body)) as gw:
+        with pytest.raises(PermanentGatewayError):
+            await gw.list_jobs("i")
+
+
+async def test_listing_errors_are_classified() -> None:
+    async with client(answer(503, {"error": "down"}, {"Retry-After": "2"})) as gw:
+        with pytest.raises(TransientGatewayError) as info:
+            await gw.list_jobs("i")
+    assert info.value.retry_after_s == 2.0
+
+
+# --- cancel ------------------------------------------------------------------------
+
+
+async def test_cancel_queued_job() -> None:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json={"id": "j/1", "status": "cancelled"})
+
+    async with client(handler) as gw:
+        assert await gw.cancel("inst 1", "j/1") is True
+    (request,) = seen
+    assert request.method == "POST"
+    assert request.url.raw_path == b"/base/v1/instances/inst%201/send-queue/j%2F1/cancel"
+    assert request.headers["X-API-Key"] == API_KEY
+
+
+async def test_cancel_too_late_is_false() -> None:
+    async with client(answer(409, {"error": "job already sent"})) as gw:
+        assert await gw.cancel("i", "j") is False
+
+
+async def test_cancel_answer_with_other_label_is_false() -> None:
+    async with client(answer(200, {"id": "j", "status": "sent"})) as gw:
+        assert await gw.cancel("i", "j") is False
+
+
+async def test_cancel_2xx_without_label_is_true() -> None:
+    async with client(answer(204, b"")) as gw:
+        assert await gw.cancel("i", "j") is True
+
+
+async def test_cancel_unknown_job_is_permanent() -> None:
+    async with client(answer(404, {"error": "unknown job"})) as gw:
+        with pytest.raises(PermanentGatewayError) as info:
+            await gw.cancel("i", "j")
+    assert info.value.status_code == 404
+
+
+async def test_cancel_read_timeout_is_uncertain() -> None:
+    async with client(raising(httpx.ReadTimeout)) as gw:
+        with pytest.raises(UncertainGatewayError):
+            await gw.cancel("i", "j")

@@ -1,0 +1,327 @@
+"""JobProcessor decisions against a scripted gateway and an in-memory store (no I/O)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+
+import pytest
+
+from streams.contract import (
+    AttemptFinished,
+    CommandRequested,
+    IntentCaptured,
+    JobDead,
+    JobStatus,
+    ReceiptReceived,
+    StatusChanged,
+)
+from streams.errors import PermanentGatewayError, TransientGatewayError, UncertainGatewayError
+from streams.job_processor import Done, JobProcessor, Park, RetryPolicy
+from streams.ports import CancelOutcome, ListedJob, SendAccepted, TextMessage
+
+NOW = dt.datetime(2026, 11, 29, 12, 0, tzinfo=dt.UTC)
+S = JobStatus
+
+
+class ScriptedGateway:
+    name = "scripted"
+
+    def __init__(self, *outcomes: SendAccepted | Exception) -> None:
+        self.outcomes = list(outcomes)
+        self.sent: list[TextMessage] = []
+        self.listing: list[ListedJob] | None = []
+        self.cancel_outcome = CancelOutcome.CANCELLED
+        self.cancelled: list[str] = []
+
+    async def send_text(self, message: TextMessage) -> SendAccepted:
+        self.sent.append(message)
+        outcome = self.outcomes.pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    async def list_for_reconciliation(self, instance_id: str) -> list[ListedJob] | None:
+        return self.listing
+
+    async def cancel_job(self, instance_id: str, gateway_job_id: str) -> CancelOutcome:
+        self.cancelled.append(gateway_job_id)
+        return self.cancel_outcome
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+class MemoryStore:
+    def __init__(self) -> None:
+        self.states: dict[int, StatusChanged] = {}
+        self.history: list[StatusChanged] = []
+
+    def get(self, job_id: int) -> StatusChanged | None:
+        return self.states.get(job_id)
+
+    async def put(self, state: StatusChanged, partition: int) -> None:
+        previous = self.states.get(state.job_id)
+        assert previous is None or state.version == previous.version + 1
+        self.states[state.job_id] = state
+        self.history.append(state)
+
+
+class MemoryPublisher:
+    def __init__(self) -> None:
+        self.attempts: list[AttemptFinished] = []
+        self.dead: list[JobDead] = []
+
+    async def attempt_finished(self, record: AttemptFinished, key: bytes) -> None:
+        self.attempts.append(record)
+
+    async def job_dead(self, record: JobDead) -> None:
+        self.dead.append(record)
+
+
+def _intent(**kw: object) -> IntentCaptured:
+    base: dict[str, object] = {
+        "job_id": 7,
+        "instance_id": "i",
+        "conversation_key": "c",
+        "idempotency_key": "k",
+        "message_type": "text",
+        "to": "5511987654321",
+        "text": "hi",
+        "max_attempts": 3,
+    }
+    base.update(kw)
+    return IntentCaptured(**base)  # type: ignore[arg-type]
+
+
+def _processor(
+    gateway: ScriptedGateway, *, authoritative: bool = True
+) -> tuple[JobProcessor, MemoryStore, MemoryPublisher]:
+    store, publisher = MemoryStore(), MemoryPublisher()
+    processor = JobProcessor(
+        gateway,
+        store,
+        publisher,
+        RetryPolicy(schedule_s=(60, 300), jitter=0.0),
+        listing_authoritative=authoritative,
+        now=lambda: NOW,
+        rng=random.Random(1),
+    )
+    return processor, store, publisher
+
+
+OK = SendAccepted("g-1", "queued", S.ACCEPTED)
+
+
+async def test_journal_then_accept_with_attempt_id_as_reference() -> None:
+    gw = ScriptedGateway(OK)
+    p, store, pub = _processor(gw)
+    outcome = await p.on_intent(_intent(), 0)
+    assert isinstance(outcome, Done) and outcome.state is not None
+    assert [s.status for s in store.history] == ["ATTEMPTING", "ACCEPTED"]
+    assert store.history[0].attempt_id == "7-1" and gw.sent[0].reference == "7-1"
+    assert outcome.state.gateway_job_id == "g-1" and outcome.state.version == 2
+    assert [a.outcome for a in pub.attempts] == ["accepted"]
+
+
+async def test_settled_job_is_a_duplicate_and_nothing_is_sent() -> None:
+    gw = ScriptedGateway(OK)
+    p, store, _ = _processor(gw)
+    await p.on_intent(_intent(), 0)
+    again = await p.on_intent(_intent(), 0)
+    assert again == Done(None) and len(gw.sent) == 1
+
+
+async def test_expired_is_never_sent() -> None:
+    gw = ScriptedGateway(OK)
+    p, store, _ = _processor(gw)
+    outcome = await p.on_intent(_intent(expires_at=(NOW - dt.timedelta(seconds=1)).isoformat()), 0)
+    assert isinstance(outcome, Done) and outcome.state and outcome.state.status == "EXPIRED"
+    assert gw.sent == []
+
+
+async def test_transient_parks_on_the_schedule_honouring_retry_after() -> None:
+    gw = ScriptedGateway(TransientGatewayError("503", retry_after_s=120), OK)
+    p, store, pub = _processor(gw)
+    outcome = await p.on_intent(_intent(), 0)
+    assert isinstance(outcome, Park)
+    assert outcome.due == (NOW + dt.timedelta(seconds=120)).timestamp()  # max(60, Retry-After)
+    assert outcome.state.status == "RETRY_WAIT" and outcome.state.errors == ["503"]
+    again = await p.on_intent(_intent(), 0)
+    assert isinstance(again, Done) and again.state and again.state.status == "ACCEPTED"
+    assert [m.reference for m in gw.sent] == ["7-1", "7-2"]
+
+
+async def test_exhausted_retries_end_dead_with_every_error_on_the_dead_topic() -> None:
+    gw = ScriptedGateway(*[TransientGatewayError(f"down {n}") for n in range(3)])
+    p, store, pub = _processor(gw)
+    for _ in range(2):
+        assert isinstance(await p.on_intent(_intent(max_attempts=3), 0), Park)
+    outcome = await p.on_intent(_intent(max_attempts=3), 0)
+    assert isinstance(outcome, Done) and outcome.state and outcome.state.status == "DEAD"
+    assert pub.dead[0].errors == ["down 0", "down 1", "down 2"]
+    assert "gave up after 3 attempts" in pub.dead[0].reason
+
+
+async def test_permanent_is_not_retried() -> None:
+    gw = ScriptedGateway(PermanentGatewayError("401 bad key"), OK)
+    p, store, _ = _processor(gw)
+    outcome = await p.on_intent(_intent(), 0)
+    assert isinstance(outcome, Done) and outcome.state and outcome.state.status == "FAILED"
+    assert len(gw.sent) == 1
+
+
+def _listed(reference: str | None, text: str = "hi") -> ListedJob:
+    return ListedJob("g-9", reference, "5511987654321", text, S.ACCEPTED, "queued")
+
+
+async def test_uncertain_found_by_reference_is_adopted_not_resent() -> None:
+    gw = ScriptedGateway(UncertainGatewayError("reset mid-response"))
+    gw.listing = [_listed("7-1")]
+    p, store, _ = _processor(gw)
+    outcome = await p.on_intent(_intent(), 0)
+    assert isinstance(outcome, Done) and outcome.state and outcome.state.status == "ACCEPTED"
+    assert outcome.state.gateway_job_id == "g-9" and len(gw.sent) == 1
+
+
+async def test_uncertain_not_listed_with_authoritative_listing_is_resent_with_new_id() -> None:
+    gw = ScriptedGateway(UncertainGatewayError("reset"), OK)
+    gw.listing = [_listed("99-1")]
+    p, _, _ = _processor(gw)
+    outcome = await p.on_intent(_intent(), 0)
+    assert isinstance(outcome, Done) and outcome.state and outcome.state.status == "ACCEPTED"
+    assert [m.reference for m in gw.sent] == ["7-1", "7-2"]
+
+
+async def test_hidden_references_match_by_content_or_end_uncertain() -> None:
+    gw = ScriptedGateway(UncertainGatewayError("reset"))
+    gw.listing = [_listed(None, "hi")]
+    p, _, _ = _processor(gw, authoritative=False)
+    adopted = await p.on_intent(_intent(), 0)
+    assert isinstance(adopted, Done) and adopted.state and adopted.state.status == "ACCEPTED"
+
+    gw2 = ScriptedGateway(UncertainGatewayError("reset"))
+    gw2.listing = [_listed(None, "other text")]
+    p2, _, _ = _processor(gw2, authoritative=False)
+    unknown = await p2.on_intent(_intent(), 0)
+    assert isinstance(unknown, Done) and unknown.state and unknown.state.status == "UNCERTAIN"
+    assert len(gw2.sent) == 1
+
+    gw3 = ScriptedGateway(UncertainGatewayError("reset"))
+    gw3.listing = [_listed(None, "hi"), _listed(None, "hi")]
+    p3, _, _ = _processor(gw3, authoritative=True)
+    ambiguous = await p3.on_intent(_intent(), 0)
+    assert isinstance(ambiguous, Done) and ambiguous.state
+    assert ambiguous.state.status == "UNCERTAIN" and "2 jobs" in (ambiguous.state.reason or "")
+
+
+async def test_redelivered_while_attempting_is_reconciled_before_any_resend() -> None:
+    gw = ScriptedGateway(OK)
+    gw.listing = [_listed("7-1")]
+    p, store, _ = _processor(gw)
+    # A previous owner journaled attempt 7-1 and died before recording the outcome.
+    from streams.job_processor import job_ref
+    from streams.state_machine import transition
+
+    store.states[7] = transition(
+        job_ref(_intent()), None, S.ATTEMPTING, attempts=1, attempt_seq=1, attempt_id="7-1"
+    )
+    outcome = await p.on_intent(_intent(), 0)
+    assert isinstance(outcome, Done) and outcome.state and outcome.state.status == "ACCEPTED"
+    assert gw.sent == []
+
+
+def _command(command: str, **kw: object) -> CommandRequested:
+    base: dict[str, object] = {
+        "command_id": 1,
+        "command": command,
+        "job_id": 7,
+        "idempotency_key": "k",
+        "instance_id": "i",
+        "conversation_key": "c",
+        "reason": "customer asked",
+        "actor": "ops:ana",
+    }
+    base.update(kw)
+    return CommandRequested(**base)  # type: ignore[arg-type]
+
+
+async def test_reprocess_dead_job_sends_once_more_with_fresh_attempt_id() -> None:
+    gw = ScriptedGateway(*[TransientGatewayError("down")] * 3, OK)
+    p, store, _ = _processor(gw)
+    for _ in range(3):
+        await p.on_intent(_intent(max_attempts=3), 0)
+    assert store.get(7) and store.get(7).status == "DEAD"  # type: ignore[union-attr]
+    cmd = _command("reprocess", intent=_intent(max_attempts=3).to_dict())
+    outcome = await p.on_intent(_intent(max_attempts=3), 0, reprocess=cmd)
+    assert isinstance(outcome, Done) and outcome.state and outcome.state.status == "ACCEPTED"
+    assert gw.sent[-1].reference == "7-4"
+    note = [s for s in store.history if s.actor == "ops:ana"]
+    assert note and "reprocess requested: customer asked" in (note[0].reason or "")
+
+
+async def test_reprocess_refused_unless_dead_uncertain_or_failed() -> None:
+    gw = ScriptedGateway(OK)
+    p, store, _ = _processor(gw)
+    await p.on_intent(_intent(), 0)
+    outcome = await p.on_intent(_intent(), 0, reprocess=_command("reprocess"))
+    assert isinstance(outcome, Done) and outcome.state and "refused" in (outcome.state.reason or "")
+    assert len(gw.sent) == 1
+
+
+async def test_cancel_before_sending_and_after_acceptance() -> None:
+    gw = ScriptedGateway(OK)
+    p, store, _ = _processor(gw)
+    assert p.cancels_without_gateway(_command("cancel"))
+    cancelled = await p.on_cancel(_command("cancel"), 0)
+    assert cancelled and cancelled.status == "CANCELLED" and cancelled.actor == "ops:ana"
+    assert await p.on_intent(_intent(), 0) == Done(None)
+    assert gw.sent == []
+
+    gw2 = ScriptedGateway(OK)
+    p2, _, _ = _processor(gw2)
+    await p2.on_intent(_intent(), 0)
+    assert not p2.cancels_without_gateway(_command("cancel"))
+    confirmed = await p2.on_cancel(_command("cancel"), 0)
+    assert confirmed and confirmed.status == "CANCELLED" and gw2.cancelled == ["g-1"]
+
+    gw3 = ScriptedGateway(OK)
+    gw3.cancel_outcome = CancelOutcome.REFUSED
+    p3, _, _ = _processor(gw3)
+    await p3.on_intent(_intent(), 0)
+    refused = await p3.on_cancel(_command("cancel"), 0)
+    assert refused and refused.status == "ACCEPTED" and "already sent" in (refused.reason or "")
+
+
+def _receipt(label: str, status: str, event: str) -> ReceiptReceived:
+    return ReceiptReceived(
+        event_id=event,
+        job_id=7,
+        idempotency_key="k",
+        instance_id="i",
+        conversation_key="c",
+        gateway="zapapi",
+        gateway_job_id="g-1",
+        label=label,
+        status=status,
+    )
+
+
+async def test_receipts_move_forward_only_and_duplicates_change_nothing() -> None:
+    gw = ScriptedGateway(OK)
+    p, store, _ = _processor(gw)
+    await p.on_intent(_intent(), 0)
+    assert (await p.on_receipt(_receipt("read", "READ", "e3"), 0)).status == "READ"  # type: ignore[union-attr]
+    assert await p.on_receipt(_receipt("sent", "ACCEPTED", "e1"), 0) is None
+    assert await p.on_receipt(_receipt("delivered", "DELIVERED", "e2"), 0) is None
+    assert await p.on_receipt(_receipt("read", "READ", "e3"), 0) is None
+    assert store.get(7).status == "READ"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("attempts", "expected"), [(1, 60), (2, 300), (5, 300)])
+def test_schedule_steps_and_last_repeats(attempts: int, expected: float) -> None:
+    assert (
+        RetryPolicy(schedule_s=(60, 300), jitter=0).delay_s(attempts, None, random.Random(0))
+        == expected
+    )
