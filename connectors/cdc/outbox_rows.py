@@ -5,6 +5,8 @@ A row that cannot become an intent (payload not an object, unknown type,
 missing recipient, ...) becomes an :class:`~streams.contract.IntentRejected`
 carrying the whole row and the reason: the relay publishes it to
 ``zapstream.invalid`` and moves on, so one bad row never stops the stream.
+The intent rules are :mod:`connectors.outbox.rules`, the ones
+:func:`~connectors.outbox.enqueue.enqueue` applies before the INSERT.
 An ``outbox_commands`` row becomes a :class:`~streams.contract.CommandRequested`
 (:func:`command_row_to_record`), or likewise a rejection.
 """
@@ -16,15 +18,21 @@ from collections.abc import Mapping
 
 import orjson
 
-from connectors.outbox.enqueue import MAX_TEXT_CHARS
-from connectors.outbox.recipients import InvalidRecipient, conversation_key_for, normalize_recipient
+from connectors.outbox.recipients import conversation_key_for
+from connectors.outbox.rules import (
+    RuleViolation,
+    check_max_attempts,
+    check_message_type,
+    check_priority,
+    check_recipient,
+    require_text,
+    required,
+)
 from streams.contract import Command, CommandRequested, IntentCaptured, IntentRejected, Priority
-
-SUPPORTED_TYPES = frozenset({"text"})
 
 
 class _Reject(Exception):
-    pass
+    """The row cannot be decoded; intent rules raise :class:`RuleViolation` instead."""
 
 
 def _timestamp(value: str | None) -> str | None:
@@ -42,10 +50,12 @@ def _timestamp(value: str | None) -> str | None:
 
 
 def _required(row: Mapping[str, str | None], column: str) -> str:
-    value = row.get(column)
-    if value is None or not value.strip():
-        raise _Reject(f"{column} is missing")
-    return value
+    return required(row.get(column), column, problem="is missing")
+
+
+def _integer(text: str) -> int | str:
+    """The integer PostgreSQL printed, or the text itself for the rule to reject."""
+    return int(text) if text.isascii() and text.isdigit() else text
 
 
 def row_to_record(
@@ -65,24 +75,12 @@ def row_to_record(
             raise _Reject(f"payload is not JSON: {exc}") from exc
         if not isinstance(payload, dict):
             raise _Reject(f"payload is a JSON {type(payload).__name__}, not an object")
-        kind = payload.get("type", "text")
-        if kind not in SUPPORTED_TYPES:
-            raise _Reject(f"unknown message type {kind!r}")
-        try:
-            recipient = normalize_recipient(payload.get("to"))
-        except InvalidRecipient as exc:
-            raise _Reject(str(exc)) from exc
-        text = payload.get("text")
-        if not isinstance(text, str) or not text.strip():
-            raise _Reject("text is missing or empty")
-        if len(text) > MAX_TEXT_CHARS:
-            raise _Reject(f"text has {len(text)} characters; the limit is {MAX_TEXT_CHARS}")
-        priority = row.get("priority") or Priority.OPERATIONAL.value
-        if priority not in {p.value for p in Priority}:
-            raise _Reject(f"unknown priority {priority!r}")
-        max_attempts_text = row.get("max_attempts") or "5"
-        if not max_attempts_text.isdigit() or int(max_attempts_text) < 1:
-            raise _Reject(f"max_attempts {max_attempts_text!r} is not a positive integer")
+        kind = check_message_type(payload.get("type", "text"))
+        recipient = check_recipient(payload.get("to"))
+        text = require_text(payload.get("text"), problem="is missing or empty")
+        # NULL or empty columns take the table's defaults.
+        priority = check_priority(row.get("priority") or Priority.OPERATIONAL)
+        max_attempts = check_max_attempts(_integer(row.get("max_attempts") or "5"))
         return IntentCaptured(
             job_id=job_id,
             instance_id=instance_id,
@@ -91,15 +89,15 @@ def row_to_record(
             message_type=kind,
             to=recipient,
             text=text,
-            priority=priority,
+            priority=priority.value,
             purpose=row.get("purpose"),
             expires_at=_timestamp(row.get("expires_at")),
-            max_attempts=int(max_attempts_text),
+            max_attempts=max_attempts,
             created_at=_timestamp(row.get("created_at")),
             committed_at=committed_at,
             lsn=lsn,
         )
-    except _Reject as reason:
+    except (_Reject, RuleViolation) as reason:
         return IntentRejected(
             job_id=job_id, reason=str(reason), row=dict(row), lsn=lsn, committed_at=committed_at
         )
@@ -174,7 +172,7 @@ def command_row_to_record(
             intent=intent,
             lsn=lsn,
         )
-    except _Reject as rejected:
+    except (_Reject, RuleViolation) as rejected:
         return IntentRejected(
             job_id=job_id, reason=str(rejected), row=dict(row), lsn=lsn, committed_at=committed_at
         )

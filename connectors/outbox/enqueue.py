@@ -11,7 +11,8 @@
 never commit: the intent is published if and only if the caller's transaction
 commits. The same idempotency key twice returns the existing job's id without
 an error and without a second row. Invalid input raises :class:`InvalidIntent`
-before anything is written.
+before anything is written; the rules are :mod:`connectors.outbox.rules`, which the
+relay applies again to rows applications INSERT directly.
 """
 
 from __future__ import annotations
@@ -23,11 +24,19 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from connectors.outbox.recipients import InvalidRecipient, conversation_key_for, normalize_recipient
+from connectors.outbox.recipients import conversation_key_for
+from connectors.outbox.rules import MAX_TEXT_CHARS as MAX_TEXT_CHARS  # re-exported for callers
+from connectors.outbox.rules import (
+    RuleViolation,
+    check_conversation_key,
+    check_expires_at,
+    check_max_attempts,
+    check_priority,
+    check_recipient,
+    require_text,
+    required,
+)
 from streams.contract import Priority
-
-MAX_TEXT_CHARS = 4096
-"""WhatsApp's limit for a text message body."""
 
 
 class InvalidIntent(ValueError):
@@ -80,29 +89,18 @@ def _validate(
     expires_at: dt.datetime | None,
     max_attempts: int,
 ) -> _Row:
-    if not isinstance(instance_id, str) or not instance_id.strip():
-        raise InvalidIntent("instance_id is required")
-    if not isinstance(idempotency_key, str) or not idempotency_key.strip():
-        raise InvalidIntent("idempotency_key is required")
-    if not isinstance(text, str) or not text.strip():
-        raise InvalidIntent("text is empty")
-    if len(text) > MAX_TEXT_CHARS:
-        raise InvalidIntent(f"text has {len(text)} characters; the limit is {MAX_TEXT_CHARS}")
+    # The order decides which reason is reported when several rules are broken.
     try:
-        recipient = normalize_recipient(to)
-    except InvalidRecipient as exc:
+        instance_id = required(instance_id, "instance_id")
+        idempotency_key = required(idempotency_key, "idempotency_key")
+        text = require_text(text)
+        recipient = check_recipient(to)
+        chosen_priority = check_priority(priority)
+        expires_at = check_expires_at(expires_at)
+        max_attempts = check_max_attempts(max_attempts)
+        conversation_key = check_conversation_key(conversation_key)
+    except RuleViolation as exc:
         raise InvalidIntent(str(exc)) from exc
-    try:
-        chosen_priority = Priority(priority)
-    except ValueError:
-        allowed = ", ".join(p.value for p in Priority)
-        raise InvalidIntent(f"unknown priority {priority!r}; use one of {allowed}") from None
-    if expires_at is not None and expires_at.tzinfo is None:
-        raise InvalidIntent("expires_at must be timezone-aware")
-    if not isinstance(max_attempts, int) or max_attempts < 1:
-        raise InvalidIntent("max_attempts must be a positive integer")
-    if conversation_key is not None and not conversation_key.strip():
-        raise InvalidIntent("conversation_key, when given, must not be empty")
     return _Row(
         instance_id=instance_id.strip(),
         payload={"type": "text", "to": recipient, "text": text},

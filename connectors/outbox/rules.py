@@ -1,0 +1,97 @@
+"""What makes a send intent valid: the one place both ends of the outbox check it.
+
+An intent is checked twice, by the same rules: by :mod:`connectors.outbox.enqueue`
+before the application's INSERT (a violation becomes
+:class:`~connectors.outbox.enqueue.InvalidIntent` and nothing is written), and by
+:mod:`connectors.cdc.outbox_rows` when the relay reads a row, because applications
+may INSERT directly (a violation becomes an
+:class:`~streams.contract.IntentRejected` published to ``zapstream.invalid``).
+The ``outbox_jobs`` table deliberately accepts malformed payloads so that a bad
+intent never aborts the application's transaction; it only enforces
+``max_attempts > 0`` and its NOT NULL columns.
+
+Each rule returns the value to use or raises :class:`RuleViolation` with the
+reason. The API and the relay word an absent value differently: a parameter
+"is required", a column or payload key "is missing". Those rules take the
+wording as ``problem``; every other reason is the same on both sides.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from connectors.outbox.recipients import InvalidRecipient, normalize_recipient
+from streams.contract import Priority
+
+MAX_TEXT_CHARS = 4096
+"""WhatsApp's limit for a text message body, in characters (code points)."""
+
+SUPPORTED_TYPES = frozenset({"text"})
+"""The message types the pipeline can send."""
+
+
+class RuleViolation(ValueError):
+    """A value breaks one of the intent rules; the message is the reason."""
+
+
+def required(value: object, what: str, *, problem: str = "is required") -> str:
+    """Return ``value`` unchanged if it is a string with something besides whitespace."""
+    if not isinstance(value, str) or not value.strip():
+        raise RuleViolation(f"{what} {problem}")
+    return value
+
+
+def require_text(value: object, *, problem: str = "is empty") -> str:
+    """Return the message body unchanged if it is non-blank and within :data:`MAX_TEXT_CHARS`."""
+    text = required(value, "text", problem=problem)
+    if len(text) > MAX_TEXT_CHARS:
+        raise RuleViolation(f"text has {len(text)} characters; the limit is {MAX_TEXT_CHARS}")
+    return text
+
+
+def check_recipient(value: object) -> str:
+    """Return the normalised recipient (see :mod:`connectors.outbox.recipients`)."""
+    try:
+        return normalize_recipient(value)
+    except InvalidRecipient as exc:
+        raise RuleViolation(str(exc)) from exc
+
+
+def check_priority(value: object) -> Priority:
+    """Return the :class:`~streams.contract.Priority` named by ``value``."""
+    if isinstance(value, str):
+        try:
+            return Priority(value)
+        except ValueError:
+            pass
+    allowed = ", ".join(p.value for p in Priority)
+    raise RuleViolation(f"unknown priority {value!r}; use one of {allowed}")
+
+
+def check_max_attempts(value: object) -> int:
+    """Return ``value`` if it is an integer of at least 1."""
+    if not isinstance(value, int) or value < 1:
+        raise RuleViolation(f"max_attempts must be a positive integer, not {value!r}")
+    return value
+
+
+def check_message_type(value: object) -> str:
+    """Return ``value`` if it is one of :data:`SUPPORTED_TYPES`."""
+    # The isinstance check first: a JSON list or object is unhashable.
+    if not isinstance(value, str) or value not in SUPPORTED_TYPES:
+        raise RuleViolation(f"unknown message type {value!r}")
+    return value
+
+
+def check_expires_at(value: dt.datetime | None) -> dt.datetime | None:
+    """Return ``value`` if it is absent or timezone-aware: a naive time is ambiguous."""
+    if value is not None and value.tzinfo is None:
+        raise RuleViolation("expires_at must be timezone-aware")
+    return value
+
+
+def check_conversation_key(value: str | None) -> str | None:
+    """Return ``value`` if it is absent or non-blank; absent means "derive it"."""
+    if value is not None and not value.strip():
+        raise RuleViolation("conversation_key, when given, must not be empty")
+    return value
