@@ -19,26 +19,42 @@ Exit codes: 0 done (cancelled; reprocessing taken up by the worker), 1 not done
 such job, a job that may not be reprocessed, an uncertain job without ``--yes``).
 
 The functions take the DSN and an output stream so they can be tested without
-the argument parser; :func:`add_jobs_parser` wires them into ``zapstream``.
+the argument parser; :func:`add_jobs_parser` wires them into ``zapstream``. The
+queries they run are in :mod:`connectors.ops.jobs_sql`, the text they print is
+made by :mod:`connectors.ops.jobs_render`.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime as dt
 import math
 import re
 import sys
-import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 import psycopg
-from psycopg import sql
 
+from connectors.ops.jobs_render import (
+    events_table,
+    human_age,
+    job_summary,
+    jobs_table,
+    page_footer,
+    when,
+)
+from connectors.ops.jobs_sql import (
+    Job,
+    JobEvent,
+    database_now,
+    fetch_events,
+    fetch_job,
+    fetch_job_page,
+    poll_events,
+    request_command,
+)
 from connectors.outbox.commands import InvalidCommand, request_cancel_by_id, request_reprocess
-from connectors.outbox.recipients import mask_recipient
 from streams.contract import JobStatus
 
 __all__ = [
@@ -48,7 +64,7 @@ __all__ = [
     "REPROCESSABLE",
     "add_jobs_parser",
     "cancel_job",
-    "human_age",
+    "human_age",  # lives in jobs_render; still importable from here
     "list_jobs",
     "parse_duration",
     "parse_instant",
@@ -65,8 +81,6 @@ _IN_PROGRESS = frozenset({JobStatus.PENDING, JobStatus.ATTEMPTING, JobStatus.RET
 
 DEFAULT_WAIT_S = 30.0
 POLL_INTERVAL_S = 0.5
-_ERROR_WIDTH = 40
-_REASON_WIDTH = 60
 
 
 # --- parsing ------------------------------------------------------------------------
@@ -93,152 +107,7 @@ def parse_instant(text: str) -> dt.datetime:
     return value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)
 
 
-def human_age(delta: dt.timedelta) -> str:
-    """``42s``, ``3m12s``, ``2h05m``, ``3d04h``: two units at most."""
-    seconds = max(0, int(delta.total_seconds()))
-    if seconds < 60:
-        return f"{seconds}s"
-    minutes, seconds = divmod(seconds, 60)
-    if minutes < 60:
-        return f"{minutes}m{seconds:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 24:
-        return f"{hours}h{minutes:02d}m"
-    days, hours = divmod(hours, 24)
-    return f"{days}d{hours:02d}h"
-
-
-def _when(value: dt.datetime | None) -> str:
-    if value is None:
-        return "-"
-    return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
-
-
-def _cut(value: str | None, width: int) -> str:
-    if not value:
-        return "-"
-    flat = " ".join(value.split())
-    return flat if len(flat) <= width else flat[: width - 3] + "..."
-
-
-def _table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
-    body = [list(r) for r in rows]
-    widths = [max([len(h), *(len(r[i]) for r in body)]) for i, h in enumerate(headers)]
-    lines = [headers, *body]
-    return "\n".join(
-        "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
-        for line in lines
-    )
-
-
-# --- reading jobs and their events ----------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Job:
-    id: int
-    instance_id: str
-    recipient: str | None
-    status: str
-    attempts: int
-    last_error: str | None
-    expires_at: dt.datetime | None
-
-    @property
-    def masked_recipient(self) -> str:
-        return mask_recipient(self.recipient) if self.recipient else "-"
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Event:
-    id: int
-    version: int
-    from_status: str | None
-    to_status: str
-    actor: str
-    reason: str | None
-    at: dt.datetime
-
-    @property
-    def is_note(self) -> bool:
-        """A same-status event: the worker's note that it did not apply a command."""
-        return self.from_status == self.to_status
-
-    def line(self) -> list[str]:
-        return [
-            f"v{self.version}",
-            f"{self.from_status or '-'} -> {self.to_status}",
-            self.actor,
-            _cut(self.reason, _REASON_WIDTH),
-            _when(self.at),
-        ]
-
-
-_EVENT_HEADERS = ("VERSION", "TRANSITION", "ACTOR", "REASON", "AT (UTC)")
-
-# payload ->> 'to' is NULL for a payload that is not an object: no error, no text.
-_JOB = """
-    SELECT id, instance_id, payload ->> 'to', status, attempts, last_error, expires_at
-    FROM outbox_jobs WHERE id = %s
-"""
-_EVENTS_AFTER = """
-    SELECT id, version, from_status, to_status, actor, reason, at
-    FROM outbox_job_events WHERE job_id = %s AND id > %s
-    ORDER BY id
-"""
-_HISTORY = """
-    SELECT id, version, from_status, to_status, actor, reason, at
-    FROM outbox_job_events WHERE job_id = %s
-    ORDER BY version, id
-"""
-_LAST_EVENT_ID = "SELECT coalesce(max(id), 0) FROM outbox_job_events WHERE job_id = %s"
-
-
-def _fetch_job(conn: psycopg.Connection[Any], job_id: int) -> _Job | None:
-    row = conn.execute(_JOB, (job_id,)).fetchone()
-    return _Job(*row) if row is not None else None
-
-
-def _events(conn: psycopg.Connection[Any], job_id: int, *, after_id: int | None) -> list[_Event]:
-    if after_id is None:
-        return [_Event(*r) for r in conn.execute(_HISTORY, (job_id,))]
-    return [_Event(*r) for r in conn.execute(_EVENTS_AFTER, (job_id, after_id))]
-
-
-def _request(
-    conn: psycopg.Connection[Any],
-    job_id: int,
-    insert: Callable[[psycopg.Connection[Any]], int],
-) -> tuple[int, int]:
-    """Write the command in its own transaction; return (command id, last event id before it).
-
-    Events written after the command have higher ids than the one read here, in
-    the database's own order, so the worker's clock never matters.
-    """
-    with conn.transaction():
-        row = conn.execute(_LAST_EVENT_ID, (job_id,)).fetchone()
-        baseline = int(row[0]) if row is not None else 0
-        command_id = insert(conn)
-    return command_id, baseline
-
-
-def _poll(
-    conn: psycopg.Connection[Any],
-    job_id: int,
-    after_id: int,
-    *,
-    wait_s: float,
-    poll_interval_s: float,
-    settled: Callable[[list[_Event]], bool],
-) -> list[_Event]:
-    """Events of the job after ``after_id``, polled until ``settled`` or ``wait_s`` passed."""
-    deadline = time.monotonic() + max(0.0, wait_s)
-    while True:
-        events = _events(conn, job_id, after_id=after_id)
-        remaining = deadline - time.monotonic()
-        if settled(events) or remaining <= 0:
-            return events
-        time.sleep(min(poll_interval_s, remaining))
+# --- outcomes --------------------------------------------------------------------------
 
 
 def _still_pending(out: TextIO, command_id: int) -> int:
@@ -269,68 +138,34 @@ def list_jobs(
     out = out or sys.stdout
     if limit < 1 or page < 1:
         raise ValueError("limit and page must be positive")
-    conditions: list[sql.Composable] = []
-    params: list[Any] = []
-    if states:
-        conditions.append(sql.SQL("status = ANY(%s)"))
-        params.append([JobStatus(s.upper()).value for s in states])
-    if instance is not None:
-        conditions.append(sql.SQL("instance_id = %s"))
-        params.append(instance)
-    if since is not None:
-        conditions.append(sql.SQL("created_at >= %s"))
-        params.append(since)
-    if until is not None:
-        conditions.append(sql.SQL("created_at < %s"))
-        params.append(until)
-    where = sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conditions) if conditions else sql.SQL("")
-    count_query = sql.SQL("SELECT count(*) FROM outbox_jobs") + where
-    page_query = (
-        sql.SQL(
-            "SELECT id, instance_id, payload ->> 'to', status, attempts, created_at, "
-            "last_error, updated_at FROM outbox_jobs"
-        )
-        + where
-        + sql.SQL(" ORDER BY id DESC LIMIT %s OFFSET %s")
-    )
+    # Checked before connecting: an unknown status is the caller's error, not the database's.
+    statuses = [JobStatus(s.upper()).value for s in states]
     with psycopg.connect(dsn, autocommit=True) as conn:
         if now is None:
             # The database's clock, the one created_at was written with.
-            now_row = conn.execute("SELECT now()").fetchone()
-            assert now_row is not None
-            now = now_row[0]
-        count_row = conn.execute(count_query, params).fetchone()
-        total = int(count_row[0]) if count_row is not None else 0
-        rows = conn.execute(page_query, [*params, limit, (page - 1) * limit]).fetchall()
-    table = []
-    for job_id, instance_id, recipient, status, attempts, created, last_error, updated in rows:
-        table.append(
-            [
-                str(job_id),
-                instance_id,
-                mask_recipient(recipient) if recipient else "-",
-                status,
-                str(attempts),
-                human_age(now - created),
-                _cut(last_error, _ERROR_WIDTH),
-                _when(updated),
-            ]
+            now = database_now(conn)
+        result = fetch_job_page(
+            conn,
+            statuses=statuses,
+            instance=instance,
+            since=since,
+            until=until,
+            limit=limit,
+            page=page,
         )
-    headers = ("ID", "INSTANCE", "RECIPIENT", "STATUS", "ATTEMPTS", "AGE", "LAST ERROR")
-    print(_table((*headers, "UPDATED (UTC)"), table), file=out)
-    pages = max(1, math.ceil(total / limit))
-    print(f"page {page} of {pages}, {total} jobs", file=out)
+    print(jobs_table(result.jobs, now=now), file=out)
+    print(page_footer(page=page, limit=limit, total=result.total), file=out)
     return EXIT_DONE
 
 
 # --- jobs cancel -----------------------------------------------------------------------
 
 
-def _cancel_settled(events: list[_Event]) -> bool:
+def _cancel_settled(events: list[JobEvent]) -> bool:
     return any(e.to_status == JobStatus.CANCELLED or _is_cancel_note(e) for e in events)
 
 
-def _is_cancel_note(event: _Event) -> bool:
+def _is_cancel_note(event: JobEvent) -> bool:
     return event.is_note and (event.reason or "").lower().startswith("cancel")
 
 
@@ -347,12 +182,12 @@ def cancel_job(
     """Request the job's cancellation and report the worker's outcome within ``wait_s``."""
     out = out or sys.stdout
     with psycopg.connect(dsn, autocommit=True) as conn:
-        job = _fetch_job(conn, job_id)
+        job = fetch_job(conn, job_id)
         if job is None:
             print(f"no job {job_id}", file=out)
             return EXIT_REFUSED
         try:
-            command_id, baseline = _request(
+            command_id, baseline = request_command(
                 conn, job_id, lambda c: request_cancel_by_id(c, job_id, reason, actor)
             )
         except InvalidCommand as exc:
@@ -363,7 +198,7 @@ def cancel_job(
             f"by {actor.strip()}: {reason.strip()}",
             file=out,
         )
-        events = _poll(
+        events = poll_events(
             conn,
             job_id,
             baseline,
@@ -374,7 +209,7 @@ def cancel_job(
     for event in events:
         if event.to_status == JobStatus.CANCELLED:
             print(
-                f"CANCELLED: job {job_id} by {event.actor} at {_when(event.at)}"
+                f"CANCELLED: job {job_id} by {event.actor} at {when(event.at)}"
                 f" ({event.reason or 'no reason given'})",
                 file=out,
             )
@@ -391,7 +226,7 @@ def cancel_job(
 # --- jobs reprocess ---------------------------------------------------------------------
 
 
-def _looks_uncertain(job: _Job, history: list[_Event]) -> bool:
+def _looks_uncertain(job: Job, history: list[JobEvent]) -> bool:
     """Whether the last attempt may have reached the gateway (so a resend may duplicate it)."""
     if job.status == JobStatus.UNCERTAIN:
         return True
@@ -401,13 +236,13 @@ def _looks_uncertain(job: _Job, history: list[_Event]) -> bool:
     return last.to_status == JobStatus.UNCERTAIN or "uncertain" in (last.reason or "").lower()
 
 
-def _is_reprocess_refusal(event: _Event) -> bool:
+def _is_reprocess_refusal(event: JobEvent) -> bool:
     # The worker notes an accepted reprocess too ("reprocess requested: ..."),
     # before the new attempt; only "reprocess refused: ..." is a refusal.
     return event.is_note and (event.reason or "").lower().startswith("reprocess refused")
 
 
-def _reprocess_settled(events: list[_Event]) -> bool:
+def _reprocess_settled(events: list[JobEvent]) -> bool:
     if any(_is_reprocess_refusal(e) for e in events):
         return True
     moves = [e for e in events if not e.is_note]
@@ -433,7 +268,7 @@ def reprocess_job(
     """
     out = out or sys.stdout
     with psycopg.connect(dsn, autocommit=True) as conn:
-        job = _fetch_job(conn, job_id)
+        job = fetch_job(conn, job_id)
         if job is None:
             print(f"no job {job_id}", file=out)
             return EXIT_REFUSED
@@ -445,16 +280,11 @@ def reprocess_job(
                 file=out,
             )
             return EXIT_REFUSED
-        print(
-            f"job {job_id}: {job.status} after {job.attempts} attempt(s), instance "
-            f"{job.instance_id}, recipient {job.masked_recipient}, "
-            f"last error: {_cut(job.last_error, _REASON_WIDTH)}",
-            file=out,
-        )
-        history = _events(conn, job_id, after_id=None)
+        print(job_summary(job), file=out)
+        history = fetch_events(conn, job_id, after_id=None)
         if history:
             print("history:", file=out)
-            print(_table(_EVENT_HEADERS, (e.line() for e in history)), file=out)
+            print(events_table(history), file=out)
         else:
             print("history: no transitions recorded", file=out)
         if _looks_uncertain(job, history):
@@ -471,12 +301,12 @@ def reprocess_job(
                 return EXIT_REFUSED
         if job.expires_at is not None and job.expires_at <= dt.datetime.now(dt.UTC):
             print(
-                f"note: the job expired at {_when(job.expires_at)}; "
+                f"note: the job expired at {when(job.expires_at)}; "
                 "the worker will expire it again instead of sending it",
                 file=out,
             )
         try:
-            command_id, baseline = _request(
+            command_id, baseline = request_command(
                 conn, job_id, lambda c: request_reprocess(c, job_id, reason, actor)
             )
         except InvalidCommand as exc:
@@ -487,7 +317,7 @@ def reprocess_job(
             f"by {actor.strip()}: {reason.strip()}",
             file=out,
         )
-        events = _poll(
+        events = poll_events(
             conn,
             job_id,
             baseline,
@@ -497,7 +327,7 @@ def reprocess_job(
         )
     if not events:
         return _still_pending(out, command_id)
-    print(_table(_EVENT_HEADERS, (e.line() for e in events)), file=out)
+    print(events_table(events), file=out)
     refusals = [e for e in events if _is_reprocess_refusal(e)]
     if refusals:
         print(f"NOT REPROCESSED: job {job_id}: {refusals[-1].reason}", file=out)
