@@ -3,8 +3,10 @@
 ``zapstream relay`` runs one :class:`OutboxRelay`. It
 
 1. makes sure the publication (inserts only, so state write-back into
-   ``outbox_jobs`` never echoes into the stream) and the pgoutput slot exist;
-2. streams the slot with ``START_REPLICATION`` (see :mod:`connectors.cdc.replication_stream`);
+   ``outbox_jobs`` never echoes into the stream) and the pgoutput slot exist
+   (see :mod:`connectors.cdc.provisioning`);
+2. streams the slot with ``START_REPLICATION`` (see :mod:`connectors.cdc.replication_stream`;
+   the relay sees it only as a :class:`~connectors.cdc.source.ReplicationSource`);
 3. turns each inserted row into an ``IntentCaptured`` on ``zapstream.intents``
    keyed by instance and conversation, or an ``IntentRejected`` on
    ``zapstream.invalid`` with the reason;
@@ -17,7 +19,10 @@ produced again (the worker drops the duplicates). PostgreSQL lets one consumer
 stream a slot at a time, so a second relay waits as a hot standby, retrying
 every ``standby_retry_s``, and takes over when the first one's connection ends.
 SIGTERM drains: stop reading WAL, wait for Kafka to acknowledge what is in
-flight (bounded by ``drain_timeout_s``), confirm it, close.
+flight (bounded by ``drain_timeout_s``), confirm it, close. If Kafka refuses
+or cancels a record, the relay confirms nothing past it, stops and
+:meth:`OutboxRelay.run` raises :class:`RelayError`; the restarted relay replays
+from the slot.
 """
 
 from __future__ import annotations
@@ -27,17 +32,16 @@ import contextlib
 import dataclasses
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-import psycopg
 from aiokafka import AIOKafkaProducer
-from psycopg import errors as pg_errors
-from psycopg import sql
 
-from connectors.cdc.acks import AckTracker
+from connectors.cdc.acks import AckOrderError, AckTracker
 from connectors.cdc.lsn import Lsn
 from connectors.cdc.outbox_rows import command_row_to_record, row_to_record
 from connectors.cdc.pgoutput import Begin, Commit, Insert, PgOutputDecoder
+from connectors.cdc.provisioning import OUTBOX_TABLE, PUBLISHED_TABLES, ensure_replication
 from connectors.cdc.replication_messages import PrimaryKeepalive, XLogData
 from connectors.cdc.replication_stream import (
     ReplicationError,
@@ -46,6 +50,7 @@ from connectors.cdc.replication_stream import (
     SlotInUse,
 )
 from connectors.cdc.settings import RelaySettings
+from connectors.cdc.source import ReplicationSource
 from streams.contract import (
     HEADER_JOB_ID,
     HEADER_LSN,
@@ -58,64 +63,9 @@ from streams.contract import (
 
 log = logging.getLogger(__name__)
 
-OUTBOX_TABLE = "outbox_jobs"
-COMMANDS_TABLE = "outbox_commands"
-PUBLISHED_TABLES = (OUTBOX_TABLE, COMMANDS_TABLE)
-
 
 class RelayError(RuntimeError):
     """The relay cannot go on safely (Kafka refused a record, the slot went missing)."""
-
-
-def ensure_replication(dsn: str, *, slot: str, publication: str) -> Lsn:
-    """Create the insert-only publication and the pgoutput slot if missing.
-
-    The publication covers ``outbox_jobs`` and ``outbox_commands``; a publication
-    from an older version gets the missing table added. Returns the slot's
-    confirmed position. Safe to run from several relays at once.
-    """
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        exists = conn.execute(
-            "SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)
-        ).fetchone()
-        if not exists:
-            with contextlib.suppress(pg_errors.DuplicateObject):
-                conn.execute(
-                    sql.SQL("CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert')").format(
-                        sql.Identifier(publication),
-                        sql.SQL(", ").join(sql.Identifier(t) for t in PUBLISHED_TABLES),
-                    )
-                )
-        published = {
-            str(name)
-            for (name,) in conn.execute(
-                "SELECT tablename FROM pg_publication_tables WHERE pubname = %s", (publication,)
-            )
-        }
-        for table in PUBLISHED_TABLES:
-            if table not in published:
-                with contextlib.suppress(pg_errors.DuplicateObject):
-                    conn.execute(
-                        sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(
-                            sql.Identifier(publication), sql.Identifier(table)
-                        )
-                    )
-        row = conn.execute(
-            "SELECT plugin, confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = %s",
-            (slot,),
-        ).fetchone()
-        if row is None:
-            with contextlib.suppress(pg_errors.DuplicateObject):
-                conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
-            row = conn.execute(
-                "SELECT plugin, confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = %s",
-                (slot,),
-            ).fetchone()
-        assert row is not None
-        plugin, confirmed = row
-        if plugin != "pgoutput":
-            raise RelayError(f"slot {slot!r} uses plugin {plugin!r}, not pgoutput")
-        return Lsn.parse(str(confirmed)) if confirmed else Lsn(0)
 
 
 @dataclasses.dataclass(slots=True)
@@ -143,16 +93,35 @@ def build_producer(settings: RelaySettings) -> AIOKafkaProducer:
 
 
 class OutboxRelay:
-    """Streams outbox inserts into Kafka, confirming only what Kafka acknowledged."""
+    """Streams outbox inserts into Kafka, confirming only what Kafka acknowledged.
 
-    def __init__(self, settings: RelaySettings, producer: AIOKafkaProducer | None = None) -> None:
+    The collaborators default to production ones and can be injected (tests do):
+    ``producer`` (an :class:`AIOKafkaProducer` or anything with its
+    ``start``/``stop``/``send``/``flush``), ``source_factory`` (a new
+    :class:`~connectors.cdc.source.ReplicationSource` per connection attempt) and
+    ``provision`` (makes sure the publication and slot exist, returns the slot's
+    confirmed LSN).
+    """
+
+    def __init__(
+        self,
+        settings: RelaySettings,
+        producer: AIOKafkaProducer | None = None,
+        *,
+        source_factory: Callable[[], ReplicationSource] | None = None,
+        provision: Callable[[], Awaitable[Lsn]] | None = None,
+    ) -> None:
         self.settings = settings
         self._producer = producer or build_producer(settings)
+        self._new_source = source_factory or self._replication_stream
+        self._provision = provision or self._ensure_replication
         self._stopping = asyncio.Event()
         self._failure: BaseException | None = None
         self._stats = RelayStats()
         self._tracker: AckTracker | None = None
         self._reported = Lsn(0)
+        # Sends Kafka has not answered yet, so the drain can wait for their callbacks.
+        self._in_flight: set[asyncio.Future[Any]] = set()
         self._room = asyncio.Event()
         self._room.set()
         self._started = False
@@ -181,29 +150,41 @@ class OutboxRelay:
     def request_stop(self) -> None:
         """Ask :meth:`run` to drain and return (signal handlers call this)."""
         self._stopping.set()
+        # Wake a send blocked on backpressure so it sees the stop.
+        self._room.set()
 
     async def stop(self) -> None:
         if self._stopped:
             return
         self._stopped = True
-        self._stopping.set()
+        self.request_stop()
         if self._started:
             await self._producer.stop()
 
-    async def run(self) -> None:
-        """Stream until :meth:`request_stop`; wait as a standby while another relay has the slot."""
+    def _replication_stream(self) -> ReplicationSource:
         s = self.settings
-        dsn = s.postgres.dsn
-        confirmed = await asyncio.to_thread(
-            ensure_replication, dsn, slot=s.slot, publication=s.publication
+        return ReplicationStream(s.postgres.dsn, slot=s.slot, publication=s.publication)
+
+    async def _ensure_replication(self) -> Lsn:
+        s = self.settings
+        return await asyncio.to_thread(
+            ensure_replication, s.postgres.dsn, slot=s.slot, publication=s.publication
         )
+
+    async def run(self) -> None:
+        """Stream until :meth:`request_stop`; wait as a standby while another relay has the slot.
+
+        Raises :class:`RelayError` once Kafka refused or cancelled a record.
+        """
+        s = self.settings
+        confirmed = await self._provision()
         announced_standby = False
         while not self._stopping.is_set():
-            stream = ReplicationStream(dsn, slot=s.slot, publication=s.publication)
+            source = self._new_source()
             try:
-                await stream.start(Lsn(0))
+                await source.start(Lsn(0))
             except SlotInUse:
-                await stream.close()
+                await source.close()
                 if not announced_standby:
                     log.info("relay standby: slot %s is streamed by another relay; waiting", s.slot)
                     announced_standby = True
@@ -212,7 +193,7 @@ class OutboxRelay:
                 continue
             announced_standby = False
             try:
-                confirmed = await self._stream(stream, confirmed)
+                confirmed = await self._stream(source, confirmed)
             except ReplicationStreamClosed as exc:
                 if not exc.retriable:
                     raise
@@ -225,7 +206,7 @@ class OutboxRelay:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), s.standby_retry_s)
             finally:
-                await stream.close()
+                await source.close()
             if self._failure is not None:
                 raise RelayError("Kafka did not acknowledge a record") from self._failure
         log.info(
@@ -237,7 +218,7 @@ class OutboxRelay:
             time.monotonic() - self._stats.started,
         )
 
-    async def _stream(self, stream: ReplicationStream, confirmed: Lsn) -> Lsn:
+    async def _stream(self, source: ReplicationSource, confirmed: Lsn) -> Lsn:
         s = self.settings
         tracker = AckTracker(confirmed)
         self._tracker = tracker
@@ -249,7 +230,7 @@ class OutboxRelay:
         lsn_text = str(confirmed)
         next_status = time.monotonic() + s.status_interval_s
         while not self._stopping.is_set() and self._failure is None:
-            message = await stream.read(timeout_s=s.status_interval_s)
+            message = await source.read(timeout_s=s.status_interval_s)
             if isinstance(message, XLogData):
                 decoded = decoder.decode(message.payload)
                 if isinstance(decoded, Begin):
@@ -268,12 +249,12 @@ class OutboxRelay:
             elif isinstance(message, PrimaryKeepalive):
                 tracker.keepalive(message.wal_end)
                 if message.reply_requested:
-                    await self._report(stream, force=True)
+                    await self._report(source, force=True)
             now = time.monotonic()
             if now >= next_status:
-                await self._report(stream)
+                await self._report(source)
                 next_status = now + s.status_interval_s
-        await self._drain(stream)
+        await self._drain(source)
         return tracker.confirmed
 
     async def _produce(
@@ -287,6 +268,10 @@ class OutboxRelay:
         tracker = self._tracker
         assert tracker is not None
         while tracker.records_outstanding >= self.settings.max_in_flight:
+            if self._stopping.is_set() or self._failure is not None:
+                # Leave the row unsent: its transaction stays open in the tracker,
+                # so nothing at or past it is confirmed, and the slot replays it.
+                return
             self._room.clear()
             await self._room.wait()
         convert = row_to_record if table == OUTBOX_TABLE else command_row_to_record
@@ -305,43 +290,63 @@ class OutboxRelay:
         ]
         tracker.record_sent(txn)
         future = await self._producer.send(topic, record.dumps(), key=key, headers=headers)
-        future.add_done_callback(lambda f: self._on_ack(f, txn))
+        self._in_flight.add(future)
+        # Bind this connection's tracker: after a reconnect, late acks of the old
+        # connection's records must not count against the new tracker.
+        future.add_done_callback(lambda f: self._on_ack(f, tracker, txn))
 
-    def _on_ack(self, future: asyncio.Future[Any], txn: Any) -> None:
-        tracker = self._tracker
-        if future.cancelled() or future.exception() is not None:
-            # Never confirm past a record Kafka did not take: stop, restart from the slot.
-            self._failure = future.exception() or RelayError("send cancelled")
-            log.error("Kafka did not acknowledge a record: %r", self._failure)
-            self._stopping.set()
-            self._room.set()
+    def _on_ack(self, future: asyncio.Future[Any], tracker: AckTracker, txn: Any) -> None:
+        self._in_flight.discard(future)
+        # exception() raises CancelledError on a cancelled future: ask cancelled() first.
+        if future.cancelled():
+            failure: BaseException | None = RelayError("Kafka send was cancelled")
+        else:
+            failure = future.exception()
+        if failure is None:
+            try:
+                tracker.record_acked(txn)
+            except AckOrderError as exc:
+                failure = exc
+        if failure is not None:
+            # Never confirm past a record Kafka did not take: its transaction keeps
+            # an outstanding record in the tracker forever. Stop; restart from the slot.
+            self._fail(failure)
             return
-        assert tracker is not None
-        tracker.record_acked(txn)
         self._stats.acked += 1
         if tracker.records_outstanding < self.settings.max_in_flight:
             self._room.set()
 
-    async def _report(self, stream: ReplicationStream, *, force: bool = False) -> None:
+    def _fail(self, failure: BaseException) -> None:
+        log.error("a record was not acknowledged; stopping without confirming it: %r", failure)
+        if self._failure is None:
+            self._failure = failure
+        self.request_stop()
+
+    async def _report(self, source: ReplicationSource, *, force: bool = False) -> None:
         tracker = self._tracker
         assert tracker is not None
         confirmed = tracker.confirmed
         if confirmed < self._reported:
             raise RelayError(f"confirmed LSN would move back from {self._reported} to {confirmed}")
         if confirmed > self._reported or force:
-            await stream.send_status(flush=confirmed)
+            await source.send_status(flush=confirmed)
             self._reported = confirmed
 
-    async def _drain(self, stream: ReplicationStream) -> None:
+    async def _drain(self, source: ReplicationSource) -> None:
         """Wait (bounded) for Kafka to acknowledge what is in flight, then confirm it."""
         if self._failure is not None:
             return
         try:
-            await asyncio.wait_for(self._producer.flush(), self.settings.drain_timeout_s)
+            async with asyncio.timeout(self.settings.drain_timeout_s):
+                await self._producer.flush()
+                # flush() returns once Kafka answered; the ack callbacks may not
+                # have run yet. asyncio.wait never cancels the sends themselves.
+                if self._in_flight:
+                    await asyncio.wait(set(self._in_flight))
         except TimeoutError:
             log.warning("drain: Kafka did not acknowledge everything within the bound")
         try:
-            await self._report(stream, force=True)
+            await self._report(source, force=True)
         except ReplicationError as exc:
             # The slot keeps the older position; the next relay replays the rest.
             log.warning("drain: could not confirm the final position: %s", exc)
