@@ -6,10 +6,16 @@ state sink and the relay are built here and handed to the parts that use them.
     zapstream db migrate          apply the outbox schema
     zapstream topics ensure       create every Kafka topic with explicit partitions
     zapstream relay               stream outbox inserts into Kafka (CDC)
+    zapstream outbox restream     re-publish PENDING jobs the relay never streamed
     zapstream worker              the Faust dispatcher: sends through the gateway
     zapstream sink                job states from Kafka back into PostgreSQL
     zapstream webhook             gateway status callbacks (receipts), HMAC-signed
     zapstream jobs list|cancel|reprocess   operators: see, cancel and re-send jobs
+    zapstream doctor [--json]     check database, slot, Kafka, topics and gateway credentials
+
+A configuration error (an invalid value, a misspelt ``ZAPSTREAM_*`` variable, a
+topic with the wrong partition count, a connection that cannot be made) is one
+line on stderr naming the variable or command to fix, and exit code 2.
 
 Every command imports what it needs when it runs: the base install (what an
 application needs to enqueue) has no Faust, Kafka or HTTP client, and a service
@@ -24,11 +30,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from connectors.ops.jobs_cli import add_jobs_parser
+
+if TYPE_CHECKING:
+    from streams.settings import KafkaSettings
 
 log = logging.getLogger("zapstream")
 
@@ -50,8 +61,53 @@ def _cmd_migrate(args: argparse.Namespace) -> int:
     from connectors.outbox.migrate import migrate
     from streams.settings import PostgresSettings
 
-    applied = migrate(PostgresSettings().dsn)
+    dsn = PostgresSettings().dsn
+    applied = migrate(dsn)
     print(f"migrations applied: {', '.join(applied) or 'none (up to date)'}")
+    if args.no_slot:
+        return 0
+    return _ensure_slot(dsn, args)
+
+
+def _ensure_slot(dsn: str, args: argparse.Namespace) -> int:
+    """Create the publication and the relay's slot now, so every row from here on is kept."""
+    from connectors.cdc.provisioning import ProvisioningError, ensure_replication
+    from connectors.cdc.settings import RelaySettings
+
+    relay = RelaySettings()
+    slot, publication = args.slot or relay.slot, args.publication or relay.publication
+    try:
+        ensure_replication(dsn, slot=slot, publication=publication)
+    except ProvisioningError as exc:
+        print(f"zapstream: cannot create the replication slot: {exc}", file=sys.stderr)
+        return 2
+    print(f"publication {publication} and replication slot {slot} (pgoutput) ready")
+    return 0
+
+
+def _cmd_restream(args: argparse.Namespace) -> int:
+    from connectors.cdc.restream import parse_duration, restream
+    from streams.settings import PostgresSettings
+
+    try:
+        older_than = parse_duration(args.older_than)
+    except ValueError as exc:
+        print(f"zapstream: --older-than: {exc}", file=sys.stderr)
+        return 2
+    result = restream(
+        PostgresSettings().dsn,
+        older_than=older_than,
+        reason=args.reason,
+        actor=args.by,
+        dry_run=args.dry_run,
+        limit=args.limit,
+    )
+    span = f" (jobs {result.first_job_id}..{result.last_job_id})" if result.pending else ""
+    if args.dry_run:
+        would = "would be restreamed"
+        print(f"{result.pending} PENDING jobs older than {args.older_than} {would}{span}")
+    else:
+        print(f"restreamed {result.replayed} PENDING jobs older than {args.older_than}{span}")
     return 0
 
 
@@ -64,11 +120,35 @@ def _cmd_topics(args: argparse.Namespace) -> int:
     return 0
 
 
+def _require_topics(kafka: KafkaSettings, deployable: str) -> None:
+    """Refuse to start on missing or auto-created topics (raises a one-line StartupRefused)."""
+    from connectors.ops.topics import deployable_topic_specs, require_topics
+
+    asyncio.run(require_topics(kafka, deployable_topic_specs(deployable, kafka)))
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from connectors.cdc.settings import RelaySettings
+    from connectors.ops.doctor import print_report, run_doctor
+    from streams.settings import GatewaySettings
+
+    results = asyncio.run(
+        run_doctor(
+            RelaySettings(),
+            GatewaySettings(),
+            timeout_s=args.timeout_s,
+            instance_id=args.instance,
+        )
+    )
+    return print_report(results, as_json=args.json)
+
+
 def _cmd_relay(args: argparse.Namespace) -> int:
     from connectors.cdc.relay import OutboxRelay
     from connectors.cdc.settings import RelaySettings
 
     settings = RelaySettings()
+    _require_topics(settings.kafka, "relay")
 
     async def run() -> None:
         relay = OutboxRelay(settings)
@@ -78,7 +158,14 @@ def _cmd_relay(args: argparse.Namespace) -> int:
         async with relay:
             await relay.run()
 
-    asyncio.run(run())
+    from connectors.cdc.failures import RelayConfigError
+
+    try:
+        asyncio.run(run())
+    except RelayConfigError as exc:
+        # Permanent: one line naming what to fix, no traceback; a restart would fail the same way.
+        print(f"zapstream: relay cannot run: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -90,6 +177,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     from streams.worker_settings import WorkerSettings
 
     settings = WorkerSettings()
+    _require_topics(settings.kafka, "worker")
     app, _ = build_worker_app(settings, build_gateway(settings.gateway))
     worker = faust.Worker(app, loglevel=args.log_level, quiet=True)
     worker.execute_from_commandline()
@@ -101,6 +189,7 @@ def _cmd_sink(args: argparse.Namespace) -> int:
     from connectors.sink.state_sink import StateSink
 
     settings = SinkSettings()
+    _require_topics(settings.kafka, "sink")
 
     async def run() -> None:
         sink = StateSink(settings)
@@ -118,7 +207,9 @@ def _cmd_webhook(args: argparse.Namespace) -> int:
     from connectors.webhook.intake import serve
     from connectors.webhook.settings import WebhookSettings
 
-    asyncio.run(serve(WebhookSettings()))
+    settings = WebhookSettings()
+    _require_topics(settings.kafka, "webhook")
+    asyncio.run(serve(settings))
     return 0
 
 
@@ -129,7 +220,33 @@ def build_parser() -> argparse.ArgumentParser:
 
     db = sub.add_parser("db", help="database schema")
     db_sub = db.add_subparsers(dest="db_command", required=True)
-    db_sub.add_parser("migrate", help="apply migrations").set_defaults(func=_cmd_migrate)
+    migrate_parser = db_sub.add_parser(
+        "migrate", help="apply migrations; create the publication and replication slot"
+    )
+    migrate_parser.add_argument(
+        "--slot", help="replication slot to create (default: ZAPSTREAM_RELAY_SLOT)"
+    )
+    migrate_parser.add_argument(
+        "--publication", help="publication to create (default: ZAPSTREAM_RELAY_PUBLICATION)"
+    )
+    migrate_parser.add_argument(
+        "--no-slot", action="store_true", help="only apply migrations (the relay creates both)"
+    )
+    migrate_parser.set_defaults(func=_cmd_migrate)
+
+    outbox = sub.add_parser("outbox", help="outbox maintenance")
+    outbox_sub = outbox.add_subparsers(dest="outbox_command", required=True)
+    restream_parser = outbox_sub.add_parser(
+        "restream", help="re-publish PENDING jobs the relay never streamed (through CDC)"
+    )
+    restream_parser.add_argument(
+        "--older-than", required=True, help="only jobs created before now minus this (e.g. 10m)"
+    )
+    restream_parser.add_argument("--dry-run", action="store_true", help="only count them")
+    restream_parser.add_argument("--limit", type=int, default=None, help="at most this many")
+    restream_parser.add_argument("--reason", default="restream: PENDING and never streamed")
+    restream_parser.add_argument("--by", default="operator", help="who asks (recorded)")
+    restream_parser.set_defaults(func=_cmd_restream)
 
     topics = sub.add_parser("topics", help="Kafka topics")
     topics_sub = topics.add_subparsers(dest="topics_command", required=True)
@@ -137,6 +254,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("relay", help="run the CDC relay").set_defaults(func=_cmd_relay)
     sub.add_parser("worker", help="run the stream worker").set_defaults(func=_cmd_worker)
+    doctor = sub.add_parser("doctor", help="check PostgreSQL, Kafka, topics and the gateway")
+    doctor.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    doctor.add_argument("--timeout-s", type=float, default=5.0, help="bound of each check")
+    doctor.add_argument(
+        "--instance", default="zapstream-doctor", help="gateway instance whose queue is listed"
+    )
+    doctor.set_defaults(func=_cmd_doctor)
     sub.add_parser("sink", help="write job states back into PostgreSQL").set_defaults(
         func=_cmd_sink
     )
@@ -152,6 +276,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _configure_logging(args.log_level)
     try:
+        _refuse_unknown_variables()
         return int(args.func(args))
     except ModuleNotFoundError as exc:
         if exc.name is None or exc.name.split(".")[0] in _OWN_PACKAGES:
@@ -162,6 +287,51 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    except Exception as exc:
+        # Configuration and start-up failures: one line naming the variable or command.
+        lines = _startup_failure_lines(exc)
+        if not lines:
+            raise
+        for line in lines:
+            print(f"zapstream: {line}", file=sys.stderr)
+        return 2
+
+
+def _refuse_unknown_variables() -> None:
+    """A misspelt ``ZAPSTREAM_*`` variable would be silently ignored: refuse to run instead."""
+    try:
+        import pydantic_settings  # noqa: F401
+    except ModuleNotFoundError:
+        return  # base install: no settings classes, nothing reads ZAPSTREAM_* but the DSN
+    from connectors.ops.config_errors import StartupRefused, unknown_env_lines
+
+    lines = unknown_env_lines(os.environ)
+    if lines:
+        raise StartupRefused("; ".join(lines))
+
+
+def _startup_failure_lines(exc: Exception) -> list[str]:
+    from connectors.ops.config_errors import (
+        StartupRefused,
+        describe_connection_failure,
+        render_settings_error,
+        render_validation_error,
+    )
+
+    if isinstance(exc, StartupRefused):
+        return [str(exc)]
+    try:
+        from pydantic import ValidationError
+        from pydantic_settings import SettingsError
+    except ModuleNotFoundError:
+        pass
+    else:
+        if isinstance(exc, ValidationError):
+            return render_validation_error(exc)
+        if isinstance(exc, SettingsError):
+            return [render_settings_error(exc, os.environ)]
+    line = describe_connection_failure(exc)
+    return [line] if line is not None else []
 
 
 if __name__ == "__main__":

@@ -360,10 +360,12 @@ class PostgresCluster:
         *,
         keep: bool = False,
         start_timeout_s: float = 30.0,
+        wal_level: str = "logical",
     ) -> None:
         self._parent_dir = base_dir
         self._port = port if port is not None else find_free_port()
         self.keep = keep
+        self._wal_level = wal_level  # "replica" only to test how zapstream refuses it
         self._start_timeout_s = start_timeout_s
         self._dir: Path | None = None
         self._bin = postgres_bin_dir()
@@ -439,7 +441,7 @@ class PostgresCluster:
                 "-p", str(self._port),
                 "-k", str(self.cluster_dir),
                 "-c", "listen_addresses=127.0.0.1",
-                "-c", "wal_level=logical",
+                "-c", f"wal_level={self._wal_level}",
                 "-c", "max_wal_senders=20",
                 "-c", "max_replication_slots=20",
                 "-c", "fsync=off",
@@ -673,8 +675,12 @@ class TansuBroker:
         storage_engine: str = "memory://tansu/",
         start_timeout_s: float = 15.0,
         stop_timeout_s: float = 10.0,
+        advertised_port: int | None = None,
     ) -> None:
+        """``advertised_port``: the port clients are told to use (a proxy in front, e.g.
+        :class:`devtools.tcp_proxy.TcpProxy`); default ``port``."""
         self._port = port if port is not None else find_free_port()
+        self._advertised_port = advertised_port or self._port
         self._log_path = log_path
         self._storage_engine = storage_engine
         self._start_timeout_s = start_timeout_s
@@ -727,6 +733,7 @@ class TansuBroker:
             self._tmp_dir = Path(tempfile.mkdtemp(prefix="zapstream-tansu-"))
             log_path = self._tmp_dir / "tansu.log"
         url = f"tcp://127.0.0.1:{self._port}"
+        advertised = f"tcp://127.0.0.1:{self._advertised_port}"
         env = {k: v for k, v in os.environ.items() if k not in _TANSU_ENV}
         env.setdefault("NO_COLOR", "1")  # its tracing logs carry ANSI colours even into a file
         self._process = ManagedProcess(
@@ -736,7 +743,7 @@ class TansuBroker:
                 "--listener-url",
                 url,
                 "--advertised-listener-url",
-                url,
+                advertised,
                 "--storage-engine",
                 self._storage_engine,
             ],
@@ -770,9 +777,10 @@ class TansuBroker:
                 except (OSError, struct.error, DevStackError) as e:
                     last_error = f"metadata request failed: {e!r}"
                 else:
-                    if any((h, p) == ("127.0.0.1", self._port) for _, h, p in brokers):
+                    advertised = ("127.0.0.1", self._advertised_port)
+                    if any((h, p) == advertised for _, h, p in brokers):
                         return
-                    last_error = f"metadata lists brokers {brokers}, not {self.bootstrap}"
+                    last_error = f"metadata lists brokers {brokers}, not {advertised}"
             if time.monotonic() >= deadline:
                 raise DevStackError(
                     f"tansu not ready on {self.bootstrap} within {self._start_timeout_s:g} s "

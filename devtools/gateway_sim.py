@@ -10,7 +10,12 @@ gateway really received, duplicates included: it does **not** deduplicate by
 Gateway endpoints (``X-API-Key`` / ``Authorization: Bearer`` checked when configured):
 
 - ``POST /v1/instances/{i}/send-queue/text`` (StackZap send) -> 201 ``{"id", "status"}``
-- ``GET  /v1/instances/{i}/send-queue?page=&page_size=&status=`` (StackZap listing)
+- ``GET  /v1/instances/{i}/send-queue?page=&page_size=&status=&reference=&since=``
+  (StackZap listing): ``reference`` (repeatable) keeps the jobs sent with one of
+  those ``Idempotency-Key`` values, ``since`` (ISO 8601 or epoch seconds) the jobs
+  that arrived at or after it; the keys of the answer are renamed by
+  ``listing_fields`` (e.g. ``{"items": "jobs", "reference": "ref"}``) to imitate
+  a gateway that words its listing differently
 - ``POST /v1/instances/{i}/send-queue/{id}/cancel`` -> ``{"id", "status": "cancelled"}``
   while the job is not yet sent (again on an already-cancelled job), 409 once sent
 - ``POST /v1/instances/{i}/messages`` (ZAP API send) -> 200 ``{"id", "status"}``
@@ -20,15 +25,17 @@ Control endpoints (no auth):
 - ``GET  /_sim/health``
 - ``GET  /_sim/messages[?since=<seq>]``: accepted messages with ``seq > since``
 - ``GET  /_sim/stats``: ``accepted``, ``requests``, ``by_outcome``, ``by_api``,
-  ``distinct_references``
+  ``distinct_references``, ``listings`` (StackZap listing requests: ``filtered`` by
+  reference or since, or ``all``)
 - ``GET|POST /_sim/config``: read / partially update :class:`SimConfig`; ``outage_s``
   sets ``outage_until`` to now + N seconds; ``seed`` re-seeds the fault generator
 - ``POST /_sim/reset``: forget messages, stats and config
 - ``POST /_sim/jobs/status``: ``{"status", "ids"?, "instance"?, "from_status"?}``
   relabels jobs (e.g. ``"sent"`` so a cancel answers 409)
-- ``POST /_sim/callbacks/emit``: ``{"id", "status", "event_id"?, "signed"?}`` sends one
-  status callback now and answers the body it sent, with the receiver's HTTP status
-  in the ``X-Sim-Callback-Status`` header (``error`` when it could not be reached)
+- ``POST /_sim/callbacks/emit``: ``{"id", "status", "event_id"?, "signed"?, "signed_at"?}``
+  sends one status callback now (``signed_at``: epoch seconds to sign with instead of
+  now, to replay an old one) and answers the body it sent, with the receiver's HTTP
+  status in the ``X-Sim-Callback-Status`` header (``error`` when it could not be reached)
 
 Status callbacks: with ``callback_url`` configured, every accepted message (both
 APIs, dropped responses included: the gateway did accept them) is followed by one
@@ -36,7 +43,8 @@ signed callback per ``callback_statuses`` label, in order, each after
 ``callback_delay_ms``; the job is relabelled before its callback goes out, as a
 real gateway's state moves first. The body is ``{"event_id", "id", "status",
 "reference", "timestamp"}`` and ``X-Zap-Signature`` is
-:func:`connectors.webhook.signature.sign` of it under ``callback_secret``. Callbacks are not
+:func:`connectors.webhook.signature.sign` of it under ``callback_secret``
+(``t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>." + body)>``). Callbacks are not
 retried; a failure (no connection, non-2xx) is logged and counted in
 ``callbacks_failed``, a 2xx in ``callbacks_sent``. ``/_sim/callbacks/emit`` relabels
 nothing, so it can replay old labels out of order or twice.
@@ -44,6 +52,14 @@ nothing, so it can replay old labels out of order or twice.
 ``fail_recipients`` (``{"<to as received>": N}``) answers the first N sends to that
 recipient 503 with ``Retry-After: 0``, after auth and the other faults, counting
 down in ``GET /_sim/config``.
+
+``reject_keys_for_instances`` (``["inst-01"]``) answers 401 to every request on
+those instances, as if their API key were wrong; set it back to ``[]`` to "fix
+the key" at run time. ``accept_then_502_rate`` records that fraction of sends
+(they count as accepted, callbacks included) and answers them 502 with an HTML
+body, like a proxy whose upstream accepted; it has its own random generator, so
+the seeded sequence of the other faults does not move. ``invalid_recipients``
+answers every send to those recipients 400 "invalid recipient" (permanent).
 
 Faults are decided when a request arrives, in arrival order, from
 ``random.Random(seed)``: three draws per faultable request (rate limit, error,
@@ -144,6 +160,37 @@ class SimConfig:
     """Pause before each automatic callback."""
     fail_recipients: dict[str, int] = dataclasses.field(default_factory=dict)
     """Recipient (``to`` as received) -> sends still to be answered 503 (transient)."""
+    reject_keys_for_instances: list[str] = dataclasses.field(default_factory=list)
+    """Instances whose credentials are refused: every gateway request on them answers 401,
+    as if the instance's API key were wrong (empty the list to "fix the key")."""
+    invalid_recipients: list[str] = dataclasses.field(default_factory=list)
+    """Recipients (``to`` as received) every send to which is refused 400 "invalid
+    recipient": a permanent, per-message failure."""
+    accept_then_502_rate: float = 0.0
+    """Fraction of sends recorded (accepted) and then answered 502, like a proxy whose
+    upstream accepted the message and timed out or broke on the way back."""
+    listing_fields: dict[str, str] = dataclasses.field(default_factory=dict)
+    """StackZap listing key -> the name the answer uses instead (``items``, ``id``,
+    ``reference``, ``to``, ``text``, ``status``, ``created_at``, ``page``,
+    ``page_size``, ``total``, ``counts``, ``next_page``); empty: today's names."""
+
+
+_LISTING_KEYS = frozenset(
+    {
+        "items",
+        "id",
+        "reference",
+        "to",
+        "text",
+        "status",
+        "created_at",
+        "page",
+        "page_size",
+        "total",
+        "counts",
+        "next_page",
+    }
+)
 
 
 class SimConfigError(ValueError):
@@ -173,9 +220,12 @@ def _updated_config(current: SimConfig, changes: Mapping[str, Any]) -> SimConfig
         reject_instances=list(current.reject_instances),
         callback_statuses=list(current.callback_statuses),
         fail_recipients=dict(current.fail_recipients),
+        reject_keys_for_instances=list(current.reject_keys_for_instances),
+        invalid_recipients=list(current.invalid_recipients),
+        listing_fields=dict(current.listing_fields),
     )
     for key, value in changes.items():
-        if key in ("error_rate", "rate_limit_rate", "drop_response_rate"):
+        if key in ("error_rate", "rate_limit_rate", "drop_response_rate", "accept_then_502_rate"):
             setattr(cfg, key, _rate(key, value))
         elif key in ("latency_ms", "latency_jitter_ms", "retry_after_s"):
             setattr(cfg, key, _non_negative(key, value))
@@ -200,6 +250,10 @@ def _updated_config(current: SimConfig, changes: Mapping[str, Any]) -> SimConfig
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                 raise SimConfigError("reject_instances must be a list of strings")
             cfg.reject_instances = list(value)
+        elif key in ("reject_keys_for_instances", "invalid_recipients"):
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise SimConfigError(f"{key} must be a list of strings")
+            setattr(cfg, key, list(value))
         elif key == "id_field":
             if value not in _ID_FIELDS:
                 raise SimConfigError(f"id_field must be one of {sorted(_ID_FIELDS)}")
@@ -231,6 +285,14 @@ def _updated_config(current: SimConfig, changes: Mapping[str, Any]) -> SimConfig
             ):
                 raise SimConfigError("fail_recipients must map recipients to integers >= 0")
             cfg.fail_recipients = dict(value)
+        elif key == "listing_fields":
+            if not isinstance(value, dict) or not all(
+                k in _LISTING_KEYS and isinstance(v, str) and v for k, v in value.items()
+            ):
+                raise SimConfigError(
+                    f"listing_fields must map some of {sorted(_LISTING_KEYS)} to non-empty names"
+                )
+            cfg.listing_fields = dict(value)
         else:
             raise SimConfigError(f"unknown config key {key!r}")
     return cfg
@@ -255,6 +317,26 @@ def _seconds_header(seconds: float) -> str:
 
 def _iso(ts: float) -> str:
     return datetime.datetime.fromtimestamp(ts, datetime.UTC).isoformat()
+
+
+_BAD_SINCE = object()
+
+
+def _since(raw: str | None) -> float | None | object:
+    """The listing's ``since`` as epoch seconds; None when absent; ``_BAD_SINCE`` if unreadable."""
+    if raw is None or not raw.strip():
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        pass
+    try:
+        parsed = datetime.datetime.fromisoformat(raw.strip().replace(" ", "+"))
+    except ValueError:
+        return _BAD_SINCE
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=datetime.UTC)
+    return parsed.timestamp()
 
 
 @dataclasses.dataclass(slots=True)
@@ -291,6 +373,8 @@ class GatewaySimulator:
         self._config = SimConfig(seed=self._default_seed)
         self._fault_rng = random.Random(self._default_seed)
         self._latency_rng = random.Random(self._default_seed)
+        # Its own generator: enabling 502s never shifts the other faults' sequence.
+        self._proxy_rng = random.Random(self._default_seed)
         self._messages: list[SimMessage] = []
         self._by_id: dict[str, SimMessage] = {}
         self._queues: dict[str, list[SimMessage]] = {}
@@ -299,6 +383,7 @@ class GatewaySimulator:
         self._outcomes: collections.Counter[str] = collections.Counter()
         self._callbacks_sent = 0
         self._callbacks_failed = 0
+        self._listings: collections.Counter[str] = collections.Counter()
 
     # --- lifecycle -----------------------------------------------------------------
 
@@ -407,6 +492,7 @@ class GatewaySimulator:
         if "seed" in changes:
             self._fault_rng = random.Random(cfg.seed)
             self._latency_rng = random.Random(cfg.seed)
+            self._proxy_rng = random.Random(cfg.seed)
         self._config = cfg
         return cfg
 
@@ -426,6 +512,7 @@ class GatewaySimulator:
             "distinct_references": len({m.reference for m in self._messages}),
             "callbacks_sent": self._callbacks_sent,
             "callbacks_failed": self._callbacks_failed,
+            "listings": dict(self._listings),
         }
 
     def set_job_status(
@@ -509,7 +596,7 @@ class GatewaySimulator:
             authorized = self._bearer is None or (
                 header is not None and hmac.compare_digest(header, self._bearer)
             )
-        if not authorized:
+        if not authorized or request.match_info["instance"] in cfg.reject_keys_for_instances:
             self._outcomes["unauthorized"] += 1
             return self._error(api, 401, "unauthorized"), decision
         if decision.rate_limited:
@@ -595,6 +682,9 @@ class GatewaySimulator:
         if isinstance(parsed, web.Response):
             return parsed
         to, text = parsed
+        if to in self._config.invalid_recipients:
+            self._outcomes["invalid_recipient"] += 1
+            return self._error(api, 400, "invalid recipient")
         remaining = self._config.fail_recipients.get(to, 0)
         if remaining > 0:
             self._config.fail_recipients[to] = remaining - 1
@@ -603,6 +693,15 @@ class GatewaySimulator:
         msg = self._record(request, api, to, text)
         msg.dropped = decision.drop
         self._schedule_callbacks(msg)
+        rate = self._config.accept_then_502_rate
+        if not decision.drop and rate > 0 and self._proxy_rng.random() < rate:
+            # Accepted upstream, but the proxy in front answers 502.
+            self._outcomes["accepted_then_502"] += 1
+            return web.Response(
+                text="<html><body><h1>502 Bad Gateway</h1></body></html>",
+                status=502,
+                content_type="text/html",
+            )
         body = {self._config.id_field: msg.id, "status": msg.status}
         return self._answer(request, decision, "accepted", _json(body, ok_status))
 
@@ -625,34 +724,45 @@ class GatewaySimulator:
         if page < 1 or not 1 <= page_size <= _MAX_PAGE_SIZE:
             self._outcomes["bad_request"] += 1
             return self._error(STACKZAP, 400, f"page >= 1 and 1 <= page_size <= {_MAX_PAGE_SIZE}")
+        since = _since(request.query.get("since"))
+        if since is _BAD_SINCE:
+            self._outcomes["bad_request"] += 1
+            return self._error(STACKZAP, 400, "since must be ISO 8601 or epoch seconds")
         instance = request.match_info["instance"]
         jobs: Sequence[SimMessage] = self._queues.get(instance, [])
         label = request.query.get("status")
         if label is not None:
             jobs = [j for j in jobs if j.status == label]
+        references = set(request.query.getall("reference", []))
+        if references:
+            jobs = [j for j in jobs if j.reference in references]
+        if isinstance(since, float):
+            jobs = [j for j in jobs if j.arrived_at >= since]
         start = (page - 1) * page_size
         chunk = jobs[start : start + page_size]
         hide = self._config.hide_references
+        name = self._config.listing_fields.get
         items = []
         for job in chunk:
             item: dict[str, Any] = {
-                "id": job.id,
-                "to": job.to,
-                "text": job.text,
-                "status": job.status,
-                "created_at": _iso(job.arrived_at),
+                name("id", "id"): job.id,
+                name("to", "to"): job.to,
+                name("text", "text"): job.text,
+                name("status", "status"): job.status,
+                name("created_at", "created_at"): _iso(job.arrived_at),
             }
             if not hide:
-                item["reference"] = job.reference
+                item[name("reference", "reference")] = job.reference
             items.append(item)
         body = {
-            "items": items,
-            "page": page,
-            "page_size": page_size,
-            "total": len(jobs),
-            "counts": dict(self._counts.get(instance, {})),
-            "next_page": page + 1 if start + page_size < len(jobs) else None,
+            name("items", "items"): items,
+            name("page", "page"): page,
+            name("page_size", "page_size"): page_size,
+            name("total", "total"): len(jobs),
+            name("counts", "counts"): dict(self._counts.get(instance, {})),
+            name("next_page", "next_page"): page + 1 if start + page_size < len(jobs) else None,
         }
+        self._listings["filtered" if references or since is not None else "all"] += 1
         return self._answer(request, decision, "listed", _json(body))
 
     async def _stackzap_cancel(self, request: web.Request) -> web.Response:
@@ -722,6 +832,7 @@ class GatewaySimulator:
         secret: str,
         event_id: str | None = None,
         signed: bool = True,
+        signed_at: int | None = None,
     ) -> tuple[dict[str, Any], int | None]:
         """POST one callback; return the body sent and the receiver's status (None: no answer).
 
@@ -731,7 +842,7 @@ class GatewaySimulator:
         raw = orjson.dumps(body)
         headers = {"Content-Type": "application/json"}
         if signed:
-            headers[SIGNATURE_HEADER] = sign(secret, raw)
+            headers[SIGNATURE_HEADER] = sign(secret, raw, timestamp=signed_at)
         session = self._session
         if session is None:
             raise RuntimeError("GatewaySimulator is not started")
@@ -826,6 +937,11 @@ class GatewaySimulator:
             return _json({"error": "event_id must be a string"}, 400)
         if not isinstance(signed, bool):
             return _json({"error": "signed must be a boolean"}, 400)
+        signed_at = body.get("signed_at")
+        if signed_at is not None and (
+            isinstance(signed_at, bool) or not isinstance(signed_at, int)
+        ):
+            return _json({"error": "signed_at must be an integer (epoch seconds)"}, 400)
         url = self._config.callback_url
         if url is None:
             return _json({"error": "callback_url is not configured"}, 409)
@@ -839,6 +955,7 @@ class GatewaySimulator:
             secret=self._config.callback_secret,
             event_id=event_id,
             signed=signed,
+            signed_at=signed_at,
         )
         header = "error" if answered is None else str(answered)
         return _json(sent, 200, {CALLBACK_STATUS_HEADER: header})

@@ -25,6 +25,7 @@ import httpx
 from connectors.ops.topics import ensure_topics
 from connectors.outbox.migrate import migrate
 from devtools.devstack import ManagedProcess, PostgresCluster, TansuBroker, find_free_port
+from devtools.tcp_proxy import TcpProxy
 from streams.settings import BrokerFlavor, KafkaSettings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -45,8 +46,15 @@ class LocalPipeline:
         worker_env: dict[str, str] | None = None,
         keep: bool = False,
         with_sink: bool = True,
+        proxied: bool = False,
     ) -> None:
-        """``with_sink``: :meth:`start` also runs ``zapstream sink`` (states into PostgreSQL)."""
+        """``with_sink``: :meth:`start` also runs ``zapstream sink`` (states into PostgreSQL).
+
+        ``proxied``: the services reach PostgreSQL and Kafka through
+        :class:`~devtools.tcp_proxy.TcpProxy` instances (``pg_proxy``,
+        ``kafka_proxy``) that tests can cut; Tansu advertises the proxy's port.
+        The test's own connections (:attr:`dsn`) go direct.
+        """
         self._own_dir = base_dir is None
         self.dir = Path(base_dir or tempfile.mkdtemp(prefix="zapstream-"))
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -56,7 +64,17 @@ class LocalPipeline:
         self.keep = keep
         # Not under self.dir: mkdtemp makes it 0700, which the postgres OS user cannot enter.
         self.postgres = PostgresCluster()
-        self.kafka = TansuBroker(log_path=self.dir / "tansu.log")
+        self.pg_proxy: TcpProxy | None = None
+        self.kafka_proxy: TcpProxy | None = None
+        if proxied:
+            kafka_port = find_free_port()
+            self.pg_proxy = TcpProxy(self.postgres.port, port=find_free_port())
+            self.kafka_proxy = TcpProxy(kafka_port, port=find_free_port())
+            self.kafka = TansuBroker(
+                kafka_port, log_path=self.dir / "tansu.log", advertised_port=self.kafka_proxy.port
+            )
+        else:
+            self.kafka = TansuBroker(log_path=self.dir / "tansu.log")
         self.sim_port = find_free_port()
         self.simulator: ManagedProcess | None = None
         self.processes: list[ManagedProcess] = []
@@ -73,6 +91,9 @@ class LocalPipeline:
         self.stop()
 
     def start(self) -> None:
+        for proxy in (self.pg_proxy, self.kafka_proxy):
+            if proxy is not None:
+                proxy.start()
         self.postgres.start()
         self.kafka.start()
         migrate(self.dsn)
@@ -99,6 +120,9 @@ class LocalPipeline:
         for proc in reversed(self.processes):
             proc.stop()
         self.processes.clear()
+        for proxy in (self.pg_proxy, self.kafka_proxy):
+            if proxy is not None:
+                proxy.stop()
         self.kafka.stop()
         self.postgres.stop()
         if self._own_dir and not self.keep:
@@ -109,6 +133,20 @@ class LocalPipeline:
     @property
     def dsn(self) -> str:
         return self.postgres.dsn()
+
+    @property
+    def service_dsn(self) -> str:
+        """The DSN the services use: through ``pg_proxy`` when proxied."""
+        if self.pg_proxy is None:
+            return self.dsn
+        return f"postgresql://postgres@127.0.0.1:{self.pg_proxy.port}/postgres"
+
+    @property
+    def service_brokers(self) -> str:
+        """The bootstrap servers the services use: through ``kafka_proxy`` when proxied."""
+        if self.kafka_proxy is None:
+            return self.kafka.bootstrap
+        return f"127.0.0.1:{self.kafka_proxy.port}"
 
     @property
     def sim_url(self) -> str:
@@ -125,8 +163,8 @@ class LocalPipeline:
 
     def env(self) -> dict[str, str]:
         return {
-            "ZAPSTREAM_DATABASE_URL": self.dsn,
-            "ZAPSTREAM_KAFKA_BROKERS": self.kafka.bootstrap,
+            "ZAPSTREAM_DATABASE_URL": self.service_dsn,
+            "ZAPSTREAM_KAFKA_BROKERS": self.service_brokers,
             "ZAPSTREAM_KAFKA_FLAVOR": "tansu",
             "ZAPSTREAM_KAFKA_PARTITIONS": str(self.partitions),
             "ZAPSTREAM_KAFKA_SESSION_TIMEOUT_S": "6",
@@ -167,8 +205,13 @@ class LocalPipeline:
         self.processes.append(proc)
         return proc
 
-    def start_relay(self, name: str = "relay", *, wait: bool = True) -> ManagedProcess:
-        proc = self.process(name, ["relay"], {"ZAPSTREAM_RELAY_STATUS_INTERVAL_S": "0.5"})
+    def start_relay(
+        self, name: str = "relay", *, wait: bool = True, env: dict[str, str] | None = None
+    ) -> ManagedProcess:
+        """Run a relay; ``env`` adds to (and overrides) its settings."""
+        proc = self.process(
+            name, ["relay"], {"ZAPSTREAM_RELAY_STATUS_INTERVAL_S": "0.5", **(env or {})}
+        )
         proc.start()
         if wait:
             proc.wait_for_log(r"relay (streaming|standby)", timeout_s=60)
@@ -190,9 +233,19 @@ class LocalPipeline:
             proc.wait_for_log(r"\[\^Worker\]: Ready", timeout_s=120)
         return proc
 
-    def start_sink(self, name: str = "sink", *, wait: bool = True) -> ManagedProcess:
-        """Run ``zapstream sink``, the state write-back, as its own process."""
-        proc = self.process(name, ["sink"])
+    def start_sink(
+        self, name: str = "sink", *, wait: bool = True, env: dict[str, str] | None = None
+    ) -> ManagedProcess:
+        """Run ``zapstream sink``, the state write-back, as its own process.
+
+        ``env`` adds to (and overrides) its settings; its metrics port is a free one.
+        """
+        full_env = {
+            "ZAPSTREAM_SINK_METRICS_PORT": str(find_free_port()),
+            "ZAPSTREAM_SINK_RETRY_MAX_S": "2",
+            **(env or {}),
+        }
+        proc = self.process(name, ["sink"], full_env)
         proc.start()
         if wait:
             proc.wait_for_log(r"state sink consuming", timeout_s=60)

@@ -15,7 +15,10 @@ Two things do not wait in the lane:
   ``zapstream.dead`` with the reason and is acknowledged.
 
 A transient failure parks the conversation (:mod:`streams.parking`); a timer
-re-submits due heads to their lanes.
+re-submits due heads to their lanes. While an instance is paused (the gateway
+refused its credentials, :mod:`streams.instance_pauses`) its conversations stay
+parked whatever their due time, except one *probe* per interval; when the
+instance resumes, the conversations parked for the pause are released at once.
 """
 
 from __future__ import annotations
@@ -62,6 +65,10 @@ class _EventItem:
 class _RetryDue:
     key: bytes
     partition: int
+    probe: bool = False
+    """Send the head although its instance is paused: the instance's probe."""
+    release: bool = False
+    """Run before the due time: its instance resumed."""
 
 
 class Dispatcher:
@@ -87,6 +94,7 @@ class Dispatcher:
         self.lanes: ConversationLanes[_EventItem | _RetryDue] = ConversationLanes(
             self._handle, max_in_flight=max_in_flight, on_error=self._crash
         )
+        processor.pauses.waiting = self._waiting_jobs
 
     def _crash(self, exc: BaseException) -> None:
         self.app._crash(exc)
@@ -121,14 +129,36 @@ class Dispatcher:
         """Timer: submit every due parked conversation of our partitions to its lane."""
         now = time.time()
         assigned = self.app.consumer.assignment()
+        pauses = self.processor.pauses
+        probed: set[str] = set()
         for key, parked in self.parking.items():
-            if parked.due > now or key in self._retries_queued:
+            if key in self._retries_queued:
                 continue
             if TP(INTENTS, parked.partition) not in assigned:
                 continue
+            instance = parked.head.instance_id
+            probe = release = False
+            if pauses.paused(instance):
+                # Held whatever its due time; one conversation per interval probes.
+                if instance in probed or not pauses.claim_probe(instance, now):
+                    continue
+                probed.add(instance)
+                probe = True
+            elif parked.due > now:
+                if not pauses.released(instance, parked.due, now):
+                    continue
+                release = True
             self._retries_queued.add(key)
-            await self.lanes.submit(key, _RetryDue(key, parked.partition))
+            await self.lanes.submit(
+                key, _RetryDue(key, parked.partition, probe=probe, release=release)
+            )
         metrics.PARKED.set(len(self.parking.table.data))
+
+    def _waiting_jobs(self, instance: str) -> int:
+        """Jobs of ``instance`` parked on this worker (heads and those queued behind)."""
+        return sum(
+            1 + len(p.waiting) for _, p in self.parking.items() if p.head.instance_id == instance
+        )
 
     async def drain(self) -> None:
         """After Faust stopped the flow and waited for acks: cancel any lane still busy, loudly.
@@ -191,9 +221,11 @@ class Dispatcher:
 
     async def _retry(self, due: _RetryDue) -> None:
         parked = self.parking.get(due.key)
-        if parked is None or parked.due > time.time():
+        if parked is None:
             return
-        outcome = await self._run(parked.head, due.partition)
+        if parked.due > time.time() and not (due.probe or due.release):
+            return
+        outcome = await self._run(parked.head, due.partition, probe=due.probe)
         if isinstance(outcome, Park):
             await self.parking.park(due.key, dataclasses.replace(parked, due=outcome.due))
             return
@@ -209,11 +241,18 @@ class Dispatcher:
         await self.parking.unpark(due.key, due.partition)
 
     async def _run(
-        self, intent: IntentCaptured, partition: int, *, reprocess: CommandRequested | None = None
+        self,
+        intent: IntentCaptured,
+        partition: int,
+        *,
+        reprocess: CommandRequested | None = None,
+        probe: bool = False,
     ) -> Outcome:
         self.active_jobs.add(intent.job_id)
         try:
-            outcome = await self.processor.on_intent(intent, partition, reprocess=reprocess)
+            outcome = await self.processor.on_intent(
+                intent, partition, reprocess=reprocess, probe=probe
+            )
         finally:
             self.active_jobs.discard(intent.job_id)
         if isinstance(outcome, Done):

@@ -56,6 +56,26 @@ class JobStatus(enum.StrEnum):
     CANCELLED = "CANCELLED"
     UNCERTAIN = "UNCERTAIN"
     REVIEW = "REVIEW"
+    INVALID = "INVALID"
+    """The relay rejected the outbox row (``zapstream.invalid``); terminal, never sent."""
+
+
+class CommandOutcome(enum.StrEnum):
+    """How the worker answered a command: ``StatusChanged.outcome`` with its ``command_id``.
+
+    Operators' tools match on these values, never on the free-text reason.
+    """
+
+    CANCELLED = "cancelled"
+    CANCEL_REFUSED = "cancel_refused"
+    """The job is past cancelling (sent, settled) or the gateway refused."""
+    CANCEL_UNSUPPORTED = "cancel_unsupported"
+    """The gateway cannot cancel an accepted message."""
+    CANCEL_FAILED = "cancel_failed"
+    """The gateway's cancel call failed; the job keeps its state."""
+    REPROCESSED = "reprocessed"
+    """A new round of attempts begins (the moves that follow carry its outcome)."""
+    REPROCESS_REFUSED = "reprocess_refused"
 
 
 class Priority(enum.StrEnum):
@@ -230,6 +250,13 @@ class StatusChanged(Record):
     attempt_seq: int = 0
     """Attempts ever made, across reprocessing: numbers attempt ids (``<job>-<seq>``).
     ``attempts`` counts this round's attempts against ``max_attempts``."""
+    receipt_events: list[str] = dataclasses.field(default_factory=list)
+    """Event ids of the last receipts applied (oldest first, bounded): a receipt whose
+    event id is here is a duplicate and changes nothing."""
+    outcome: str | None = None
+    """Set on the record that answers a command (:class:`CommandOutcome`), else None."""
+    command_id: int | None = None
+    """The ``outbox_commands`` id this record answers, with ``outcome``."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -289,6 +316,10 @@ class ReceiptReceived(Record):
     status: str
     """Our mapping of ``label`` (:class:`JobStatus`); REVIEW when the label is unknown."""
     received_at: str = ""
+    reference: str | None = None
+    """The callback's ``reference``: the attempt id (``<job>-<seq>``) the gateway saw as
+    ``Idempotency-Key``, when it echoes it. A receipt about another attempt than the
+    job's current one changes nothing."""
 
     @property
     def partition_key(self) -> bytes:

@@ -10,8 +10,12 @@ of transport errors:
   timeout, 5xx before the body was read, 429/503). Retried after ``retry_after_s``
   when the gateway said so.
 - :class:`UncertainGatewayError`: may have taken effect (read timeout after the
-  request was written, connection reset mid-response). Never counted as success
-  or failure; reconciled.
+  request was written, connection reset mid-response, a proxy's 502/504 on a
+  send). Never counted as success or failure; reconciled.
+- :class:`InstanceUnavailableError` (a transient error with ``scope = "instance"``):
+  the gateway refused the *instance*, not the message (401/403 bad credentials,
+  404 unknown instance). Certainly not sent; the worker pauses the instance and
+  probes it instead of spending the messages' attempts.
 """
 
 from __future__ import annotations
@@ -21,6 +25,9 @@ class GatewayError(Exception):
     """Base of every classified gateway failure."""
 
     retriable: bool = False
+    scope: str = "message"
+    """What the failure is about: ``message`` (this request) or ``instance`` (every
+    request of the instance fails the same way until an operator fixes it)."""
 
     def __init__(self, message: str, *, status_code: int | None = None) -> None:
         super().__init__(message)
@@ -47,5 +54,24 @@ class TransientGatewayError(GatewayError):
 
 class UncertainGatewayError(GatewayError):
     """The gateway may or may not have accepted the message."""
+
+    retriable = False
+
+
+class InstanceUnavailableError(TransientGatewayError):
+    """The gateway refused the instance (credentials, unknown instance): nothing was sent.
+
+    Retriable, because it ends when an operator fixes the key or the instance; a
+    caller that does not know the class treats it as transient, which is right.
+    """
+
+    retriable = True
+    scope = "instance"
+
+
+class ListingUnreadable(GatewayError):
+    """The gateway answered its job listing in a shape the configured field names do not
+    describe (``ZAPSTREAM_STACKZAP_LISTING_FIELDS``). Says nothing about any job: the
+    reconciler postpones (never UNCERTAIN, never a resend) until it parses again."""
 
     retriable = False

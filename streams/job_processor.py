@@ -17,9 +17,17 @@ An intent, step by step:
 4. Journal: ATTEMPTING with a fresh attempt id, durable, before the gateway call;
    the attempt id is the ``Idempotency-Key`` the gateway sees.
 5. Outcome: accepted (or REVIEW for an unknown label); permanent means FAILED;
-   uncertain means reconcile, then adopt, resend or UNCERTAIN; transient means
-   RETRY_WAIT until the backoff schedule says so, or DEAD (with every error, on
+   uncertain means reconcile, then adopt, UNCERTAIN, or (not accepted) a resend
+   through the retry budget: the attempt counts, the job waits in RETRY_WAIT on
+   the backoff schedule, DEAD at ``max_attempts``; transient means RETRY_WAIT
+   until the backoff schedule says so, or DEAD (with every error, on
    ``zapstream.dead``) once ``max_attempts`` attempts were made.
+
+The instance, not the message: a refusal of the instance itself (bad
+credentials, unknown instance: :class:`~streams.errors.InstanceUnavailableError`)
+pauses the instance (:mod:`streams.instance_pauses`). The job parks until the
+next probe and the attempt is given back (nothing was sent); while paused, the
+instance's intents park without calling the gateway, except the probe.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ from typing import Protocol
 from streams.contract import (
     AttemptFinished,
     AttemptOutcome,
+    CommandOutcome,
     CommandRequested,
     IntentCaptured,
     JobDead,
@@ -43,11 +52,16 @@ from streams.contract import (
 )
 from streams.errors import (
     GatewayError,
+    InstanceUnavailableError,
     PermanentGatewayError,
     TransientGatewayError,
     UncertainGatewayError,
 )
-from streams.ports import CancelOutcome, Gateway, TextMessage
+from streams.failure_log import FailureLog
+from streams.instance_pauses import InstancePauses
+from streams.metrics import RECEIPTS_IGNORED
+from streams.ports import CancelOutcome, Gateway, ListedJob, SendAccepted, TextMessage
+from streams.receipts import ignored_because, remember_event
 from streams.reconcile import Verdict, reconcile
 from streams.state_machine import (
     RECEIPT_RANK,
@@ -102,10 +116,14 @@ class Done:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Park:
-    """Transient failure: the conversation waits until ``due`` (epoch seconds)."""
+    """Transient failure: the conversation waits until ``due`` (epoch seconds).
+
+    ``state`` is None when the job was held without a state change (a PENDING
+    job of a paused instance).
+    """
 
     due: float
-    state: StatusChanged
+    state: StatusChanged | None
 
 
 Outcome = Done | Park
@@ -121,6 +139,51 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
+class _RefusalWatch:
+    """The gateway as the reconciler sees it, remembering a refusal of the instance.
+
+    :func:`streams.reconcile.reconcile` turns every listing failure into a verdict;
+    a 401 on the listing must pause the instance instead of spending the budget.
+    """
+
+    def __init__(self, gateway: Gateway) -> None:
+        self._gateway = gateway
+        self.name = gateway.name
+        self.refused: InstanceUnavailableError | None = None
+        self.failed: GatewayError | None = None
+        """Any other listing failure, for the failure log."""
+
+    async def list_for_reconciliation(
+        self,
+        instance_id: str,
+        *,
+        references: Sequence[str] = (),
+        since: dt.datetime | None = None,
+    ) -> list[ListedJob] | None:
+        try:
+            return await self._gateway.list_for_reconciliation(
+                instance_id, references=references, since=since
+            )
+        except InstanceUnavailableError as exc:
+            self.refused = exc
+            raise
+        except GatewayError as exc:
+            self.failed = exc
+            raise
+
+    async def send_text(self, message: TextMessage) -> SendAccepted:
+        return await self._gateway.send_text(message)
+
+    async def cancel_job(self, instance_id: str, gateway_job_id: str) -> CancelOutcome:
+        return await self._gateway.cancel_job(instance_id, gateway_job_id)
+
+    async def start(self) -> None:
+        await self._gateway.start()
+
+    async def stop(self) -> None:
+        await self._gateway.stop()
+
+
 class JobProcessor:
     """Carries out intents, commands and receipts for one worker."""
 
@@ -134,8 +197,12 @@ class JobProcessor:
         listing_authoritative: bool = True,
         now: Callable[[], dt.datetime] = _now,
         rng: random.Random | None = None,
+        pauses: InstancePauses | None = None,
+        failures: FailureLog | None = None,
     ) -> None:
         self.gateway = gateway
+        self.pauses = pauses or InstancePauses()
+        self.failures = failures or FailureLog()
         self.store = store
         self.publisher = publisher
         self.policy = policy
@@ -151,7 +218,9 @@ class JobProcessor:
         partition: int,
         *,
         reprocess: CommandRequested | None = None,
+        probe: bool = False,
     ) -> Outcome:
+        """Carry out an intent. ``probe``: send even though the instance is paused."""
         ref = job_ref(intent)
         current = self.store.get(intent.job_id)
         if reprocess is not None:
@@ -164,6 +233,8 @@ class JobProcessor:
                         partition,
                         f"reprocess refused: job is {status}",
                         actor=reprocess.actor,
+                        outcome=CommandOutcome.REPROCESS_REFUSED,
+                        command_id=reprocess.command_id,
                     )
                 )
             # A new round: the budget of attempts starts again, the ids go on.
@@ -176,14 +247,24 @@ class JobProcessor:
                     errors=[],
                     actor=reprocess.actor,
                     reason=f"reprocess requested: {reprocess.reason}",
+                    outcome=CommandOutcome.REPROCESSED,
+                    command_id=reprocess.command_id,
                 ),
                 partition,
             )
         elif current is not None and S(current.status) in SETTLED:
             return Done(None)
 
+        if not probe and reprocess is None and self.pauses.paused(intent.instance_id):
+            # Nothing goes to a refused instance; the job waits for the probe, unchanged.
+            # (An operator's reprocess is sent: it acts as a probe, and holding a DEAD
+            # job would drop the command, as a settled job is never resumed.)
+            return Park(self.pauses.next_probe_at(intent.instance_id, self._ts()), current)
+
         if current is not None and S(current.status) is S.ATTEMPTING:
-            decided = await self._reconcile(intent, ref, current, partition, "redelivered")
+            decided = await self._reconcile(
+                intent, ref, current, partition, "redelivered", probe=probe
+            )
             if decided is not None:
                 return decided
             current = self.store.get(intent.job_id)
@@ -217,25 +298,45 @@ class JobProcessor:
             message = TextMessage(intent.instance_id, intent.to, intent.text, attempt_id)
             try:
                 accepted = await self.gateway.send_text(message)
+            except InstanceUnavailableError as exc:
+                # Refused before anything was sent: the attempt is given back.
+                self.failures.record(intent.instance_id, exc, self._ts())
+                await self._attempt(intent, seq, AttemptOutcome.TRANSIENT, started, error=str(exc))
+                return await self._hold_for_instance(
+                    intent, ref, current, partition, exc, probe=probe, attempts=attempts - 1
+                )
             except PermanentGatewayError as exc:
+                self.failures.record(intent.instance_id, exc, self._ts())
+                self._gateway_answered(intent.instance_id)
                 await self._attempt(intent, seq, AttemptOutcome.PERMANENT, started, error=str(exc))
                 return Done(
                     await self._put(transition(ref, current, S.FAILED, reason=str(exc)), partition)
                 )
             except UncertainGatewayError as exc:
+                self.failures.record(intent.instance_id, exc, self._ts())
                 await self._attempt(intent, seq, AttemptOutcome.UNCERTAIN, started, error=str(exc))
-                decided = await self._reconcile(intent, ref, current, partition, str(exc))
+                decided = await self._reconcile(
+                    intent, ref, current, partition, str(exc), probe=probe
+                )
                 if decided is not None:
                     return decided
+                # Not accepted: a resend spends the retry budget like any failed attempt,
+                # on the backoff schedule (never an immediate loop).
                 current = self.store.get(intent.job_id)
-                continue
+                assert current is not None
+                return await self._retry_or_die(
+                    intent, ref, current, partition, f"{exc}; not accepted, resending", None
+                )
             except TransientGatewayError as exc:
+                self.failures.record(intent.instance_id, exc, self._ts())
                 await self._attempt(intent, seq, AttemptOutcome.TRANSIENT, started, error=str(exc))
                 return await self._retry_or_die(
                     intent, ref, current, partition, str(exc), exc.retry_after_s
                 )
             except GatewayError as exc:  # an unclassified subclass is a gateway client bug
                 raise TypeError(f"unclassified gateway error {type(exc).__name__}") from exc
+            self._gateway_answered(intent.instance_id)
+            self.failures.record_success(intent.instance_id, self._ts())
             review = accepted.status is S.REVIEW
             await self._attempt(
                 intent,
@@ -268,18 +369,34 @@ class JobProcessor:
         current: StatusChanged,
         partition: int,
         why: str,
+        *,
+        probe: bool = False,
     ) -> Outcome | None:
-        """Decide an attempt of unknown outcome. None: not accepted, send again."""
+        """Decide an attempt of unknown outcome. None: not accepted, may be sent again."""
+        watch = _RefusalWatch(self.gateway)
         result = await reconcile(
-            self.gateway,
+            watch,
             instance_id=intent.instance_id,
             job_id=intent.job_id,
             to=intent.to,
             text=intent.text,
             authoritative=self.listing_authoritative,
+            attempt_seq=current.attempt_seq,
+            created_at=intent.created_at or intent.committed_at,
         )
+        if watch.refused is not None:
+            # The listing was refused for the instance: the job stays ATTEMPTING (it is
+            # reconciled again once the instance is back) and nothing is counted.
+            self.failures.record(intent.instance_id, watch.refused, self._ts())
+            return await self._hold_for_instance(
+                intent, ref, current, partition, watch.refused, probe=probe, attempts=None
+            )
+        if watch.failed is not None:
+            self.failures.record(intent.instance_id, watch.failed, self._ts())
+        if result.verdict is not Verdict.LATER:
+            self._gateway_answered(intent.instance_id)
         if result.verdict is Verdict.RESEND:
-            log.info("job %d: %s; %s, sending again", intent.job_id, why, result.reason)
+            log.info("job %d: %s; %s", intent.job_id, why, result.reason)
             return None
         if result.verdict is Verdict.ADOPT:
             assert result.job is not None
@@ -306,7 +423,25 @@ class JobProcessor:
                 )
             )
         if result.verdict is Verdict.LATER:
-            return await self._retry_or_die(intent, ref, current, partition, result.reason, None)
+            if current.attempts >= intent.max_attempts:
+                return await self._retry_or_die(
+                    intent, ref, current, partition, result.reason, None
+                )
+            # The listing is unavailable now: ask it again on the schedule, still
+            # ATTEMPTING, so no resend happens before the gateway was asked.
+            delay = self.policy.delay_s(max(current.attempts, 1), None, self.rng)
+            due = self.now() + dt.timedelta(seconds=delay)
+            noted = await self._put(
+                transition(
+                    ref,
+                    current,
+                    S.ATTEMPTING,
+                    reason=f"outcome unknown ({why}); {result.reason}; reconciling again",
+                    next_retry_at=due.isoformat(),
+                ),
+                partition,
+            )
+            return Park(due=due.timestamp(), state=noted)
         return Done(
             await self._put(
                 transition(
@@ -373,9 +508,19 @@ class JobProcessor:
         current = self.store.get(command.job_id)
         status = S(current.status) if current else S.PENDING
         why = f"cancel requested: {command.reason}"
+        command_id = command.command_id
         if status in {S.PENDING, S.RETRY_WAIT}:
             return await self._put(
-                transition(ref, current, S.CANCELLED, reason=why, actor=command.actor), partition
+                transition(
+                    ref,
+                    current,
+                    S.CANCELLED,
+                    reason=why,
+                    actor=command.actor,
+                    outcome=CommandOutcome.CANCELLED,
+                    command_id=command_id,
+                ),
+                partition,
             )
         if status in {S.ACCEPTED, S.REVIEW} and current and current.gateway_job_id:
             try:
@@ -387,6 +532,8 @@ class JobProcessor:
                     partition,
                     f"cancel failed at the gateway: {exc}",
                     actor=command.actor,
+                    outcome=CommandOutcome.CANCEL_FAILED,
+                    command_id=command_id,
                 )
             if outcome is CancelOutcome.CANCELLED:
                 return await self._put(
@@ -396,23 +543,45 @@ class JobProcessor:
                         S.CANCELLED,
                         actor=command.actor,
                         reason=f"{why}; confirmed by {self.gateway.name}",
+                        outcome=CommandOutcome.CANCELLED,
+                        command_id=command_id,
                     ),
                     partition,
                 )
+            refused = outcome is CancelOutcome.REFUSED
             detail = (
                 "the gateway already sent it"
-                if outcome is CancelOutcome.REFUSED
+                if refused
                 else f"{self.gateway.name} cannot cancel accepted messages"
             )
             return await self._note(
-                ref, current, partition, f"cancel not possible: {detail}", actor=command.actor
+                ref,
+                current,
+                partition,
+                f"cancel not possible: {detail}",
+                actor=command.actor,
+                outcome=CommandOutcome.CANCEL_REFUSED
+                if refused
+                else CommandOutcome.CANCEL_UNSUPPORTED,
+                command_id=command_id,
             )
         return await self._note(
-            ref, current, partition, f"cancel not possible: job is {status}", actor=command.actor
+            ref,
+            current,
+            partition,
+            f"cancel not possible: job is {status}",
+            actor=command.actor,
+            outcome=CommandOutcome.CANCEL_REFUSED,
+            command_id=command_id,
         )
 
     async def on_receipt(self, receipt: ReceiptReceived, partition: int) -> StatusChanged | None:
-        """Apply a gateway callback monotonically; late and duplicated ones change nothing."""
+        """Apply a gateway callback monotonically; late and duplicated ones change nothing.
+
+        Only a receipt about the job's current attempt applies (:mod:`streams.receipts`):
+        a callback about an earlier attempt, or one whose event id was applied already,
+        is counted, logged at INFO and changes nothing (no state, no event).
+        """
         ref = JobRef(
             receipt.job_id, receipt.idempotency_key, receipt.instance_id, receipt.conversation_key
         )
@@ -427,6 +596,17 @@ class JobProcessor:
                 )
             )
             return None
+        ignored = ignored_because(current, receipt)
+        if ignored is not None:
+            RECEIPTS_IGNORED.labels(ignored.reason).inc()
+            log.info(
+                "job %d: %s receipt %r ignored: %s",
+                receipt.job_id,
+                receipt.gateway,
+                receipt.label,
+                ignored.detail,
+            )
+            return None
         status, target = S(current.status), S(receipt.status)
         if target in RECEIPT_RANK and status in RECEIPT_RANK:
             if RECEIPT_RANK[target] <= RECEIPT_RANK[status]:
@@ -436,20 +616,20 @@ class JobProcessor:
         elif target is S.REVIEW and status is not S.ACCEPTED:
             return None
         try:
-            return await self._put(
-                transition(
-                    ref,
-                    current,
-                    target,
-                    actor=f"gateway:{receipt.gateway}",
-                    reason=f"receipt {receipt.label!r}",
-                    gateway_job_id=receipt.gateway_job_id,
-                ),
-                partition,
+            moved = transition(
+                ref,
+                current,
+                target,
+                actor=f"gateway:{receipt.gateway}",
+                reason=f"receipt {receipt.label!r}",
+                # The current attempt's gateway id stays; a receipt only fills one in.
+                gateway_job_id=current.gateway_job_id or receipt.gateway_job_id,
             )
         except InvalidTransition as exc:
             log.warning("receipt not applied: %s", exc)
             return None
+        events = remember_event(current.receipt_events, receipt.event_id)
+        return await self._put(dataclasses.replace(moved, receipt_events=events), partition)
 
     # --- helpers ----------------------------------------------------------------------
 
@@ -457,12 +637,67 @@ class JobProcessor:
         await self.store.put(state, partition)
         return state
 
+    def _ts(self) -> float:
+        return self.now().timestamp()
+
+    def _gateway_answered(self, instance_id: str) -> None:
+        """The gateway got past the instance's credentials: a paused instance resumes."""
+        self.pauses.resume(instance_id, self._ts())
+
+    async def _hold_for_instance(
+        self,
+        intent: IntentCaptured,
+        ref: JobRef,
+        current: StatusChanged,
+        partition: int,
+        error: InstanceUnavailableError,
+        *,
+        probe: bool,
+        attempts: int | None,
+    ) -> Park:
+        """Pause the instance; the job waits for the next probe, its attempt given back.
+
+        ``attempts`` None: keep the job as it is (ATTEMPTING, to be reconciled later).
+        """
+        due = self.pauses.pause(intent.instance_id, error, self._ts(), parked=probe)
+        if attempts is None:
+            return Park(due=due, state=current)
+        waiting = await self._put(
+            transition(
+                ref,
+                current,
+                S.RETRY_WAIT,
+                reason=f"instance {intent.instance_id} paused: {error}",
+                attempts=attempts,
+                next_retry_at=dt.datetime.fromtimestamp(due, dt.UTC).isoformat(),
+            ),
+            partition,
+        )
+        return Park(due=due, state=waiting)
+
     async def _note(
-        self, ref: JobRef, current: StatusChanged | None, partition: int, reason: str, *, actor: str
+        self,
+        ref: JobRef,
+        current: StatusChanged | None,
+        partition: int,
+        reason: str,
+        *,
+        actor: str,
+        outcome: CommandOutcome | None = None,
+        command_id: int | None = None,
     ) -> StatusChanged:
         status = S(current.status) if current else S.PENDING
         return await self._put(
-            transition(ref, current, status, reason=reason, actor=actor), partition
+            transition(
+                ref,
+                current,
+                status,
+                reason=reason,
+                actor=actor,
+                outcome=outcome,
+                command_id=command_id,
+            ),
+            partition,
         )
 
     async def _attempt(

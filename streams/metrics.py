@@ -26,3 +26,24 @@ COMMIT_TO_GATEWAY = Histogram(
     "From the outbox transaction's commit to the gateway's acceptance",
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
 )
+INSTANCE_PAUSED = Gauge(
+    "zapstream_instance_paused",
+    "1 while this worker holds an instance's messages because the gateway refused the instance",
+    ["instance"],
+)
+GATEWAY_ERRORS = Counter(
+    "zapstream_gateway_errors_total",
+    "Gateway failures by instance and class (transient, uncertain, permanent, instance)",
+    ["instance", "class"],
+)
+RECEIPTS_IGNORED = Counter(
+    "zapstream_receipts_ignored_total",
+    "Receipts that changed nothing because they are duplicates or about another attempt",
+    ["reason"],
+)
+LISTING_UNREADABLE = Counter(
+    "zapstream_reconcile_listing_unreadable_total",
+    "Reconciliations postponed because the gateway's listing did not parse "
+    "(check ZAPSTREAM_STACKZAP_LISTING_FIELDS)",
+    ["gateway", "instance"],
+)

@@ -6,7 +6,9 @@ Concrete clients live in ``connectors/gateways`` and raise from :mod:`streams.er
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import enum
+from collections.abc import Sequence
 from typing import Protocol
 
 from streams.contract import JobStatus
@@ -61,8 +63,21 @@ class Gateway(Protocol):
         """Send one text message or raise a :class:`GatewayError` subclass."""
         ...
 
-    async def list_for_reconciliation(self, instance_id: str) -> list[ListedJob] | None:
-        """Every job the gateway holds for the instance; None when it has no listing."""
+    async def list_for_reconciliation(
+        self,
+        instance_id: str,
+        *,
+        references: Sequence[str] = (),
+        since: dt.datetime | None = None,
+    ) -> list[ListedJob] | None:
+        """The instance's jobs that may be these attempts; None when it has no listing.
+
+        ``references`` (our attempt ids) and ``since`` (no job of interest is older)
+        let a gateway whose API filters answer narrowly; one that cannot filter
+        returns every job. Never fewer than the matching jobs: reconciliation treats
+        "not listed" as "not accepted" when the listing is authoritative. Raises
+        :class:`~streams.errors.ListingUnreadable` when the answer does not parse.
+        """
         ...
 
     async def cancel_job(self, instance_id: str, gateway_job_id: str) -> CancelOutcome:

@@ -118,6 +118,37 @@ def _default_zapapi_labels() -> dict[str, str]:
     }
 
 
+LISTING_QUERY_PARAMS = frozenset({"reference_param", "since_param"})
+"""Listing fields that name query parameters; empty means the API has no such filter."""
+
+
+def default_listing_fields() -> dict[str, str]:
+    """The StackZap listing's names: the answer's keys and the narrowing query parameters.
+
+    ``items`` (the array of jobs), ``id``, ``reference`` (our ``Idempotency-Key``),
+    ``to``, ``text``, ``status``, ``created_at`` (in each job), ``next_page``,
+    ``page``, ``page_size``, ``total``, ``counts`` (the page); ``reference_param``
+    (repeatable ``?reference=<attempt id>``) and ``since_param`` (``?since=<ISO 8601>``)
+    narrow the listing to the job being reconciled; "" when the API lacks the filter.
+    """
+    return {
+        "items": "items",
+        "id": "id",
+        "reference": "reference",
+        "to": "to",
+        "text": "text",
+        "status": "status",
+        "created_at": "created_at",
+        "next_page": "next_page",
+        "page": "page",
+        "page_size": "page_size",
+        "total": "total",
+        "counts": "counts",
+        "reference_param": "reference",
+        "since_param": "since",
+    }
+
+
 class GatewaySettings(SettingsBase):
     """Which gateway to call and how (``ZAPSTREAM_GATEWAY``, ``STACKZAP_*``, ``ZAP_*``)."""
 
@@ -178,6 +209,29 @@ class GatewaySettings(SettingsBase):
     """The gateway's job listing shows every job it accepted (StackZap's does): when
     reconciliation finds no match, the message was not accepted and may be resent.
     False: no match is UNCERTAIN, never resent automatically."""
+
+    stackzap_listing_fields: dict[str, str] = Field(
+        default_factory=default_listing_fields,
+        validation_alias=AliasChoices(
+            "ZAPSTREAM_STACKZAP_LISTING_FIELDS", "stackzap_listing_fields"
+        ),
+    )
+    """How the StackZap listing names things (JSON; keys not given keep their default, see
+    :func:`default_listing_fields`). A listing that does not parse with these names
+    postpones reconciliation (logged and counted), it never makes a job UNCERTAIN."""
+
+    @field_validator("stackzap_listing_fields")
+    @classmethod
+    def _listing_fields_known(cls, value: dict[str, str]) -> dict[str, str]:
+        fields = default_listing_fields()
+        unknown = sorted(set(value) - set(fields))
+        if unknown:
+            raise ValueError(f"unknown listing field(s) {unknown}; known: {sorted(fields)}")
+        for key, name in value.items():
+            if not isinstance(name, str) or (not name and key not in LISTING_QUERY_PARAMS):
+                raise ValueError(f"listing field {key!r} needs a non-empty name")
+        fields.update(value)
+        return fields
 
     @field_validator("stackzap_labels", "zapapi_labels")
     @classmethod

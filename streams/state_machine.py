@@ -14,12 +14,12 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 
-from streams.contract import JobStatus, StatusChanged
+from streams.contract import CommandOutcome, JobStatus, StatusChanged
 
 S = JobStatus
 
 ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
-    S.PENDING: frozenset({S.ATTEMPTING, S.EXPIRED, S.CANCELLED, S.DEAD, S.FAILED}),
+    S.PENDING: frozenset({S.ATTEMPTING, S.EXPIRED, S.CANCELLED, S.DEAD, S.FAILED, S.INVALID}),
     S.ATTEMPTING: frozenset(
         {
             S.ACCEPTED,
@@ -44,14 +44,17 @@ ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
     S.DEAD: frozenset({S.ATTEMPTING, S.EXPIRED}),
     S.EXPIRED: frozenset(),
     S.CANCELLED: frozenset(),
+    S.INVALID: frozenset(),
 }
 """From each state, the states a job may move to (besides a note to itself).
-FAILED, DEAD and UNCERTAIN move on only by an operator's reprocess."""
+FAILED, DEAD and UNCERTAIN move on only by an operator's reprocess. INVALID (the relay
+rejected the row; written by the state sink from ``zapstream.invalid``) never moves: the
+row itself is malformed, so neither cancel nor reprocess applies."""
 
 SENT = frozenset({S.ACCEPTED, S.DELIVERED, S.READ})
 """The gateway has the message: sending it again would be a duplicate."""
 
-SETTLED = SENT | {S.FAILED, S.DEAD, S.EXPIRED, S.CANCELLED, S.UNCERTAIN, S.REVIEW}
+SETTLED = SENT | {S.FAILED, S.DEAD, S.EXPIRED, S.CANCELLED, S.UNCERTAIN, S.REVIEW, S.INVALID}
 """No automatic attempt follows from these; only an operator moves the job on."""
 
 REPROCESSABLE = frozenset({S.DEAD, S.UNCERTAIN, S.FAILED})
@@ -88,8 +91,14 @@ def transition(
     next_retry_at: str | None = None,
     errors: list[str] | None = None,
     now: dt.datetime | None = None,
+    outcome: CommandOutcome | None = None,
+    command_id: int | None = None,
 ) -> StatusChanged:
-    """The record that moves ``job`` from ``current`` (None: PENDING, version 0) to ``to``."""
+    """The record that moves ``job`` from ``current`` (None: PENDING, version 0) to ``to``.
+
+    ``outcome`` and ``command_id`` mark the record that answers an operator's or
+    application's command; they are never carried over to the next record.
+    """
     previous = JobStatus(current.status) if current else JobStatus.PENDING
     if to is not previous and to not in ALLOWED[previous]:
         raise InvalidTransition(f"job {job.job_id}: {previous} -> {to} is not allowed")
@@ -113,8 +122,12 @@ def transition(
         gateway_job_id=gateway_job_id or (current.gateway_job_id if current else None),
         next_retry_at=next_retry_at,
         errors=list(errors if errors is not None else (current.errors if current else [])),
+        # Receipt dedup survives every other change of the job (notes, reprocess).
+        receipt_events=list(current.receipt_events) if current else [],
         reason=reason,
         actor=actor,
         at=at,
         sent_at=sent_at,
+        outcome=outcome.value if outcome is not None else None,
+        command_id=command_id,
     )

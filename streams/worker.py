@@ -13,6 +13,8 @@ from faust.sensors.prometheus import setup_prometheus_sensors
 
 from streams.agents import Dispatcher
 from streams.app import Resource, WorkerApp, build_app
+from streams.failure_log import FailureLog
+from streams.instance_pauses import InstancePauses
 from streams.job_processor import JobProcessor, RetryPolicy
 from streams.ports import Gateway
 from streams.stores import FaustJobStore, FaustPublisher, ParkingLot
@@ -34,6 +36,8 @@ def build_worker_app(
         FaustPublisher(topics),
         RetryPolicy(schedule_s=tuple(settings.retry_schedule_s), jitter=settings.retry_jitter),
         listing_authoritative=settings.gateway.listing_authoritative,
+        pauses=InstancePauses(settings.instance_probe_s),
+        failures=FailureLog(summary_interval_s=settings.failure_summary_interval_s),
     )
     dispatcher = Dispatcher(
         app,

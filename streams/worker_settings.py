@@ -29,6 +29,11 @@ class WorkerSettings(SettingsBase):
     """Each delay is drawn from [delay * (1 - jitter), delay]."""
     retry_scan_interval_s: float = Field(default=0.5, gt=0)
     """How often parked conversations are checked for due retries."""
+    instance_probe_s: float = Field(default=30.0, gt=0)
+    """While the gateway refuses an instance (401/403, unknown instance) its messages
+    wait, and one of them is sent this often to find out whether it was fixed."""
+    failure_summary_interval_s: float = Field(default=300.0, gt=0)
+    """While a gateway failure class lasts, at most one summary line per instance this often."""
     commit_interval_s: float = Field(default=1.0, gt=0)
 
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)

@@ -13,6 +13,7 @@ An ``outbox_commands`` row becomes a :class:`~streams.contract.CommandRequested`
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from collections.abc import Mapping
 
@@ -176,3 +177,103 @@ def command_row_to_record(
         return IntentRejected(
             job_id=job_id, reason=str(rejected), row=dict(row), lsn=lsn, committed_at=committed_at
         )
+
+
+def replay_row_to_record(
+    row: Mapping[str, str | None], *, lsn: str, committed_at: str | None
+) -> IntentCaptured | IntentRejected:
+    """An ``outbox_replays`` row (``zapstream outbox restream``) as its job's own intent.
+
+    The row carries copies of the job's columns; the intent is built exactly as
+    from the job's ``outbox_jobs`` row, with the job's id, so the worker treats it
+    as a redelivery of that job (dropped if already handled).
+    """
+    job_row = {
+        "id": row.get("job_id"),
+        "instance_id": row.get("instance_id"),
+        "payload": row.get("payload"),
+        "idempotency_key": row.get("idempotency_key"),
+        "conversation_key": row.get("conversation_key"),
+        "priority": row.get("priority"),
+        "purpose": row.get("purpose"),
+        "expires_at": row.get("expires_at"),
+        "max_attempts": row.get("max_attempts"),
+        "created_at": row.get("job_created_at"),
+    }
+    record = row_to_record(job_row, lsn=lsn, committed_at=committed_at)
+    if isinstance(record, IntentRejected):
+        return dataclasses.replace(record, row=dict(row))
+    return record
+
+
+# --- keeping records producible ------------------------------------------------------------
+
+TRUNCATION_MARKER = "...[zapstream: truncated, {size} bytes in total]"
+"""Appended to a column value cut short in a reduced rejection."""
+REASON_MAX_CHARS = 1_000
+
+
+def _cut(text: str, max_bytes: int) -> str:
+    data = text.encode()
+    if len(data) <= max_bytes:
+        return text
+    head = data[:max_bytes].decode("utf-8", errors="ignore")
+    return head + TRUNCATION_MARKER.format(size=len(data))
+
+
+def reduced_rejection(
+    *,
+    job_id: int | None,
+    reason: str,
+    row: Mapping[str, str | None],
+    lsn: str,
+    committed_at: str | None,
+    max_record_bytes: int,
+    max_value_bytes: int,
+) -> IntentRejected:
+    """A rejection that fits ``max_record_bytes``: long column values cut, with a marker.
+
+    The job id and LSN always survive, so the row can be found in ``outbox_jobs``
+    (or the WAL). If cutting every value to ``max_value_bytes`` is not enough
+    (a very wide row), values are cut to a few bytes each; if even that is too
+    big, only the id column stays.
+    """
+    reason = _cut(reason, REASON_MAX_CHARS)
+    for limit in (max_value_bytes, 64, 0):
+        cut = {k: (None if v is None else _cut(v, limit)) for k, v in row.items()}
+        record = IntentRejected(
+            job_id=job_id, reason=reason, row=cut, lsn=lsn, committed_at=committed_at
+        )
+        if len(record.dumps()) <= max_record_bytes:
+            return record
+    return minimal_rejection(
+        job_id=job_id, reason=reason, lsn=lsn, committed_at=committed_at, row=row
+    )
+
+
+REFERENCE_COLUMNS = ("id", "job_id", "command")
+"""Kept (cut short) in a minimal rejection: they say which row it was, and whether it was
+a command (the state sink leaves the job alone for a rejected command)."""
+
+
+def minimal_rejection(
+    *,
+    job_id: int | None,
+    reason: str,
+    lsn: str,
+    committed_at: str | None = None,
+    row: Mapping[str, str | None] | None = None,
+) -> IntentRejected:
+    """The smallest rejection: job id, LSN and reason; the row is referenced, not copied."""
+    reference: dict[str, str | None] = {"id": None if job_id is None else str(job_id)}
+    for column in REFERENCE_COLUMNS:
+        value = (row or {}).get(column)
+        if value is not None:
+            reference[column] = _cut(value, 64)
+    return IntentRejected(
+        job_id=job_id,
+        reason=_cut(reason, REASON_MAX_CHARS),
+        row=reference,
+        lsn=lsn,
+        committed_at=committed_at,
+    )

@@ -10,6 +10,7 @@ async code.
 from __future__ import annotations
 
 import contextlib
+import logging
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -19,11 +20,15 @@ from connectors.cdc.lsn import Lsn
 
 OUTBOX_TABLE = "outbox_jobs"
 COMMANDS_TABLE = "outbox_commands"
-PUBLISHED_TABLES = (OUTBOX_TABLE, COMMANDS_TABLE)
+REPLAYS_TABLE = "outbox_replays"
+PUBLISHED_TABLES = (OUTBOX_TABLE, COMMANDS_TABLE, REPLAYS_TABLE)
+log = logging.getLogger(__name__)
+
+WAL_LEVEL_HINT = "set wal_level=logical in postgresql.conf and restart PostgreSQL"
 
 
 class ProvisioningError(RuntimeError):
-    """The slot exists but cannot be used as is (another output plugin). Never retried."""
+    """The database cannot be streamed as it is (wal_level, slot plugin, schema). Never retried."""
 
     retriable = False
 
@@ -36,6 +41,25 @@ def ensure_replication(dsn: str, *, slot: str, publication: str) -> Lsn:
     confirmed position. Safe to run from several relays at once.
     """
     with psycopg.connect(dsn, autocommit=True) as conn:
+        wal_level = conn.execute("SHOW wal_level").fetchone()
+        if wal_level is None or wal_level[0] != "logical":
+            level = wal_level[0] if wal_level else "unknown"
+            raise ProvisioningError(f"wal_level is {level!r}, not 'logical': {WAL_LEVEL_HINT}")
+        present = {
+            str(name)
+            for (name,) in conn.execute(
+                "SELECT c.relname FROM pg_class c WHERE c.relkind IN ('r', 'p') "
+                "AND c.relname = ANY(%s) AND pg_table_is_visible(c.oid)",
+                (list(PUBLISHED_TABLES),),
+            )
+        }
+        missing = [t for t in (OUTBOX_TABLE, COMMANDS_TABLE) if t not in present]
+        if missing:
+            raise ProvisioningError(
+                f"table {missing[0]} does not exist: run `zapstream db migrate` first"
+            )
+        # outbox_replays came with migration 0005: a schema from before it streams without it.
+        tables = [t for t in PUBLISHED_TABLES if t in present]
         exists = conn.execute(
             "SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)
         ).fetchone()
@@ -44,7 +68,7 @@ def ensure_replication(dsn: str, *, slot: str, publication: str) -> Lsn:
                 conn.execute(
                     sql.SQL("CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert')").format(
                         sql.Identifier(publication),
-                        sql.SQL(", ").join(sql.Identifier(t) for t in PUBLISHED_TABLES),
+                        sql.SQL(", ").join(sql.Identifier(t) for t in tables),
                     )
                 )
         published = {
@@ -53,7 +77,7 @@ def ensure_replication(dsn: str, *, slot: str, publication: str) -> Lsn:
                 "SELECT tablename FROM pg_publication_tables WHERE pubname = %s", (publication,)
             )
         }
-        for table in PUBLISHED_TABLES:
+        for table in tables:
             if table not in published:
                 with contextlib.suppress(pg_errors.DuplicateObject):
                     conn.execute(
@@ -62,18 +86,44 @@ def ensure_replication(dsn: str, *, slot: str, publication: str) -> Lsn:
                         )
                     )
         row = conn.execute(
-            "SELECT plugin, confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = %s",
+            "SELECT plugin, confirmed_flush_lsn, database, current_database() "
+            "FROM pg_replication_slots WHERE slot_name = %s",
             (slot,),
         ).fetchone()
         if row is None:
             with contextlib.suppress(pg_errors.DuplicateObject):
                 conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+                _warn_unstreamed(conn, slot)
             row = conn.execute(
-                "SELECT plugin, confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = %s",
+                "SELECT plugin, confirmed_flush_lsn, database, current_database() "
+                "FROM pg_replication_slots WHERE slot_name = %s",
                 (slot,),
             ).fetchone()
         assert row is not None
-        plugin, confirmed = row
+        plugin, confirmed, database, current = row
+        if database != current:
+            raise ProvisioningError(
+                f"slot {slot!r} belongs to database {database!r}, not {current!r}: slots are "
+                "per cluster, set ZAPSTREAM_RELAY_SLOT to a name unique in the cluster"
+            )
         if plugin != "pgoutput":
-            raise ProvisioningError(f"slot {slot!r} uses plugin {plugin!r}, not pgoutput")
+            raise ProvisioningError(
+                f"slot {slot!r} uses plugin {plugin!r}, not pgoutput: drop it or choose another "
+                "name with ZAPSTREAM_RELAY_SLOT"
+            )
         return Lsn.parse(str(confirmed)) if confirmed else Lsn(0)
+
+
+def _warn_unstreamed(conn: psycopg.Connection[tuple[object, ...]], slot: str) -> None:
+    """A new slot starts at the current WAL: PENDING rows committed before it are never streamed."""
+    row = conn.execute("SELECT count(*) FROM outbox_jobs WHERE status = 'PENDING'").fetchone()
+    pending = int(str(row[0])) if row else 0
+    if pending:
+        log.warning(
+            "created replication slot %s; %d PENDING outbox rows committed before it will not "
+            "be streamed unless you run `zapstream outbox restream --older-than <age>`",
+            slot,
+            pending,
+        )
+    else:
+        log.info("created replication slot %s", slot)

@@ -29,6 +29,7 @@ from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.pq.abc import PGconn, PGresult
 
+from connectors.cdc.failures import TRANSIENT_SQLSTATE_CLASSES
 from connectors.cdc.lsn import Lsn
 from connectors.cdc.replication_messages import (
     PrimaryKeepalive,
@@ -46,7 +47,7 @@ _SQLSTATE_UNDEFINED_OBJECT = "42704"
 # Server errors ending a stream that a new stream may not hit: connection
 # exceptions, transaction rollback, insufficient resources, operator
 # intervention (e.g. pg_terminate_backend, shutdown), system errors.
-_TRANSIENT_SQLSTATE_CLASSES = frozenset(("08", "40", "53", "57", "58"))
+_TRANSIENT_SQLSTATE_CLASSES = TRANSIENT_SQLSTATE_CLASSES
 _COPY_STATUSES = frozenset((pq.ExecStatus.COPY_BOTH, pq.ExecStatus.COPY_OUT, pq.ExecStatus.COPY_IN))
 
 

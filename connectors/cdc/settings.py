@@ -23,6 +23,15 @@ class RelaySettings(SettingsBase):
     max_in_flight: int = Field(default=20_000, ge=1)
     """Records sent to Kafka and not yet acknowledged before the relay stops reading WAL."""
     metrics_port: int = Field(default=0, ge=0)
+    max_record_bytes: int = Field(default=256 * 1024, ge=4096, le=900 * 1024)
+    """A record larger than this is reduced (rejections: long values cut; intents: rejected
+    as too large) before it is produced; well under the producer's 1 MiB max_request_size."""
+    rejected_value_max_bytes: int = Field(default=4096, ge=64)
+    """Each column value copied into a reduced rejection is cut to this many bytes."""
+    reconnect_initial_s: float = Field(default=0.5, gt=0)
+    """First wait before reconnecting to PostgreSQL or Kafka after a transient failure."""
+    reconnect_max_s: float = Field(default=10.0, gt=0)
+    """The reconnect wait doubles up to this."""
 
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     postgres: PostgresSettings = Field(default_factory=PostgresSettings)

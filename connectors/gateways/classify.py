@@ -1,26 +1,48 @@
 """Map httpx outcomes onto the gateway error tree, once, at the edge.
 
 Every gateway client sends through :func:`send_request`, which turns transport
-exceptions and non-2xx answers into :class:`~streams.ports.PermanentGatewayError`,
-:class:`~streams.ports.TransientGatewayError` or
-:class:`~streams.ports.UncertainGatewayError`. Callers look at ``retriable``
-and never at httpx types.
+exceptions and non-2xx answers into :class:`~streams.errors.PermanentGatewayError`,
+:class:`~streams.errors.TransientGatewayError`,
+:class:`~streams.errors.UncertainGatewayError` or
+:class:`~streams.errors.InstanceUnavailableError`. Callers look at ``retriable``
+and ``scope`` and never at httpx types.
 
-What "no effect" means here:
+The rule depends on whether the request can have an effect. A ``GET`` (listing)
+or ``HEAD`` never changes anything at the gateway; every other method (a send, a
+cancel) may.
 
-- ``ConnectError``, ``ConnectTimeout``, ``PoolTimeout``: the request never left
-  this process, so it is **transient**.
+Transport exceptions:
+
+- ``ConnectError``, ``ConnectTimeout``, ``PoolTimeout``, ``ProxyError``: the
+  request never left this process (or never reached the gateway), so it is
+  **transient**.
 - ``WriteTimeout``, ``WriteError``, ``ReadTimeout``, ``ReadError``,
-  ``RemoteProtocolError``, ``CloseError``: some or all of the request may have
-  been written and the gateway may have acted on it, so it is **uncertain**.
-- An HTTP answer means the gateway decided. 429 and 503 are **transient** and
-  carry ``Retry-After`` (delay-seconds, fractional accepted, or an HTTP date).
-  500/502/504 and other 5xx are **transient** too: the gateways we speak to
-  answer 5xx only when they did not enqueue the message. 408 is **transient**
-  (the gateway gave up reading the request). Every other 4xx (400, 401, 403,
-  404, 409, 422, ...) is **permanent**, with the gateway's error message,
-  truncated and masked, as the reason. A 3xx is permanent as well: we do not
-  follow redirects, so it means a misconfigured base URL.
+  ``RemoteProtocolError``, ``CloseError`` (and anything else raised once the
+  request started): some or all of the request may have been written and the
+  gateway may have acted on it, so on a send it is **uncertain**; on a ``GET``
+  it is **transient** (a timed-out listing changed nothing).
+
+HTTP answers:
+
+- 401 and 403 (the gateway refused our credentials) and 404 whose message says
+  the *instance* is unknown are about the instance, not the message:
+  **instance unavailable** (transient, ``scope="instance"``). Nothing was sent;
+  every other message of the instance would fail the same way, so the worker
+  pauses the instance and probes it until an operator fixes the key.
+- 429 and 503 are **transient** and carry ``Retry-After`` (delay-seconds,
+  fractional accepted, or an HTTP date); 408 is **transient** (the gateway gave
+  up reading the request).
+- 500 is **transient**: it is the gateway application's own answer, and the
+  gateways we speak to answer it only when they did not enqueue the message.
+- 502, 504 and every other 5xx on a send are **uncertain**: they come from a
+  proxy or load balancer in front of the gateway (bad gateway, upstream
+  timeout, Cloudflare-style 52x), which may answer after the upstream accepted
+  the message. Resending with a new ``Idempotency-Key`` would duplicate it, so
+  the caller reconciles through the listing first. On a ``GET`` they are
+  **transient**.
+- Every other 4xx (400, 404, 409, 422, ...) is **permanent**, with the gateway's
+  error message, truncated and masked, as the reason. A 3xx is permanent as
+  well: we do not follow redirects, so it means a misconfigured base URL.
 
 Error messages never carry a full phone number, message text, API key or token:
 digit runs that look like phone numbers are masked and the caller passes the
@@ -43,6 +65,7 @@ import orjson
 from connectors.outbox.recipients import mask_phone
 from streams.errors import (
     GatewayError,
+    InstanceUnavailableError,
     PermanentGatewayError,
     TransientGatewayError,
     UncertainGatewayError,
@@ -70,6 +93,13 @@ _PERMANENT_EXCEPTIONS: tuple[type[httpx.HTTPError], ...] = (
     httpx.LocalProtocolError,
     httpx.UnsupportedProtocol,
 )
+
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+"""Methods that never change anything at the gateway: a failure is never uncertain."""
+
+_INSTANCE_STATUSES = frozenset({401, 403})
+_TRANSIENT_5XX_ON_SEND = frozenset({500, 503})
+"""The gateway application's own 5xx: it did not enqueue the message."""
 
 # Phone numbers in E.164 or local form, possibly with a leading "+": 8 to 15 digits.
 _PHONE_RE = re.compile(r"\+?\d{8,15}")
@@ -132,8 +162,13 @@ def parse_retry_after(value: str | None, *, now: float | None = None) -> float |
 # --- classification -----------------------------------------------------------------
 
 
+def is_safe_method(method: str) -> bool:
+    """True for a request that cannot change anything at the gateway (a listing)."""
+    return method.upper() in _SAFE_METHODS
+
+
 def classify_exception(
-    exc: httpx.HTTPError, *, gateway: str, sensitive: Iterable[str] = ()
+    exc: httpx.HTTPError, *, gateway: str, sensitive: Iterable[str] = (), method: str = "POST"
 ) -> GatewayError:
     """The error-tree class for an httpx exception raised while sending a request."""
     detail = mask_text(str(exc) or type(exc).__name__, sensitive)[:MAX_REASON_CHARS]
@@ -142,11 +177,18 @@ def classify_exception(
         return TransientGatewayError(message)
     if isinstance(exc, _PERMANENT_EXCEPTIONS):
         return PermanentGatewayError(message)
+    if is_safe_method(method):
+        # A listing that timed out or was cut off changed nothing: ask again later.
+        return TransientGatewayError(message)
     if isinstance(exc, _UNCERTAIN_EXCEPTIONS):
         return UncertainGatewayError(message)
     # Anything else httpx raises once the request started (decoding, stream errors)
     # is uncertain too: we cannot tell whether the gateway acted on it.
     return UncertainGatewayError(message)
+
+
+def _unknown_instance(status: int, reason: str) -> bool:
+    return status == 404 and "instance" in reason.lower()
 
 
 def error_for_response(
@@ -155,28 +197,34 @@ def error_for_response(
     gateway: str,
     sensitive: Iterable[str] = (),
     now: float | None = None,
+    method: str | None = None,
 ) -> GatewayError | None:
     """``None`` for a 2xx answer, else the error-tree class for the status code.
 
-    The body must have been read (``httpx.AsyncClient.request`` does).
+    ``method`` defaults to the request's; the body must have been read
+    (``httpx.AsyncClient.request`` does).
     """
     status = response.status_code
     if 200 <= status < 300:
         return None
+    if method is None:
+        try:
+            method = response.request.method
+        except RuntimeError:  # a response built without its request: assume a send
+            method = "POST"
     reason = error_reason(response, sensitive)
     message = f"{gateway}: HTTP {status}: {reason}" if reason else f"{gateway}: HTTP {status}"
-    if status in (429, 503):
-        return TransientGatewayError(
-            message,
-            status_code=status,
-            retry_after_s=parse_retry_after(response.headers.get("retry-after"), now=now),
-        )
-    if status >= 500 or status == 408:
-        return TransientGatewayError(
-            message,
-            status_code=status,
-            retry_after_s=parse_retry_after(response.headers.get("retry-after"), now=now),
-        )
+    if status in _INSTANCE_STATUSES or _unknown_instance(status, reason):
+        what = "unknown instance" if status == 404 else "gateway refused credentials"
+        return InstanceUnavailableError(f"{message} ({what})", status_code=status)
+    retry_after_s = parse_retry_after(response.headers.get("retry-after"), now=now)
+    if status in (429, 503, 408):
+        return TransientGatewayError(message, status_code=status, retry_after_s=retry_after_s)
+    if status >= 500:
+        if is_safe_method(method) or status in _TRANSIENT_5XX_ON_SEND:
+            return TransientGatewayError(message, status_code=status, retry_after_s=retry_after_s)
+        # A proxy's answer: the upstream may have accepted the message before it failed.
+        return UncertainGatewayError(message, status_code=status)
     return PermanentGatewayError(message, status_code=status)
 
 
@@ -250,8 +298,8 @@ async def send_request(
             method, url, content=content, headers=request_headers, params=params
         )
     except httpx.HTTPError as exc:
-        raise classify_exception(exc, gateway=gateway, sensitive=sensitive) from exc
-    error = error_for_response(response, gateway=gateway, sensitive=sensitive)
+        raise classify_exception(exc, gateway=gateway, sensitive=sensitive, method=method) from exc
+    error = error_for_response(response, gateway=gateway, sensitive=sensitive, method=method)
     if error is not None:
         raise error
     return response

@@ -5,9 +5,14 @@ Endpoints (relative to ``STACKZAP_API_URL``), authenticated with ``X-API-Key``:
 - ``POST /v1/instances/{instance}/send-queue/text`` with ``{"to", "text"}`` and
   ``Idempotency-Key: <reference>``; answers ``{"id", "status"}`` (older versions
   say ``jobId``/``job_id`` and ``state``).
-- ``GET /v1/instances/{instance}/send-queue?page=&page_size=&status=`` answers
-  ``{"items": [{"id", "to", "text", "status", "reference", "created_at"}],
-  "page", "page_size", "total", "counts": {label: n}, "next_page": n | null}``.
+- ``GET /v1/instances/{instance}/send-queue?page=&page_size=&status=&reference=&since=``
+  answers ``{"items": [{"id", "to", "text", "status", "reference", "created_at"}],
+  "page", "page_size", "total", "counts": {label: n}, "next_page": n | null}``;
+  ``reference`` (repeatable) and ``since`` (ISO 8601) narrow it. Every one of
+  these names is configurable (``ZAPSTREAM_STACKZAP_LISTING_FIELDS``, see
+  :func:`streams.settings.default_listing_fields`); a listing that does not parse
+  with them raises :class:`~streams.errors.ListingUnreadable`, logged once per
+  instance until a listing of that instance parses again.
 - ``POST /v1/instances/{instance}/send-queue/{job_id}/cancel`` answers
   ``{"id", "status": "cancelled"}``, or 409 when the job already left the queue.
 
@@ -17,8 +22,9 @@ Every failure is classified by :mod:`connectors.gateways.classify`.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -28,7 +34,7 @@ from connectors.gateways.classify import json_object, send_request
 from connectors.gateways.http_client import HttpGatewayClient, first_str
 from connectors.gateways.labels import map_label
 from streams.contract import JobStatus
-from streams.errors import PermanentGatewayError
+from streams.errors import ListingUnreadable, PermanentGatewayError
 from streams.ports import CancelOutcome, ListedJob, SendAccepted, TextMessage
 from streams.settings import GatewaySettings
 
@@ -78,6 +84,9 @@ class StackZapClient(HttpGatewayClient):
     ) -> None:
         self._api_key = settings.stackzap_api_key.get_secret_value()
         self._labels = settings.stackzap_labels
+        self._fields = settings.stackzap_listing_fields
+        self._unreadable: set[str] = set()
+        """Instances whose last listing did not parse (logged once until one does)."""
         super().__init__(
             settings,
             base_url=settings.stackzap_api_url,
@@ -119,13 +128,21 @@ class StackZapClient(HttpGatewayClient):
         page: int | None = None,
         page_size: int = 100,
         status: str | None = None,
+        references: Sequence[str] = (),
+        since: dt.datetime | None = None,
     ) -> JobPage:
-        """One page of the instance's send queue, optionally only jobs with label ``status``."""
-        params: dict[str, str | int] = {"page_size": page_size}
+        """One page of the instance's send queue, optionally only jobs with label ``status``,
+        with one of ``references`` or created at or after ``since`` (where the API filters)."""
+        pairs: list[tuple[str, str]] = [("page_size", str(page_size))]
         if page is not None:
-            params["page"] = page
+            pairs.append(("page", str(page)))
         if status is not None:
-            params["status"] = status
+            pairs.append(("status", status))
+        if self._fields["reference_param"]:
+            pairs.extend((self._fields["reference_param"], r) for r in references)
+        if since is not None and self._fields["since_param"]:
+            pairs.append((self._fields["since_param"], since.isoformat()))
+        params = httpx.QueryParams(tuple(pairs))
         response = await send_request(
             self._http,
             "GET",
@@ -142,12 +159,19 @@ class StackZapClient(HttpGatewayClient):
         *,
         page_size: int = 100,
         status: str | None = None,
+        references: Sequence[str] = (),
+        since: dt.datetime | None = None,
     ) -> AsyncIterator[JobPage]:
         """Every page of the listing, following ``next_page`` until it is null."""
         page: int | None = None
         while True:
             current = await self.list_jobs(
-                instance_id, page=page, page_size=page_size, status=status
+                instance_id,
+                page=page,
+                page_size=page_size,
+                status=status,
+                references=references,
+                since=since,
             )
             yield current
             if current.next_page is None:
@@ -164,25 +188,54 @@ class StackZapClient(HttpGatewayClient):
         *,
         page_size: int = 100,
         status: str | None = None,
+        references: Sequence[str] = (),
+        since: dt.datetime | None = None,
     ) -> AsyncIterator[GatewayJob]:
         """Every job of the listing, page after page."""
-        async for current in self.iter_pages(instance_id, page_size=page_size, status=status):
+        async for current in self.iter_pages(
+            instance_id, page_size=page_size, status=status, references=references, since=since
+        ):
             for job in current.items:
                 yield job
 
-    async def list_for_reconciliation(self, instance_id: str) -> list[ListedJob] | None:
-        """Every job of the instance, all pages (the reconciler's view)."""
-        return [
-            ListedJob(
-                gateway_job_id=job.id,
-                reference=job.reference,
-                to=job.to,
-                text=job.text,
-                status=job.status,
-                gateway_status=job.gateway_status,
-            )
-            async for job in self.iter_jobs(instance_id, page_size=1000)
-        ]
+    async def list_for_reconciliation(
+        self,
+        instance_id: str,
+        *,
+        references: Sequence[str] = (),
+        since: dt.datetime | None = None,
+    ) -> list[ListedJob] | None:
+        """The instance's jobs with one of ``references`` / since ``since``, all pages."""
+        try:
+            listed = [
+                ListedJob(
+                    gateway_job_id=job.id,
+                    reference=job.reference,
+                    to=job.to,
+                    text=job.text,
+                    status=job.status,
+                    gateway_status=job.gateway_status,
+                )
+                async for job in self.iter_jobs(
+                    instance_id, page_size=1000, references=references, since=since
+                )
+            ]
+        except ListingUnreadable as exc:
+            if instance_id not in self._unreadable:
+                self._unreadable.add(instance_id)
+                log.warning(
+                    "%s listing of instance %s is unreadable: %s; reconciliation is postponed "
+                    "until it parses (set ZAPSTREAM_STACKZAP_LISTING_FIELDS to the names "
+                    "the gateway uses)",
+                    self.name,
+                    instance_id,
+                    exc,
+                )
+            raise
+        if instance_id in self._unreadable:
+            self._unreadable.discard(instance_id)
+            log.info("%s listing of instance %s parses again", self.name, instance_id)
+        return listed
 
     async def cancel_job(self, instance_id: str, gateway_job_id: str) -> CancelOutcome:
         cancelled = await self.cancel(instance_id, gateway_job_id)
@@ -207,39 +260,65 @@ class StackZapClient(HttpGatewayClient):
         return label is None or map_label(label, self._labels) is JobStatus.CANCELLED
 
     def _parse_page(self, body: dict[str, Any] | None, *, page: int, page_size: int) -> JobPage:
-        if body is None or not isinstance(body.get("items"), list):
-            raise PermanentGatewayError(f"{self.name}: listing is not a JSON object with items")
+        """One listing page with the configured names; :class:`ListingUnreadable` if not.
+
+        The errors name keys and types, never values (recipients and texts)."""
+        f = self._fields
+        if body is None:
+            raise ListingUnreadable(f"{self.name}: listing is not a JSON object")
+        if not isinstance(body.get(f["items"]), list):
+            raise ListingUnreadable(
+                f"{self.name}: listing has no {f['items']!r} array "
+                f"(top-level keys: {_key_names(body)})"
+            )
         items: list[GatewayJob] = []
-        for raw in body["items"]:
+        for raw in body[f["items"]]:
             if not isinstance(raw, dict):
-                raise PermanentGatewayError(f"{self.name}: listing item is not an object")
-            label = first_str(raw, "status", "state")
+                raise ListingUnreadable(
+                    f"{self.name}: listing item is a {type(raw).__name__}, not an object"
+                )
+            job_id = first_str(raw, f["id"], "id", "jobId", "job_id")
+            if job_id is None:
+                raise ListingUnreadable(
+                    f"{self.name}: listing item has no {f['id']!r} (keys: {_key_names(raw)})"
+                )
+            label = first_str(raw, f["status"], "status", "state")
+            text = raw.get(f["text"])
             items.append(
                 GatewayJob(
-                    id=first_str(raw, "id", "jobId", "job_id"),
+                    id=job_id,
                     gateway_status=label,
                     status=map_label(label, self._labels),
-                    reference=first_str(raw, "reference", "idempotency_key", "idempotencyKey"),
-                    created_at=first_str(raw, "created_at", "createdAt"),
-                    to=first_str(raw, "to"),
-                    text=raw.get("text") if isinstance(raw.get("text"), str) else None,
+                    reference=first_str(
+                        raw, f["reference"], "reference", "idempotency_key", "idempotencyKey"
+                    ),
+                    created_at=first_str(raw, f["created_at"], "created_at", "createdAt"),
+                    to=first_str(raw, f["to"], "to"),
+                    text=text if isinstance(text, str) else None,
                 )
             )
-        counts_raw = body.get("counts")
+        counts_raw = body.get(f["counts"])
         counts = (
             {str(k): v for k, v in counts_raw.items() if _int_or_none(v) is not None}
             if isinstance(counts_raw, dict)
             else {}
         )
-        next_page = _int_or_none(body.get("next_page"))
+        next_page = _int_or_none(body.get(f["next_page"]))
         return JobPage(
             items=tuple(items),
-            page=_int_or_none(body.get("page")) or page,
-            page_size=_int_or_none(body.get("page_size")) or page_size,
-            total=_int_or_none(body.get("total")),
+            page=_int_or_none(body.get(f["page"])) or page,
+            page_size=_int_or_none(body.get(f["page_size"])) or page_size,
+            total=_int_or_none(body.get(f["total"])),
             counts=counts,
             next_page=next_page if next_page is not None and next_page > 0 else None,
         )
+
+
+def _key_names(obj: Mapping[str, Any], limit: int = 12) -> str:
+    """A listing object's key names for an error (never its values), shortened."""
+    names = [str(k)[:40] for k in list(obj)[:limit]]
+    more = ", ..." if len(obj) > limit else ""
+    return ", ".join(names) + more if names else "none"
 
 
 def _int_or_none(value: object) -> int | None:

@@ -9,7 +9,9 @@ failure is classified by :mod:`connectors.gateways.classify`.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
+from collections.abc import Sequence
 from urllib.parse import quote
 
 import httpx
@@ -65,7 +67,13 @@ class ZapApiClient(HttpGatewayClient):
             what="message",
         )
 
-    async def list_for_reconciliation(self, instance_id: str) -> list[ListedJob] | None:
+    async def list_for_reconciliation(
+        self,
+        instance_id: str,
+        *,
+        references: Sequence[str] = (),
+        since: dt.datetime | None = None,
+    ) -> list[ListedJob] | None:
         """The ZAP API has no job listing: uncertain outcomes cannot be reconciled."""
         return None
 

@@ -6,17 +6,29 @@
                         [--limit 50] [--page 1]
     zapstream jobs cancel ID --reason R --by WHO [--wait 30]
     zapstream jobs reprocess ID --reason R --by WHO [--wait 30] [--yes]
+    zapstream jobs reprocess --state S [--state S2] [--instance I] [--since 2h|ISO]
+                             [--until ISO] --reason R --by WHO [--dry-run] [--yes]
+                             [--limit 1000]
 
 ``list`` shows jobs with their recipient masked and never their text. ``cancel``
 and ``reprocess`` write a command into ``outbox_commands`` (see
 :mod:`connectors.outbox.commands`) in their own transaction; the worker applies it and
-records the outcome, with who and why, in ``outbox_job_events``, which these
-commands poll for up to ``--wait`` seconds. A command the worker has not handled
-yet stays requested: it is applied when the worker gets to it.
+answers with an event in ``outbox_job_events`` that carries the command's id and
+a structured outcome (``cancelled``, ``cancel_refused``, ``reprocessed``, ...);
+these commands poll for it up to ``--wait`` seconds, and a reprocess then for the
+job's next settled state. A command the worker has not handled yet stays
+requested: it is applied when the worker gets to it. An INVALID job (the relay
+rejected its row) is refused here: it was never sent, and its row is malformed.
 
-Exit codes: 0 done (cancelled; reprocessing taken up by the worker), 1 not done
-(the worker refused, or has not handled the command yet), 2 refused here (no
-such job, a job that may not be reprocessed, an uncertain job without ``--yes``).
+``reprocess`` without an ID reprocesses every job matching the filters (oldest
+first, at most ``--limit``): ``--dry-run`` prints how many and a few masked
+examples and changes nothing; more than :data:`BULK_CONFIRM_ABOVE` jobs, or any
+UNCERTAIN one, need ``--yes``. One command per job is written in one transaction.
+
+Exit codes: 0 done (cancelled; reprocessing taken up by the worker; bulk
+requested or dry run), 1 not done (the worker refused, or has not handled the
+command yet), 2 refused here (no such job, a job that may not be cancelled or
+reprocessed, an uncertain job or a large bulk without ``--yes``).
 
 The functions take the DSN and an output stream so they can be tested without
 the argument parser; :func:`add_jobs_parser` wires them into ``zapstream``. The
@@ -47,15 +59,23 @@ from connectors.ops.jobs_render import (
 from connectors.ops.jobs_sql import (
     Job,
     JobEvent,
+    JobFilter,
+    count_jobs,
     database_now,
     fetch_events,
     fetch_job,
     fetch_job_page,
+    matching_job_ids,
     poll_events,
-    request_command,
 )
-from connectors.outbox.commands import InvalidCommand, request_cancel_by_id, request_reprocess
-from streams.contract import JobStatus
+from connectors.outbox.commands import (
+    InvalidCommand,
+    request_cancel_by_id,
+    request_reprocess,
+    request_reprocess_many,
+)
+from streams import state_machine
+from streams.contract import CommandOutcome, JobStatus
 
 __all__ = [
     "EXIT_DONE",
@@ -68,19 +88,26 @@ __all__ = [
     "list_jobs",
     "parse_duration",
     "parse_instant",
+    "parse_since",
     "reprocess_job",
+    "reprocess_matching",
 ]
 
 EXIT_DONE = 0
 EXIT_NOT_DONE = 1
 EXIT_REFUSED = 2
 
-REPROCESSABLE = frozenset({JobStatus.DEAD, JobStatus.UNCERTAIN, JobStatus.FAILED})
-"""Statuses an operator may reprocess: the job will not be attempted again on its own."""
+REPROCESSABLE = state_machine.REPROCESSABLE
+"""Statuses an operator may reprocess (DEAD, FAILED, UNCERTAIN): the job will not be
+attempted again on its own. The worker applies the same rule."""
 _IN_PROGRESS = frozenset({JobStatus.PENDING, JobStatus.ATTEMPTING, JobStatus.RETRY_WAIT})
 
 DEFAULT_WAIT_S = 30.0
 POLL_INTERVAL_S = 0.5
+BULK_CONFIRM_ABOVE = 10
+"""A bulk reprocess of more jobs than this needs ``--yes``."""
+DEFAULT_BULK_LIMIT = 1000
+BULK_EXAMPLES = 5
 
 
 # --- parsing ------------------------------------------------------------------------
@@ -107,7 +134,26 @@ def parse_instant(text: str) -> dt.datetime:
     return value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)
 
 
+def parse_since(text: str, *, now: dt.datetime | None = None) -> dt.datetime:
+    """A duration back from now (``2h``, ``90m``) or an ISO 8601 date-time."""
+    try:
+        delta = parse_duration(text)
+    except ValueError:
+        try:
+            return parse_instant(text)
+        except ValueError:
+            raise ValueError(
+                f"not a duration or an ISO 8601 date-time: {text!r} (e.g. 2h, 2026-01-31T12:00)"
+            ) from None
+    return (now or dt.datetime.now(dt.UTC)) - delta
+
+
 # --- outcomes --------------------------------------------------------------------------
+
+
+def _answer(events: list[JobEvent], command_id: int) -> JobEvent | None:
+    """The worker's answer to command ``command_id``: the event that carries its id."""
+    return next((e for e in events if e.command_id == command_id), None)
 
 
 def _still_pending(out: TextIO, command_id: int) -> int:
@@ -161,12 +207,14 @@ def list_jobs(
 # --- jobs cancel -----------------------------------------------------------------------
 
 
-def _cancel_settled(events: list[JobEvent]) -> bool:
-    return any(e.to_status == JobStatus.CANCELLED or _is_cancel_note(e) for e in events)
-
-
-def _is_cancel_note(event: JobEvent) -> bool:
-    return event.is_note and (event.reason or "").lower().startswith("cancel")
+def _refuse_invalid(out: TextIO, job: Job, action: str) -> int:
+    print(
+        f"refusing to {action} job {job.id}: it is INVALID (the relay rejected its row: "
+        f"{job.last_error or 'no reason recorded'}); it was never sent and never will be. "
+        "Fix the data and enqueue a new job.",
+        file=out,
+    )
+    return EXIT_REFUSED
 
 
 def cancel_job(
@@ -186,10 +234,11 @@ def cancel_job(
         if job is None:
             print(f"no job {job_id}", file=out)
             return EXIT_REFUSED
+        if job.status == JobStatus.INVALID:
+            return _refuse_invalid(out, job, "cancel")
         try:
-            command_id, baseline = request_command(
-                conn, job_id, lambda c: request_cancel_by_id(c, job_id, reason, actor)
-            )
+            with conn.transaction():
+                command_id = request_cancel_by_id(conn, job_id, reason, actor)
         except InvalidCommand as exc:
             print(f"cannot cancel job {job_id}: {exc}", file=out)
             return EXIT_REFUSED
@@ -201,26 +250,25 @@ def cancel_job(
         events = poll_events(
             conn,
             job_id,
-            baseline,
             wait_s=wait_s,
             poll_interval_s=poll_interval_s,
-            settled=_cancel_settled,
+            settled=lambda evs: _answer(evs, command_id) is not None,
         )
-    for event in events:
-        if event.to_status == JobStatus.CANCELLED:
-            print(
-                f"CANCELLED: job {job_id} by {event.actor} at {when(event.at)}"
-                f" ({event.reason or 'no reason given'})",
-                file=out,
-            )
-            return EXIT_DONE
-        if _is_cancel_note(event):
-            print(
-                f"NOT CANCELLED: job {job_id} is {event.to_status}: {event.reason}",
-                file=out,
-            )
-            return EXIT_NOT_DONE
-    return _still_pending(out, command_id)
+    answer = _answer(events, command_id)
+    if answer is None:
+        return _still_pending(out, command_id)
+    if answer.outcome == CommandOutcome.CANCELLED:
+        print(
+            f"CANCELLED: job {job_id} by {answer.actor} at {when(answer.at)}"
+            f" ({answer.reason or 'no reason given'})",
+            file=out,
+        )
+        return EXIT_DONE
+    print(
+        f"NOT CANCELLED ({answer.outcome}): job {job_id} is {answer.to_status}: {answer.reason}",
+        file=out,
+    )
+    return EXIT_NOT_DONE
 
 
 # --- jobs reprocess ---------------------------------------------------------------------
@@ -236,16 +284,22 @@ def _looks_uncertain(job: Job, history: list[JobEvent]) -> bool:
     return last.to_status == JobStatus.UNCERTAIN or "uncertain" in (last.reason or "").lower()
 
 
-def _is_reprocess_refusal(event: JobEvent) -> bool:
-    # The worker notes an accepted reprocess too ("reprocess requested: ..."),
-    # before the new attempt; only "reprocess refused: ..." is a refusal.
-    return event.is_note and (event.reason or "").lower().startswith("reprocess refused")
+def _since_answer(events: list[JobEvent], command_id: int) -> list[JobEvent]:
+    """The worker's answer to the command and every event after it, in version order."""
+    answer = _answer(events, command_id)
+    if answer is None:
+        return []
+    return [answer, *(e for e in events if e.version > answer.version)]
 
 
-def _reprocess_settled(events: list[JobEvent]) -> bool:
-    if any(_is_reprocess_refusal(e) for e in events):
+def _reprocess_settled(events: list[JobEvent], command_id: int) -> bool:
+    """Refused, or taken up and moved on to a state that is not in progress."""
+    followed = _since_answer(events, command_id)
+    if not followed:
+        return False
+    if followed[0].outcome != CommandOutcome.REPROCESSED:
         return True
-    moves = [e for e in events if not e.is_note]
+    moves = [e for e in followed[1:] if not e.is_note]
     return bool(moves) and moves[-1].to_status not in _IN_PROGRESS
 
 
@@ -272,6 +326,8 @@ def reprocess_job(
         if job is None:
             print(f"no job {job_id}", file=out)
             return EXIT_REFUSED
+        if job.status == JobStatus.INVALID:
+            return _refuse_invalid(out, job, "reprocess")
         if job.status not in REPROCESSABLE:
             allowed = ", ".join(sorted(REPROCESSABLE))
             print(
@@ -281,7 +337,7 @@ def reprocess_job(
             )
             return EXIT_REFUSED
         print(job_summary(job), file=out)
-        history = fetch_events(conn, job_id, after_id=None)
+        history = fetch_events(conn, job_id)
         if history:
             print("history:", file=out)
             print(events_table(history), file=out)
@@ -306,9 +362,8 @@ def reprocess_job(
                 file=out,
             )
         try:
-            command_id, baseline = request_command(
-                conn, job_id, lambda c: request_reprocess(c, job_id, reason, actor)
-            )
+            with conn.transaction():
+                command_id = request_reprocess(conn, job_id, reason, actor)
         except InvalidCommand as exc:
             print(f"cannot reprocess job {job_id}: {exc}", file=out)
             return EXIT_REFUSED
@@ -320,25 +375,147 @@ def reprocess_job(
         events = poll_events(
             conn,
             job_id,
-            baseline,
             wait_s=wait_s,
             poll_interval_s=poll_interval_s,
-            settled=_reprocess_settled,
+            settled=lambda evs: _reprocess_settled(evs, command_id),
         )
-    if not events:
+    followed = _since_answer(events, command_id)
+    if not followed:
         return _still_pending(out, command_id)
-    print(events_table(events), file=out)
-    refusals = [e for e in events if _is_reprocess_refusal(e)]
-    if refusals:
-        print(f"NOT REPROCESSED: job {job_id}: {refusals[-1].reason}", file=out)
+    print(events_table(followed), file=out)
+    answer = followed[0]
+    if answer.outcome != CommandOutcome.REPROCESSED:
+        print(f"NOT REPROCESSED ({answer.outcome}): job {job_id}: {answer.reason}", file=out)
         return EXIT_NOT_DONE
-    moves = [e for e in events if not e.is_note]
-    if not moves:
-        return _still_pending(out, command_id)
-    status = moves[-1].to_status
-    suffix = " (still in progress)" if status in _IN_PROGRESS else ""
+    moves = [e for e in followed[1:] if not e.is_note]
+    status = moves[-1].to_status if moves else answer.to_status
+    suffix = " (still in progress)" if not moves or status in _IN_PROGRESS else ""
     print(f"job {job_id} is now {status}{suffix}", file=out)
     return EXIT_DONE
+
+
+def reprocess_matching(
+    dsn: str,
+    *,
+    states: Sequence[str],
+    instance: str | None = None,
+    since: dt.datetime | None = None,
+    until: dt.datetime | None = None,
+    reason: str,
+    actor: str,
+    dry_run: bool = False,
+    yes: bool = False,
+    limit: int = DEFAULT_BULK_LIMIT,
+    out: TextIO | None = None,
+) -> int:
+    """Reprocess every job matching the filters (oldest first, at most ``limit``).
+
+    Refused (exit 2) for a state that may not be reprocessed, and without ``yes``
+    for more than :data:`BULK_CONFIRM_ABOVE` jobs or for UNCERTAIN ones. A dry
+    run prints the count and a few masked examples and writes nothing.
+    """
+    out = out or sys.stdout
+    statuses = sorted({JobStatus(s.strip().upper()) for s in states})
+    if not statuses:
+        print("refusing a bulk reprocess without --state", file=out)
+        return EXIT_REFUSED
+    if not reason.strip() or not actor.strip():
+        print("refusing a bulk reprocess without --reason and --by", file=out)
+        return EXIT_REFUSED
+    if limit < 1:
+        raise ValueError("limit must be positive")
+    refused = [s for s in statuses if s not in REPROCESSABLE]
+    if refused:
+        allowed = ", ".join(sorted(REPROCESSABLE))
+        print(
+            f"refusing to reprocess {', '.join(refused)} jobs: only {allowed} jobs can be "
+            "reprocessed"
+            + (
+                " (INVALID rows are malformed: fix the data and enqueue new jobs)"
+                if JobStatus.INVALID in refused
+                else ""
+            ),
+            file=out,
+        )
+        return EXIT_REFUSED
+    job_filter = JobFilter([s.value for s in statuses], instance, since, until)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        now = database_now(conn)
+        total = count_jobs(conn, job_filter)
+        chosen = min(total, limit)
+        described = _describe(job_filter)
+        print(f"{total} jobs match ({described})", file=out)
+        if total == 0:
+            print("nothing to reprocess", file=out)
+            return EXIT_DONE
+        examples = fetch_job_page(
+            conn,
+            statuses=job_filter.statuses,
+            instance=instance,
+            since=since,
+            until=until,
+            limit=BULK_EXAMPLES,
+            page=1,
+        )
+        print(f"newest {len(examples.jobs)} of them:", file=out)
+        print(jobs_table(examples.jobs, now=now), file=out)
+        if total > limit:
+            print(
+                f"only the oldest {limit} would be reprocessed now (--limit); run again for "
+                "the rest",
+                file=out,
+            )
+        uncertain = JobStatus.UNCERTAIN in statuses
+        if uncertain:
+            print(
+                "\n"
+                "!!! WARNING: UNCERTAIN jobs may already have been DELIVERED by the gateway.\n"
+                "!!! Reprocessing them may send those messages TWICE.\n",
+                file=out,
+            )
+        if dry_run:
+            print(f"dry run: {chosen} jobs would be reprocessed; nothing was requested", file=out)
+            return EXIT_DONE
+        if not yes and (chosen > BULK_CONFIRM_ABOVE or uncertain):
+            why = "UNCERTAIN jobs" if uncertain else f"more than {BULK_CONFIRM_ABOVE} jobs"
+            print(
+                f"not reprocessed: {chosen} jobs, {why}; re-run with --yes to reprocess them",
+                file=out,
+            )
+            return EXIT_REFUSED
+        try:
+            with conn.transaction():
+                job_ids = matching_job_ids(conn, job_filter, limit=limit)
+                command_ids = request_reprocess_many(conn, job_ids, reason, actor)
+        except InvalidCommand as exc:
+            print(f"cannot reprocess: {exc}", file=out)
+            return EXIT_REFUSED
+    if not command_ids:
+        print("nothing reprocessed: no matching job was left to reprocess", file=out)
+        return EXIT_DONE
+    print(
+        f"reprocess requested for {len(command_ids)} jobs (commands {command_ids[0]}.."
+        f"{command_ids[-1]}) by {actor.strip()}: {reason.strip()}",
+        file=out,
+    )
+    print(
+        "follow them with: zapstream jobs list "
+        + " ".join(f"--state {s}" for s in (*statuses, "ACCEPTED"))
+        + (f" --instance {instance}" if instance else ""),
+        file=out,
+    )
+    return EXIT_DONE
+
+
+def _describe(job_filter: JobFilter) -> str:
+    parts = [f"state {' or '.join(job_filter.statuses)}"]
+    if job_filter.instance is not None:
+        parts.append(f"instance {job_filter.instance}")
+    if job_filter.since is not None:
+        parts.append(f"created since {when(job_filter.since)}")
+    if job_filter.until is not None:
+        parts.append(f"created before {when(job_filter.until)}")
+    return ", ".join(parts)
 
 
 # --- argparse wiring -----------------------------------------------------------------------
@@ -406,13 +583,45 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def _cmd_reprocess(args: argparse.Namespace) -> int:
-    return reprocess_job(
-        _dsn(), args.job_id, reason=args.reason, actor=args.by, wait_s=args.wait, yes=args.yes
+    filters = {
+        "--state": args.state,
+        "--instance": args.instance,
+        "--since": args.since,
+        "--until": args.until,
+        "--dry-run": args.dry_run or None,
+        "--limit": args.limit,
+    }
+    given = [name for name, value in filters.items() if value is not None]
+    if args.job_id is not None:
+        if given:
+            args.error(f"give a job ID or filters, not both (got ID and {', '.join(given)})")
+        return reprocess_job(
+            _dsn(), args.job_id, reason=args.reason, actor=args.by, wait_s=args.wait, yes=args.yes
+        )
+    if not args.state:
+        args.error("give a job ID, or --state (and other filters) to reprocess many jobs")
+    return reprocess_matching(
+        _dsn(),
+        states=args.state,
+        instance=args.instance,
+        since=args.since,
+        until=args.until,
+        reason=args.reason,
+        actor=args.by,
+        dry_run=args.dry_run,
+        yes=args.yes,
+        limit=args.limit if args.limit is not None else DEFAULT_BULK_LIMIT,
     )
 
 
-def _add_command_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("job_id", metavar="ID", type=_arg(_positive_int), help="the job's id")
+def _add_command_options(parser: argparse.ArgumentParser, *, optional_id: bool = False) -> None:
+    parser.add_argument(
+        "job_id",
+        metavar="ID",
+        type=_arg(_positive_int),
+        nargs="?" if optional_id else None,
+        help="the job's id" + (" (or filters, to reprocess many)" if optional_id else ""),
+    )
     parser.add_argument("--reason", required=True, help="why (recorded with the job's events)")
     parser.add_argument("--by", required=True, metavar="WHO", help="who asks (recorded too)")
     parser.add_argument(
@@ -464,11 +673,44 @@ def add_jobs_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
     _add_command_options(cancel)
     cancel.set_defaults(func=_cmd_cancel)
 
-    reprocess = jobs_sub.add_parser("reprocess", help="send a DEAD, UNCERTAIN or FAILED job again")
-    _add_command_options(reprocess)
+    reprocess = jobs_sub.add_parser(
+        "reprocess",
+        help="send a DEAD, UNCERTAIN or FAILED job again, or every job matching filters",
+    )
+    _add_command_options(reprocess, optional_id=True)
     reprocess.add_argument(
         "--yes",
         action="store_true",
-        help="reprocess even if the last attempt may have been delivered (may send twice)",
+        help="reprocess even if the last attempt may have been delivered (may send twice), "
+        f"or more than {BULK_CONFIRM_ABOVE} jobs at once",
     )
-    reprocess.set_defaults(func=_cmd_reprocess)
+    bulk = reprocess.add_argument_group("many jobs at once (instead of ID)")
+    bulk.add_argument(
+        "--state",
+        action="append",
+        type=_arg(_status),
+        metavar="S",
+        help="jobs in this status: DEAD, FAILED or UNCERTAIN (repeatable; required)",
+    )
+    bulk.add_argument("--instance", metavar="I", help="only jobs of this WhatsApp instance")
+    bulk.add_argument(
+        "--since",
+        type=_arg(parse_since),
+        metavar="DURATION|ISO",
+        help="only jobs created in the last DURATION (2h, 1d) or since this time",
+    )
+    bulk.add_argument(
+        "--until", type=_arg(parse_instant), metavar="ISO", help="only jobs created before this"
+    )
+    bulk.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print how many jobs match, and a few of them; change nothing",
+    )
+    bulk.add_argument(
+        "--limit",
+        type=_arg(_positive_int),
+        metavar="N",
+        help=f"reprocess at most N jobs, oldest first (default {DEFAULT_BULK_LIMIT})",
+    )
+    reprocess.set_defaults(func=_cmd_reprocess, error=reprocess.error)

@@ -123,12 +123,19 @@ def events_table(events: Iterable[JobEvent]) -> str:
                 f"v{event.version}",
                 f"{event.from_status or '-'} -> {event.to_status}",
                 event.actor,
-                cut(event.reason, _REASON_WIDTH),
+                cut(_with_outcome(event), _REASON_WIDTH),
                 when(event.at),
             ]
             for event in events
         ),
     )
+
+
+def _with_outcome(event: JobEvent) -> str | None:
+    """The reason, led by the command's outcome when the event answers one."""
+    if event.outcome is None:
+        return event.reason
+    return f"[{event.outcome}] {event.reason or ''}".rstrip()
 
 
 def job_summary(job: Job) -> str:

@@ -3,8 +3,8 @@
 Every function takes an open psycopg connection and returns typed rows; none
 prints or knows about the command line (:mod:`connectors.ops.jobs_cli` does
 that, :mod:`connectors.ops.jobs_render` turns the rows into text). Commands
-themselves are written by :mod:`connectors.outbox.commands`; this module only
-wraps their insert so that the events written after it can be told apart.
+themselves are written by :mod:`connectors.outbox.commands`; the worker's answer
+to one is the event carrying its ``command_id`` (migration 0004).
 """
 
 from __future__ import annotations
@@ -21,14 +21,16 @@ from psycopg import sql
 __all__ = [
     "Job",
     "JobEvent",
+    "JobFilter",
     "JobPage",
     "ListedJob",
+    "count_jobs",
     "database_now",
     "fetch_events",
     "fetch_job",
     "fetch_job_page",
+    "matching_job_ids",
     "poll_events",
-    "request_command",
 ]
 
 
@@ -78,11 +80,49 @@ class JobEvent:
     actor: str
     reason: str | None
     at: dt.datetime
+    outcome: str | None = None
+    """How the worker answered a command (:class:`streams.contract.CommandOutcome`), or None."""
+    command_id: int | None = None
+    """The ``outbox_commands`` row this event answers, or None."""
 
     @property
     def is_note(self) -> bool:
-        """A same-status event: the worker's note that it did not apply a command."""
+        """A same-status event: it records something (a command's answer) without a move."""
         return self.from_status == self.to_status
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobFilter:
+    """Which jobs ``jobs list`` and a bulk ``jobs reprocess`` mean.
+
+    ``statuses`` are status values (``"DEAD"``); ``since``/``until`` bound the
+    jobs' creation time, ``since`` inclusive. An empty filter matches every job.
+    """
+
+    statuses: Sequence[str] = ()
+    instance: str | None = None
+    since: dt.datetime | None = None
+    until: dt.datetime | None = None
+
+    def where(self) -> tuple[sql.Composable, list[Any]]:
+        """`` WHERE ...`` (or nothing) and its parameters."""
+        conditions: list[sql.Composable] = []
+        params: list[Any] = []
+        if self.statuses:
+            conditions.append(sql.SQL("status = ANY(%s)"))
+            params.append(list(self.statuses))
+        if self.instance is not None:
+            conditions.append(sql.SQL("instance_id = %s"))
+            params.append(self.instance)
+        if self.since is not None:
+            conditions.append(sql.SQL("created_at >= %s"))
+            params.append(self.since)
+        if self.until is not None:
+            conditions.append(sql.SQL("created_at < %s"))
+            params.append(self.until)
+        if not conditions:
+            return sql.SQL(""), params
+        return sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conditions), params
 
 
 # payload ->> 'to' is NULL for a payload that is not an object: no error, no text.
@@ -90,17 +130,13 @@ _JOB = """
     SELECT id, instance_id, payload ->> 'to', status, attempts, last_error, expires_at
     FROM outbox_jobs WHERE id = %s
 """
-_EVENTS_AFTER = """
-    SELECT id, version, from_status, to_status, actor, reason, at
-    FROM outbox_job_events WHERE job_id = %s AND id > %s
-    ORDER BY id
-"""
+# A job's events in the order they happened: by version, the worker's own count
+# (ids follow the order the sink inserted them in, which a replay may change).
 _HISTORY = """
-    SELECT id, version, from_status, to_status, actor, reason, at
+    SELECT id, version, from_status, to_status, actor, reason, at, outcome, command_id
     FROM outbox_job_events WHERE job_id = %s
     ORDER BY version, id
 """
-_LAST_EVENT_ID = "SELECT coalesce(max(id), 0) FROM outbox_job_events WHERE job_id = %s"
 
 
 def database_now(conn: psycopg.Connection[Any]) -> dt.datetime:
@@ -126,21 +162,7 @@ def fetch_job_page(
     ``statuses`` are status values (``"DEAD"``); ``since``/``until`` bound the
     jobs' creation time, ``since`` inclusive.
     """
-    conditions: list[sql.Composable] = []
-    params: list[Any] = []
-    if statuses:
-        conditions.append(sql.SQL("status = ANY(%s)"))
-        params.append(list(statuses))
-    if instance is not None:
-        conditions.append(sql.SQL("instance_id = %s"))
-        params.append(instance)
-    if since is not None:
-        conditions.append(sql.SQL("created_at >= %s"))
-        params.append(since)
-    if until is not None:
-        conditions.append(sql.SQL("created_at < %s"))
-        params.append(until)
-    where = sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conditions) if conditions else sql.SQL("")
+    where, params = JobFilter(statuses, instance, since, until).where()
     count_query = sql.SQL("SELECT count(*) FROM outbox_jobs") + where
     page_query = (
         sql.SQL(
@@ -162,45 +184,39 @@ def fetch_job(conn: psycopg.Connection[Any], job_id: int) -> Job | None:
     return Job(*row) if row is not None else None
 
 
-def fetch_events(
-    conn: psycopg.Connection[Any], job_id: int, *, after_id: int | None
-) -> list[JobEvent]:
-    """The job's events after event ``after_id`` in insertion order, or (None) its whole history."""
-    if after_id is None:
-        return [JobEvent(*r) for r in conn.execute(_HISTORY, (job_id,))]
-    return [JobEvent(*r) for r in conn.execute(_EVENTS_AFTER, (job_id, after_id))]
+def count_jobs(conn: psycopg.Connection[Any], job_filter: JobFilter) -> int:
+    """How many jobs match ``job_filter``."""
+    where, params = job_filter.where()
+    row = conn.execute(sql.SQL("SELECT count(*) FROM outbox_jobs") + where, params).fetchone()
+    return int(row[0]) if row is not None else 0
 
 
-def request_command(
-    conn: psycopg.Connection[Any],
-    job_id: int,
-    insert: Callable[[psycopg.Connection[Any]], int],
-) -> tuple[int, int]:
-    """Write the command in its own transaction; return (command id, last event id before it).
+def matching_job_ids(
+    conn: psycopg.Connection[Any], job_filter: JobFilter, *, limit: int
+) -> list[int]:
+    """The ids of the first ``limit`` jobs that match, oldest first."""
+    where, params = job_filter.where()
+    query = sql.SQL("SELECT id FROM outbox_jobs") + where + sql.SQL(" ORDER BY id LIMIT %s")
+    return [int(r[0]) for r in conn.execute(query, [*params, limit])]
 
-    Events written after the command have higher ids than the one read here, in
-    the database's own order, so the worker's clock never matters.
-    """
-    with conn.transaction():
-        row = conn.execute(_LAST_EVENT_ID, (job_id,)).fetchone()
-        baseline = int(row[0]) if row is not None else 0
-        command_id = insert(conn)
-    return command_id, baseline
+
+def fetch_events(conn: psycopg.Connection[Any], job_id: int) -> list[JobEvent]:
+    """The job's whole history, in version order."""
+    return [JobEvent(*r) for r in conn.execute(_HISTORY, (job_id,))]
 
 
 def poll_events(
     conn: psycopg.Connection[Any],
     job_id: int,
-    after_id: int,
     *,
     wait_s: float,
     poll_interval_s: float,
     settled: Callable[[list[JobEvent]], bool],
 ) -> list[JobEvent]:
-    """Events of the job after ``after_id``, polled until ``settled`` or ``wait_s`` passed."""
+    """The job's history, polled until ``settled`` says so or ``wait_s`` passed."""
     deadline = time.monotonic() + max(0.0, wait_s)
     while True:
-        events = fetch_events(conn, job_id, after_id=after_id)
+        events = fetch_events(conn, job_id)
         remaining = deadline - time.monotonic()
         if settled(events) or remaining <= 0:
             return events

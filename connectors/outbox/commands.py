@@ -7,13 +7,15 @@ Applications cancel by idempotency key::
         cancel(conn, f"order-{order_id}", "customer cancelled the order")
 
 Operators (``zapstream jobs cancel|reprocess``) name the job by its id with
-:func:`request_cancel_by_id` and :func:`request_reprocess`.
+:func:`request_cancel_by_id` and :func:`request_reprocess`, or many jobs at once
+with :func:`request_reprocess_many`.
 
 A command travels the same CDC path as an intent: the relay streams the row to
 Kafka, the worker applies it and records the outcome, with who and why, in
-``outbox_job_events``. Writing the command only *requests* the change: a
-message already handed to the gateway cannot be cancelled, and the worker says
-so in the job's events.
+``outbox_job_events``: the event whose ``command_id`` is the command's id, with
+its ``outcome`` (``cancelled``, ``cancel_refused``, ``reprocessed``, ...).
+Writing the command only *requests* the change: a message already handed to the
+gateway cannot be cancelled, and the worker says so in the job's events.
 
 Like :mod:`connectors.outbox.enqueue`, these functions run on the caller's connection
 and never commit. Invalid input, or a job that does not exist, raises
@@ -23,11 +25,13 @@ so the caller's transaction stays usable.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
 
 from streams.contract import Command
+from streams.state_machine import REPROCESSABLE
 
 __all__ = [
     "InvalidCommand",
@@ -35,6 +39,7 @@ __all__ = [
     "cancel_async",
     "request_cancel_by_id",
     "request_reprocess",
+    "request_reprocess_many",
 ]
 
 
@@ -48,6 +53,15 @@ class InvalidCommand(ValueError):
 _BY_KEY = """
     INSERT INTO outbox_commands (job_id, idempotency_key, command, reason, actor)
     SELECT id, idempotency_key, %s, %s, %s FROM outbox_jobs WHERE idempotency_key = %s
+    RETURNING id
+"""
+# One statement for the lot: a job that is no longer reprocessable when it runs
+# (the worker moved it meanwhile) is left out, not refused later by the worker.
+_MANY = """
+    INSERT INTO outbox_commands (job_id, idempotency_key, command, reason, actor)
+    SELECT id, idempotency_key, %s, %s, %s FROM outbox_jobs
+    WHERE id = ANY(%s) AND status = ANY(%s)
+    ORDER BY id
     RETURNING id
 """
 _BY_ID = """
@@ -131,3 +145,27 @@ def request_reprocess(conn: psycopg.Connection[Any], job_id: int, reason: str, a
     """
     params = _by_id_params(Command.REPROCESS, job_id, reason, actor)
     return _insert(conn, _BY_ID, params, f"id {job_id}")
+
+
+def request_reprocess_many(
+    conn: psycopg.Connection[Any], job_ids: Sequence[int], reason: str, actor: str
+) -> list[int]:
+    """Request that each of ``job_ids`` be sent again, in one statement; return the command ids.
+
+    Only jobs that are DEAD, UNCERTAIN or FAILED when the statement runs get a
+    command; the others (and unknown ids) are left out. Runs in the caller's
+    transaction, so the lot is requested or none of it.
+    """
+    ids = [_job_id(job_id) for job_id in job_ids]
+    params = (
+        Command.REPROCESS.value,
+        _text(reason, "reason"),
+        _text(actor, "actor"),
+        ids,
+        sorted(s.value for s in REPROCESSABLE),
+    )
+    if not ids:
+        return []
+    with conn.cursor() as cur:
+        cur.execute(_MANY, params)
+        return sorted(int(row[0]) for row in cur.fetchall())

@@ -14,11 +14,21 @@ class SinkSettings(SettingsBase):
     model_config = SettingsConfigDict(env_prefix="ZAPSTREAM_SINK_", extra="ignore")
 
     group_id: str = "zapstream-state-sink"
-    """The sink's own consumer group on ``zapstream.state``, independent of the workers'."""
+    """The sink's own consumer group on ``zapstream.state`` and ``zapstream.invalid``."""
     batch: int = Field(default=500, ge=1)
-    """Most state records written to PostgreSQL in one transaction."""
+    """Most records written to PostgreSQL in one transaction."""
     within_s: float = Field(default=0.2, gt=0)
     """How long one poll waits for records before writing what it has."""
+    retry_initial_s: float = Field(default=0.5, gt=0)
+    """First wait before retrying a batch when PostgreSQL or Kafka is unavailable."""
+    retry_max_s: float = Field(default=10.0, gt=0)
+    """The wait doubles (with jitter) up to this; the sink retries for as long as it takes."""
+    connect_timeout_s: int = Field(default=5, ge=1)
+    """PostgreSQL connect timeout (libpq ``connect_timeout``)."""
+    metrics_port: int = Field(default=6067, ge=0, le=65535)
+    """Prometheus metrics at ``http://HOST:PORT/metrics``; 0 switches them off."""
+    metrics_bind_local: bool = True
+    """Serve metrics on 127.0.0.1 only; false binds 0.0.0.0."""
 
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     postgres: PostgresSettings = Field(default_factory=PostgresSettings)

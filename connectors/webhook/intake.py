@@ -8,9 +8,23 @@ Both gateways call us back when a message is sent, delivered, read or fails:
   ``Idempotency-Key`` we sent (``"<job_id>-<attempt>"``).
 - ``GET /v1/webhooks/health``: liveness, no auth.
 
-Every callback must carry ``X-Zap-Signature: sha256=<hex HMAC-SHA256(secret, raw
-body)>`` (:func:`sign`); anything else, or an empty configured secret, is 401 and
-nothing is published or written.
+Every callback must be signed (the scheme gateways must implement; see
+:mod:`connectors.webhook.signature`)::
+
+    X-Zap-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>" + "." + raw body)>
+
+``t`` is when the gateway signed (whole seconds, UTC epoch) and is covered by the
+HMAC, so it cannot be changed without the secret. A callback is refused with 401
+(nothing published or written) when the signature is missing, malformed, the old
+untimestamped ``sha256=<hex>`` form, does not match, is older than
+``ZAPSTREAM_WEBHOOK_REPLAY_WINDOW_S`` (default 300 s) or more than
+``ZAPSTREAM_WEBHOOK_CLOCK_SKEW_S`` (default 30 s) in the future, or when the
+configured secret is empty. Several ``v1=`` entries may be sent while a secret
+is rotated. A gateway retrying a callback later than the window must sign it
+again with a fresh ``t``. Worked example: secret ``s3cret``, body
+``{"id":"g-1","status":"read"}`` signed at ``t=1767225600``: the HMAC input is
+the bytes ``1767225600.{"id":"g-1","status":"read"}`` and the header is
+``t=1767225600,v1=97c20acb621ca0693954e5acf7c064c7bb00fab3c18e10f7d1628b1da5a9f016``.
 
 A verified callback is looked up in ``outbox_jobs`` (by the job id in
 ``reference`` first, because the state sink may not have written
@@ -26,8 +40,11 @@ never lost.
 The answer (202) is given only after Kafka acknowledged the record. When Kafka
 or PostgreSQL fails the answer is 503 and the gateway retries; a retried
 callback keeps its ``event_id`` (or, without one, gets the same digest of
-gateway, id and label), so the worker drops the duplicate. The ``timestamp`` is
-accepted and not used: the worker orders receipts by status, not by clock.
+gateway, id and label), so the worker drops the duplicate (it keeps the last
+event ids of each job). The body's ``timestamp`` is not used (the signed ``t`` is):
+the worker orders receipts by status, not by clock. The ``reference`` travels
+with the receipt, so the worker applies a receipt only to the job's current
+attempt: a late callback about an earlier attempt changes nothing.
 
 Logs carry the gateway, job ids, labels and the reason of a rejection; never a
 body, a phone number, a text, the secret or a signature.
@@ -55,7 +72,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from connectors.gateways.labels import map_label
 from connectors.outbox.recipients import mask_phone
 from connectors.webhook.settings import WebhookSettings
-from connectors.webhook.signature import verify_signature
+from connectors.webhook.signature import SignatureCheck, check_signature
 from streams.contract import (
     DEAD,
     HEADER_JOB_ID,
@@ -189,6 +206,7 @@ class WebhookIntake:
             "accepted": 0,
             "unknown_job": 0,
             "unauthorized": 0,
+            "stale": 0,
             "malformed": 0,
             "unavailable": 0,
         }
@@ -302,20 +320,23 @@ class WebhookIntake:
     async def _callback(self, request: web.Request, gateway: GatewayKind) -> web.Response:
         raw = await request.read()
         header = request.headers.get(self.settings.signature_header)
-        secret = self.settings.secret.get_secret_value()
-        if not verify_signature(secret, raw, header):
+        check = check_signature(
+            self.settings.secret.get_secret_value(),
+            raw,
+            header,
+            window_s=self.settings.replay_window_s,
+            skew_s=self.settings.clock_skew_s,
+        )
+        if check is not SignatureCheck.VALID:
             self.stats["unauthorized"] += 1
-            if not secret:
-                why = "no secret configured"
-            elif header is None:
-                why = f"missing {self.settings.signature_header}"
-            else:
-                why = "signature mismatch"
+            if check in (SignatureCheck.EXPIRED, SignatureCheck.FUTURE):
+                self.stats["stale"] += 1
             log.warning(
-                "rejected %s callback from %s: %s (%d bytes)",
+                "rejected %s callback from %s: %s (%s, %d bytes)",
                 gateway.value,
                 request.remote,
-                why,
+                check.value,
+                self.settings.signature_header,
                 len(raw),
             )
             return _json({"error": "invalid signature"}, 401)
@@ -343,6 +364,7 @@ class WebhookIntake:
                 label=label,
                 status=map_label(label, self._labels(gateway)).value,
                 received_at=_now_iso(),
+                reference=reference,
             )
             await self._publish(INTENTS, receipt, key=receipt.partition_key, job_id=job.id)
         except _Unavailable as exc:

@@ -16,8 +16,13 @@ class WebhookSettings(SettingsBase):
     host: str = "127.0.0.1"
     port: int = Field(default=8090, ge=0)
     secret: SecretStr = SecretStr("")
-    """Shared HMAC-SHA256 secret; callbacks without a valid ``X-Zap-Signature`` get 401."""
+    """Shared HMAC-SHA256 secret; callbacks without a valid, fresh signature get 401."""
     signature_header: str = "X-Zap-Signature"
+    """Header carrying ``t=<unix seconds>,v1=<hex>`` (:mod:`connectors.webhook.signature`)."""
+    replay_window_s: float = Field(default=300.0, gt=0)
+    """Signed callbacks older than this (by their signed timestamp) get 401."""
+    clock_skew_s: float = Field(default=30.0, ge=0)
+    """How far in the future a signed timestamp may be (clocks differ a little)."""
 
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     postgres: PostgresSettings = Field(default_factory=PostgresSettings)

@@ -1,4 +1,23 @@
-"""The callback signature: ``X-Zap-Signature: sha256=<hex HMAC-SHA256(secret, raw body)>``.
+"""The callback signature, timestamped so an old callback cannot be replayed.
+
+The header (``X-Zap-Signature`` by default) carries a Unix timestamp and one or
+more HMAC-SHA256 signatures, in the style of Stripe's ``Stripe-Signature``::
+
+    X-Zap-Signature: t=1767225600,v1=<64 lower-case hex digits>
+
+- ``t``: when the gateway signed, in whole seconds since the Unix epoch (UTC),
+  decimal digits only.
+- ``v1``: lower-case hex of ``HMAC-SHA256(secret, "<t>" + "." + raw body)``,
+  where ``<t>`` is exactly the digits of ``t`` and the raw body is the request's
+  bytes as sent (never re-serialised JSON). Several ``v1=`` entries may be given
+  (while a secret is rotated); one matching is enough.
+- Entries are separated by ``,``, whitespace around them is ignored; unknown keys
+  are ignored (room for a later ``v2``).
+
+A callback is accepted only when a ``v1`` matches *and* ``t`` is within the
+replay window: at most ``window_s`` seconds old and at most ``skew_s`` seconds in
+the future (clocks differ a little). The previous scheme (``sha256=<hex>`` of
+the body alone) is refused: it has no timestamp, so it could be replayed forever.
 
 Shared by the intake, which verifies it, and by anything that signs callbacks
 (the gateway simulator, tests). Pure: standard library only.
@@ -6,24 +25,119 @@ Shared by the intake, which verifies it, and by anything that signs callbacks
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import hmac
+import time
 
-SIGNATURE_PREFIX = "sha256="
+SIGNATURE_VERSION = "v1"
+LEGACY_PREFIX = "sha256="
+"""The refused, untimestamped scheme: recognised only to say why it is refused."""
+DEFAULT_WINDOW_S = 300.0
+DEFAULT_SKEW_S = 30.0
+_MAX_TIMESTAMP_DIGITS = 12
 
 
-def sign(secret: str, body: bytes) -> str:
-    """The ``X-Zap-Signature`` value for ``body``: ``sha256=<hex HMAC-SHA256(secret, body)>``."""
-    digest = hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
-    return SIGNATURE_PREFIX + digest
+class SignatureCheck(enum.StrEnum):
+    """The outcome of :func:`check_signature`; everything but ``VALID`` is a 401."""
+
+    VALID = "valid"
+    NO_SECRET = "no secret configured"
+    MISSING = "no signature header"
+    MALFORMED = "signature header is not t=<unix seconds>,v1=<hex>"
+    LEGACY = "untimestamped sha256= signature (the t=,v1= scheme is required)"
+    MISMATCH = "signature mismatch"
+    EXPIRED = "timestamp older than the replay window"
+    FUTURE = "timestamp in the future beyond the allowed clock skew"
 
 
-def verify_signature(secret: str, body: bytes, header: str | None) -> bool:
-    """Whether ``header`` is the signature of ``body`` under ``secret``.
+def signed_payload(timestamp: int, body: bytes) -> bytes:
+    """What is signed: ``b"<timestamp>." + body``."""
+    return str(timestamp).encode() + b"." + body
+
+
+def _digest(secret: str, timestamp: int, body: bytes) -> str:
+    return hmac.new(secret.encode(), signed_payload(timestamp, body), hashlib.sha256).hexdigest()
+
+
+def sign(secret: str, body: bytes, *, timestamp: int | None = None) -> str:
+    """The header value for ``body``: ``t=<timestamp>,v1=<hex>`` (``timestamp`` default: now)."""
+    t = int(time.time()) if timestamp is None else int(timestamp)
+    return f"t={t},{SIGNATURE_VERSION}={_digest(secret, t, body)}"
+
+
+def _parse(header: str) -> tuple[int, list[str]] | None:
+    """``(t, [v1 signatures])`` or ``None`` when the header does not have that shape."""
+    timestamp: int | None = None
+    signatures: list[str] = []
+    for part in header.split(","):
+        key, sep, value = part.strip().partition("=")
+        if not sep:
+            return None
+        key, value = key.strip(), value.strip()
+        if key == "t":
+            if timestamp is not None or not value.isdigit():
+                return None
+            if not value.isascii() or len(value) > _MAX_TIMESTAMP_DIGITS:
+                return None
+            timestamp = int(value)
+        elif key == SIGNATURE_VERSION:
+            signatures.append(value)
+    if timestamp is None or not signatures:
+        return None
+    return timestamp, signatures
+
+
+def check_signature(
+    secret: str,
+    body: bytes,
+    header: str | None,
+    *,
+    now: float | None = None,
+    window_s: float = DEFAULT_WINDOW_S,
+    skew_s: float = DEFAULT_SKEW_S,
+) -> SignatureCheck:
+    """Whether ``header`` signs ``body`` under ``secret`` within the replay window, and why not.
 
     An empty secret verifies nothing: an unconfigured intake must not accept
-    callbacks anyone could sign. The comparison is constant-time.
+    callbacks anyone could sign. Comparisons are constant-time.
     """
-    if not secret or header is None:
-        return False
-    return hmac.compare_digest(header.strip().encode(), sign(secret, body).encode())
+    if not secret:
+        return SignatureCheck.NO_SECRET
+    if header is None or not header.strip():
+        return SignatureCheck.MISSING
+    if header.strip().startswith(LEGACY_PREFIX):
+        return SignatureCheck.LEGACY
+    parsed = _parse(header)
+    if parsed is None:
+        return SignatureCheck.MALFORMED
+    timestamp, signatures = parsed
+    expected = _digest(secret, timestamp, body).encode()
+    # Every candidate is compared, so the time taken does not tell which one matched.
+    matched = False
+    for candidate in signatures:
+        matched |= hmac.compare_digest(candidate.lower().encode(), expected)
+    if not matched:
+        return SignatureCheck.MISMATCH
+    clock = time.time() if now is None else now
+    if timestamp < clock - window_s:
+        return SignatureCheck.EXPIRED
+    if timestamp > clock + skew_s:
+        return SignatureCheck.FUTURE
+    return SignatureCheck.VALID
+
+
+def verify_signature(
+    secret: str,
+    body: bytes,
+    header: str | None,
+    *,
+    now: float | None = None,
+    window_s: float = DEFAULT_WINDOW_S,
+    skew_s: float = DEFAULT_SKEW_S,
+) -> bool:
+    """:func:`check_signature` is ``VALID``."""
+    return (
+        check_signature(secret, body, header, now=now, window_s=window_s, skew_s=skew_s)
+        is SignatureCheck.VALID
+    )

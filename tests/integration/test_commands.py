@@ -1,33 +1,73 @@
 """Commands on a real PostgreSQL: outbox_commands, its trigger, the API and `zapstream jobs`.
 
-The worker is not running here: tests that need its answer write the events it
-would write (``outbox_job_events``) from a thread, as the state sink would.
+Tests that need the worker's answer run :class:`InProcessWorker`: the real
+:class:`~streams.job_processor.JobProcessor` against a scripted gateway, fed
+from ``outbox_commands`` through the relay's own row conversion
+(:func:`~connectors.cdc.outbox_rows.command_row_to_record`), its states written
+through the state sink's own SQL (:func:`~connectors.sink.state_sink.apply_states`).
+So every event a test sees is one the real worker writes, with its structured
+outcome. The last tests run the whole pipeline (relay, Faust worker, sink as
+subprocesses) for bulk reprocess and for how fast ``jobs reprocess`` returns.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import concurrent.futures
 import datetime as dt
 import io
+import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
+from typing import Any, TypeVar
 
 import psycopg
 import pytest
 from psycopg import errors
 
-from connectors.ops.jobs_cli import add_jobs_parser, cancel_job, list_jobs, reprocess_job
+from connectors.cdc.outbox_rows import command_row_to_record, row_to_record
+from connectors.ops.jobs_cli import (
+    add_jobs_parser,
+    cancel_job,
+    list_jobs,
+    reprocess_job,
+    reprocess_matching,
+)
 from connectors.outbox.commands import (
     InvalidCommand,
     cancel,
     cancel_async,
     request_cancel_by_id,
     request_reprocess,
+    request_reprocess_many,
 )
 from connectors.outbox.enqueue import enqueue
-from tests.integration.support import count_rows
+from connectors.sink.state_sink import apply_batch, apply_states
+from devtools.local_pipeline import LocalPipeline
+from streams.contract import (
+    AttemptFinished,
+    Command,
+    CommandRequested,
+    IntentCaptured,
+    JobDead,
+    StatusChanged,
+)
+from streams.errors import (
+    PermanentGatewayError,
+    TransientGatewayError,
+    UncertainGatewayError,
+)
+from streams.job_processor import JobProcessor, Park, RetryPolicy
+from streams.ports import CancelOutcome, ListedJob, SendAccepted, TextMessage
+from streams.state_machine import JobRef, transition
+from tests.integration.support import Arrivals, count_rows, wait_for_status, wait_until
+
+T = TypeVar("T")
 
 pytestmark = pytest.mark.integration
 
@@ -68,18 +108,6 @@ def _job(
     return job_id
 
 
-def _event(
-    dsn: str, job_id: int, from_status: str | None, to_status: str, reason: str, actor: str = "w"
-) -> None:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(
-            "INSERT INTO outbox_job_events (job_id, from_status, to_status, version, actor, reason)"
-            " SELECT %s, %s, %s, coalesce(max(version), 0) + 1, %s, %s"
-            " FROM outbox_job_events WHERE job_id = %s",
-            (job_id, from_status, to_status, actor, reason, job_id),
-        )
-
-
 def _commands(dsn: str, job_id: int) -> list[tuple[str, str, str]]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         rows = conn.execute(
@@ -89,38 +117,255 @@ def _commands(dsn: str, job_id: int) -> list[tuple[str, str, str]]:
     return [(str(c), str(r), str(a)) for c, r, a in rows]
 
 
+def _command_ids(dsn: str, job_id: int) -> list[int]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT id FROM outbox_commands WHERE job_id = %s ORDER BY id", (job_id,)
+        ).fetchall()
+    return [int(r[0]) for r in rows]
+
+
+def _event_rows(dsn: str, job_id: int) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return [
+            tuple(r)
+            for r in conn.execute(
+                "SELECT from_status, to_status, actor, outcome, command_id "
+                "FROM outbox_job_events WHERE job_id = %s ORDER BY version",
+                (job_id,),
+            )
+        ]
+
+
+def _status(dsn: str, job_id: int) -> str:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT status FROM outbox_jobs WHERE id = %s", (job_id,)).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def _make_invalid(dsn: str, job_id: int, reason: str) -> None:
+    """What the state sink does with the relay's IntentRejected for the job."""
+
+    async def write() -> None:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await apply_batch(conn, [], [(job_id, reason)])
+
+    asyncio.run(write())
+
+
+def _reprocess_command(dsn: str, job_id: int) -> CommandRequested:
+    with psycopg.connect(dsn) as conn:
+        command_id = request_reprocess(conn, job_id, "first try", "ops:first")
+        conn.commit()
+        row = _row(conn, "outbox_commands", command_id)
+    record = command_row_to_record(row, lsn="0/1", committed_at=None)
+    assert isinstance(record, CommandRequested)
+    return record
+
+
+# --- the real worker's logic, in process ------------------------------------------------
+
+
+class ScriptedGateway:
+    """A gateway whose answers the test scripts; what it accepted is kept."""
+
+    name = "scripted"
+
+    def __init__(self) -> None:
+        self.outcomes: list[SendAccepted | Exception] = []
+        self.sent: list[TextMessage] = []
+        self.cancel_outcome = CancelOutcome.CANCELLED
+
+    async def send_text(self, message: TextMessage) -> SendAccepted:
+        self.sent.append(message)
+        outcome = self.outcomes.pop(0) if self.outcomes else _accepted(len(self.sent))
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    async def list_for_reconciliation(self, instance_id: str, **_: Any) -> list[ListedJob] | None:
+        return None  # like the ZAP API: no listing, so an unknown outcome stays UNCERTAIN
+
+    async def cancel_job(self, instance_id: str, gateway_job_id: str) -> CancelOutcome:
+        return self.cancel_outcome
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+def _accepted(n: int) -> SendAccepted:
+    from streams.contract import JobStatus
+
+    return SendAccepted(f"g-{n}", "queued", JobStatus.ACCEPTED)
+
+
+class _SinkStore:
+    """The worker's job table; every state also goes through the state sink's SQL."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.states: dict[int, StatusChanged] = {}
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+
+    def get(self, job_id: int) -> StatusChanged | None:
+        return self.states.get(job_id)
+
+    async def put(self, state: StatusChanged, partition: int) -> None:
+        if self._conn is None:
+            self._conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
+        self.states[state.job_id] = state
+        await apply_states(self._conn, [state])
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            await self._conn.close()
+
+
+class _Publisher:
+    def __init__(self) -> None:
+        self.dead: list[JobDead] = []
+
+    async def attempt_finished(self, record: AttemptFinished, key: bytes) -> None: ...
+
+    async def job_dead(self, record: JobDead) -> None:
+        self.dead.append(record)
+
+
+def _row(conn: psycopg.Connection[Any], table: str, row_id: int) -> dict[str, str | None]:
+    """The row as the relay sees it: every column as PostgreSQL's text output."""
+    cur = conn.execute(f"SELECT * FROM {table} WHERE id = %s", (row_id,))  # noqa: S608
+    names = [c.name for c in cur.description or ()]
+    cur = conn.execute(
+        f"SELECT {', '.join(f'{n}::text' for n in names)} FROM {table} WHERE id = %s",  # noqa: S608
+        (row_id,),
+    )
+    values = cur.fetchone()
+    assert values is not None
+    return dict(zip(names, values, strict=True))
+
+
+class InProcessWorker:
+    """The real JobProcessor on its own event loop thread, fed the way the pipeline feeds it.
+
+    :meth:`send` hands it a job's intent (as the relay would), retrying parked
+    jobs at once (as the parking timer would, without the wait); :meth:`serve`
+    applies every new ``outbox_commands`` row (as relay and agent would) until
+    the test ends.
+    """
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.gateway = ScriptedGateway()
+        self.store = _SinkStore(dsn)
+        self.processor = JobProcessor(
+            self.gateway,
+            self.store,
+            _Publisher(),
+            RetryPolicy(schedule_s=(0.01,), jitter=0.0),
+            listing_authoritative=False,
+        )
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+        self._serving: concurrent.futures.Future[None] | None = None
+        self._stop_serving = threading.Event()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            row = conn.execute("SELECT coalesce(max(id), 0) FROM outbox_commands").fetchone()
+        self._last_command = int(row[0]) if row else 0
+        self.commands_handled = 0
+
+    def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=30)
+
+    def intent(self, job_id: int) -> IntentCaptured:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            record = row_to_record(_row(conn, "outbox_jobs", job_id), lsn="0/1", committed_at=None)
+        assert isinstance(record, IntentCaptured), record
+        return record
+
+    def send(self, job_id: int, *outcomes: SendAccepted | Exception) -> str:
+        """Run the job's intent through the processor with these gateway answers; its status."""
+        self.gateway.outcomes.extend(outcomes)
+        intent = self.intent(job_id)
+        outcome = self.call(self.processor.on_intent(intent, 0))
+        while isinstance(outcome, Park):  # the parking timer, without the wait
+            outcome = self.call(self.processor.on_intent(intent, 0))
+        state = self.store.get(job_id)
+        assert state is not None
+        return state.status
+
+    async def _handle(self, command: CommandRequested) -> None:
+        if command.command == Command.CANCEL:
+            await self.processor.on_cancel(command, 0)
+        else:
+            assert command.intent is not None
+            intent = IntentCaptured.from_dict(command.intent)
+            outcome = await self.processor.on_intent(intent, 0, reprocess=command)
+            while isinstance(outcome, Park):
+                outcome = await self.processor.on_intent(intent, 0)
+        self.commands_handled += 1
+
+    async def _serve(self) -> None:
+        async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
+            while not self._stop_serving.is_set():
+                cur = await conn.execute(
+                    "SELECT id FROM outbox_commands WHERE id > %s ORDER BY id",
+                    (self._last_command,),
+                )
+                for (command_id,) in await cur.fetchall():
+                    with psycopg.connect(self.dsn, autocommit=True) as sync:
+                        row = _row(sync, "outbox_commands", command_id)
+                    record = command_row_to_record(row, lsn="0/1", committed_at=None)
+                    assert isinstance(record, CommandRequested), record
+                    await self._handle(record)
+                    self._last_command = command_id
+                await asyncio.sleep(0.05)
+
+    def serve(self) -> None:
+        """Apply every command written from now on, in the background."""
+        self._serving = asyncio.run_coroutine_threadsafe(self._serve(), self.loop)
+
+    def stop(self) -> None:
+        if self._serving is not None:
+            self._stop_serving.set()
+            self._serving.result(timeout=10)  # raises what the loop raised, if anything
+        self.call(self.store.close())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+        self.loop.close()
+
+
 @pytest.fixture
-def worker_answers(outbox_db: str) -> Iterator[list[threading.Thread]]:
-    """Threads standing in for the worker; joined at the end of the test."""
-    threads: list[threading.Thread] = []
-    yield threads
-    for thread in threads:
-        thread.join(timeout=10)
+def worker(outbox_db: str) -> Iterator[InProcessWorker]:
+    w = InProcessWorker(outbox_db)
+    yield w
+    w.stop()
 
 
-def _answer_when_commanded(
-    threads: list[threading.Thread],
-    dsn: str,
-    job_id: int,
-    events: list[tuple[str, str, str]],
+def _history_event(
+    dsn: str, job_id: int, states: list[tuple[str, str | None]], *, actor: str = "worker"
 ) -> None:
-    """Once a command for the job exists, write ``events`` (from, to, reason) as the worker."""
+    """Write a job's history through the real state machine and the sink's SQL (setup only)."""
+    from streams.contract import JobStatus
 
-    def run() -> None:
-        deadline = time.monotonic() + 10
-        while (
-            count_rows(dsn, "SELECT count(*) FROM outbox_commands WHERE job_id = %s", (job_id,))
-            == 0
-        ):
-            if time.monotonic() > deadline:
-                return
-            time.sleep(0.05)
-        for from_status, to_status, reason in events:
-            _event(dsn, job_id, from_status, to_status, reason, actor="worker")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        key, instance = conn.execute(
+            "SELECT idempotency_key, instance_id FROM outbox_jobs WHERE id = %s", (job_id,)
+        ).fetchone() or ("", "")
+    ref = JobRef(job_id, str(key), str(instance), NORMALIZED)
+    current: StatusChanged | None = None
+    records = []
+    for status, reason in states:
+        current = transition(ref, current, JobStatus(status), reason=reason, actor=actor)
+        records.append(current)
 
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    threads.append(thread)
+    async def write() -> None:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await apply_states(conn, records)
+
+    asyncio.run(write())
 
 
 # --- the table, its trigger and zapstream_cancel() ---------------------------------------
@@ -428,14 +673,9 @@ def test_jobs_cancel_without_waiting_inserts_the_command_and_reports_still_pendi
     assert _commands(outbox_db, job_id) == [("cancel", "customer asked", "alice")]
 
 
-def test_jobs_cancel_reports_cancelled(
-    outbox_db: str, worker_answers: list[threading.Thread]
-) -> None:
+def test_jobs_cancel_reports_cancelled(outbox_db: str, worker: InProcessWorker) -> None:
     job_id = _job(outbox_db, _key("cdone"))
-    _event(outbox_db, job_id, None, "PENDING", "enqueued")
-    _answer_when_commanded(
-        worker_answers, outbox_db, job_id, [("PENDING", "CANCELLED", "customer asked")]
-    )
+    worker.serve()
     out = io.StringIO()
     code = cancel_job(
         outbox_db,
@@ -447,20 +687,17 @@ def test_jobs_cancel_reports_cancelled(
         poll_interval_s=0.05,
     )
     assert code == 0, out.getvalue()
-    assert "CANCELLED: job" in out.getvalue()
+    assert "CANCELLED: job" in out.getvalue() and "by alice" in out.getvalue()
+    assert _event_rows(outbox_db, job_id) == [
+        ("PENDING", "CANCELLED", "alice", "cancelled", _command_ids(outbox_db, job_id)[0])
+    ]
 
 
-def test_jobs_cancel_reports_the_workers_refusal(
-    outbox_db: str, worker_answers: list[threading.Thread]
-) -> None:
-    job_id = _job(outbox_db, _key("crefused"), status="ACCEPTED")
-    _event(outbox_db, job_id, "PENDING", "CANCELLED", "cancelled earlier")  # before the command
-    _answer_when_commanded(
-        worker_answers,
-        outbox_db,
-        job_id,
-        [("ACCEPTED", "ACCEPTED", "cancel refused: already accepted by the gateway")],
-    )
+def test_jobs_cancel_reports_the_workers_refusal(outbox_db: str, worker: InProcessWorker) -> None:
+    job_id = _job(outbox_db, _key("crefused"))
+    assert worker.send(job_id) == "ACCEPTED"
+    worker.gateway.cancel_outcome = CancelOutcome.REFUSED
+    worker.serve()
     out = io.StringIO()
     code = cancel_job(
         outbox_db,
@@ -471,9 +708,34 @@ def test_jobs_cancel_reports_the_workers_refusal(
         out=out,
         poll_interval_s=0.05,
     )
-    assert code == 1
-    assert "NOT CANCELLED" in out.getvalue()
-    assert "already accepted by the gateway" in out.getvalue()
+    assert code == 1, out.getvalue()
+    assert "NOT CANCELLED (cancel_refused)" in out.getvalue()
+    assert "the gateway already sent it" in out.getvalue()
+    assert _status(outbox_db, job_id) == "ACCEPTED"
+
+
+def test_jobs_cancel_reports_a_gateway_that_cannot_cancel(
+    outbox_db: str, worker: InProcessWorker
+) -> None:
+    job_id = _job(outbox_db, _key("cunsupported"))
+    assert worker.send(job_id) == "ACCEPTED"
+    worker.gateway.cancel_outcome = CancelOutcome.UNSUPPORTED
+    worker.serve()
+    out = io.StringIO()
+    code = cancel_job(
+        outbox_db, job_id, reason="r", actor="alice", wait_s=10, out=out, poll_interval_s=0.05
+    )
+    assert code == 1, out.getvalue()
+    assert "NOT CANCELLED (cancel_unsupported)" in out.getvalue()
+
+
+def test_jobs_cancel_of_an_invalid_job_is_refused_here(outbox_db: str) -> None:
+    job_id = _job(outbox_db, _key("cinvalid"))
+    _make_invalid(outbox_db, job_id, "payload is a JSON list, not an object")
+    out = io.StringIO()
+    assert cancel_job(outbox_db, job_id, reason="r", actor="alice", wait_s=5, out=out) == 2
+    assert "it is INVALID" in out.getvalue() and "JSON list" in out.getvalue()
+    assert _commands(outbox_db, job_id) == []
 
 
 def test_jobs_cancel_of_an_unknown_job(outbox_db: str) -> None:
@@ -494,11 +756,12 @@ def test_jobs_reprocess_refuses_a_pending_job(outbox_db: str) -> None:
     assert _commands(outbox_db, job_id) == []
 
 
-def test_jobs_reprocess_warns_and_requires_yes_for_an_uncertain_job(outbox_db: str) -> None:
-    job_id = _job(outbox_db, _key("runcertain"), status="UNCERTAIN")
-    _event(outbox_db, job_id, None, "PENDING", "enqueued", actor="relay")
-    _event(outbox_db, job_id, "PENDING", "ATTEMPTING", "attempt 1")
-    _event(outbox_db, job_id, "ATTEMPTING", "UNCERTAIN", "read timeout after the request was sent")
+def test_jobs_reprocess_warns_and_requires_yes_for_an_uncertain_job(
+    outbox_db: str, worker: InProcessWorker
+) -> None:
+    job_id = _job(outbox_db, _key("runcertain"))
+    timeout = UncertainGatewayError("read timeout after the request was sent")
+    assert worker.send(job_id, timeout) == "UNCERTAIN"
 
     out = io.StringIO()
     code = reprocess_job(outbox_db, job_id, reason="checked", actor="alice", wait_s=0, out=out)
@@ -528,46 +791,213 @@ def test_jobs_reprocess_warns_and_requires_yes_for_an_uncertain_job(outbox_db: s
 def test_jobs_reprocess_warns_when_the_last_reason_mentions_an_uncertain_outcome(
     outbox_db: str,
 ) -> None:
-    job_id = _job(outbox_db, _key("rreason"), status="FAILED")
-    _event(outbox_db, job_id, "ATTEMPTING", "FAILED", "gave up: outcome uncertain after reset")
+    job_id = _job(outbox_db, _key("rreason"))
+    _history_event(
+        outbox_db,
+        job_id,
+        [("ATTEMPTING", None), ("FAILED", "gave up: outcome uncertain after reset")],
+    )
     out = io.StringIO()
     assert reprocess_job(outbox_db, job_id, reason="r", actor="alice", wait_s=0, out=out) == 2
     assert "WARNING" in out.getvalue()
     assert _commands(outbox_db, job_id) == []
 
 
-def test_jobs_reprocess_of_a_dead_job_inserts_the_command(
-    outbox_db: str, worker_answers: list[threading.Thread]
+def test_jobs_reprocess_of_a_dead_job_returns_once_it_is_accepted(
+    outbox_db: str, worker: InProcessWorker
 ) -> None:
-    job_id = _job(outbox_db, _key("rdead"), status="DEAD", last_error="503 five times")
-    _event(outbox_db, job_id, "RETRY_WAIT", "DEAD", "exhausted 3 attempts")
-    _answer_when_commanded(
-        worker_answers,
-        outbox_db,
-        job_id,
-        [
-            ("DEAD", "PENDING", "reprocess by alice: outage over"),
-            ("PENDING", "ATTEMPTING", "attempt 4"),
-            ("ATTEMPTING", "ACCEPTED", "accepted"),
-        ],
-    )
+    job_id = _job(outbox_db, _key("rdead"))
+    unavailable = TransientGatewayError("503 service unavailable")
+    assert worker.send(job_id, unavailable, unavailable, unavailable) == "DEAD"
+    worker.serve()
     out = io.StringIO()
+    started = time.monotonic()
     code = reprocess_job(
         outbox_db,
         job_id,
         reason="outage over",
         actor="alice",
-        wait_s=10,
+        wait_s=20,
         out=out,
         poll_interval_s=0.05,
     )
+    took = time.monotonic() - started
     text = out.getvalue()
+    print(f"jobs reprocess returned after {took:.2f}s (wait 20s)")
     assert code == 0, text
+    assert took < 10, text
     assert "WARNING" not in text
-    assert "RETRY_WAIT -> DEAD" in text  # the history
-    assert "reprocess requested" in text
-    assert f"job {job_id} is now ACCEPTED" in text
+    assert "RETRY_WAIT -> ATTEMPTING" in text and "ATTEMPTING -> DEAD" in text  # the history
+    assert "[reprocessed] reprocess requested: outage over" in text
+    assert f"job {job_id} is now ACCEPTED" in text and "still in progress" not in text
     assert _commands(outbox_db, job_id) == [("reprocess", "outage over", "alice")]
+    assert [m.reference for m in worker.gateway.sent][-1] == f"{job_id}-4"
+
+
+def test_jobs_reprocess_reports_the_workers_refusal_by_its_outcome(
+    outbox_db: str, worker: InProcessWorker
+) -> None:
+    job_id = _job(outbox_db, _key("rrefused"))
+    assert worker.send(job_id, PermanentGatewayError("400 bad recipient")) == "FAILED"
+    # The worker has moved on (an earlier reprocess sent it) but PostgreSQL has not
+    # caught up yet: the CLI lets the command through and the worker refuses it.
+    assert worker.send(job_id) == "FAILED"  # a redelivery of a settled job sends nothing
+    worker.call(
+        worker.processor.on_intent(
+            worker.intent(job_id), 0, reprocess=_reprocess_command(outbox_db, job_id)
+        )
+    )
+    assert _status(outbox_db, job_id) == "ACCEPTED"
+    with psycopg.connect(outbox_db, autocommit=True) as conn:
+        conn.execute("UPDATE outbox_jobs SET status = 'FAILED' WHERE id = %s", (job_id,))
+    worker.serve()
+    out = io.StringIO()
+    code = reprocess_job(
+        outbox_db, job_id, reason="again", actor="bob", wait_s=10, out=out, poll_interval_s=0.05
+    )
+    assert code == 1, out.getvalue()
+    assert "NOT REPROCESSED (reprocess_refused)" in out.getvalue()
+    assert "job is ACCEPTED" in out.getvalue()
+
+
+def test_jobs_reprocess_of_an_invalid_job_is_refused_here(outbox_db: str) -> None:
+    job_id = _job(outbox_db, _key("rinvalid"))
+    _make_invalid(outbox_db, job_id, "payload is a JSON list, not an object")
+    out = io.StringIO()
+    assert reprocess_job(outbox_db, job_id, reason="r", actor="alice", wait_s=0, out=out) == 2
+    assert "it is INVALID" in out.getvalue() and "malformed" not in out.getvalue()
+    assert "Fix the data and enqueue a new job" in out.getvalue()
+    assert _commands(outbox_db, job_id) == []
+
+
+# --- zapstream jobs reprocess by filter ---------------------------------------------------------
+
+
+def _dead_jobs(outbox_db: str, worker: InProcessWorker, instance: str, n: int) -> list[int]:
+    ids = []
+    for i in range(n):
+        job_id = _job(outbox_db, _key(f"bulk{i}"), instance=instance)
+        error = PermanentGatewayError("400 template rejected")
+        assert worker.send(job_id, error) == "FAILED"
+        ids.append(job_id)
+    return ids
+
+
+def test_bulk_reprocess_dry_run_counts_and_changes_nothing(
+    outbox_db: str, worker: InProcessWorker
+) -> None:
+    instance = _key("bulkdry")
+    failed = _dead_jobs(outbox_db, worker, instance, 3)
+    _job(outbox_db, _key("bulk-pending"), instance=instance)
+    out = io.StringIO()
+    code = reprocess_matching(
+        outbox_db,
+        states=["FAILED"],
+        instance=instance,
+        since=dt.datetime.now(dt.UTC) - dt.timedelta(hours=2),
+        reason="template fixed",
+        actor="ops:ana",
+        dry_run=True,
+        out=out,
+    )
+    text = out.getvalue()
+    print(text)
+    assert code == 0
+    assert "3 jobs match (state FAILED, instance" in text
+    assert "dry run: 3 jobs would be reprocessed; nothing was requested" in text
+    assert "5511*****4321" in text and NORMALIZED not in text and TEXT not in text
+    assert all(_commands(outbox_db, job_id) == [] for job_id in failed)
+
+
+def test_bulk_reprocess_refuses_states_that_cannot_be_reprocessed(outbox_db: str) -> None:
+    for state in ("PENDING", "ACCEPTED", "INVALID"):
+        out = io.StringIO()
+        code = reprocess_matching(
+            outbox_db, states=[state], reason="r", actor="a", dry_run=True, out=out
+        )
+        assert code == 2
+        assert f"refusing to reprocess {state} jobs" in out.getvalue()
+        assert "only DEAD, FAILED, UNCERTAIN jobs" in out.getvalue()
+
+
+def test_bulk_reprocess_needs_yes_above_the_threshold_and_for_uncertain_jobs(
+    outbox_db: str, worker: InProcessWorker
+) -> None:
+    instance = _key("bulkyes")
+    failed = _dead_jobs(outbox_db, worker, instance, 11)
+    out = io.StringIO()
+    code = reprocess_matching(
+        outbox_db, states=["FAILED"], instance=instance, reason="r", actor="a", out=out
+    )
+    assert code == 2 and "re-run with --yes" in out.getvalue()
+    assert all(_commands(outbox_db, job_id) == [] for job_id in failed)
+    uncertain = _job(outbox_db, _key("bulk-uncertain"), instance=instance)
+    assert worker.send(uncertain, UncertainGatewayError("reset mid-response")) == "UNCERTAIN"
+    out = io.StringIO()
+    code = reprocess_matching(
+        outbox_db, states=["uncertain"], instance=instance, reason="r", actor="a", out=out
+    )
+    assert code == 2 and "TWICE" in out.getvalue() and "--yes" in out.getvalue()
+    assert _commands(outbox_db, uncertain) == []
+
+
+def test_bulk_reprocess_writes_one_command_per_job_and_the_worker_resends_each_once(
+    outbox_db: str, worker: InProcessWorker
+) -> None:
+    instance = _key("bulkrun")
+    failed = _dead_jobs(outbox_db, worker, instance, 4)
+    worker.serve()
+    out = io.StringIO()
+    code = reprocess_matching(
+        outbox_db,
+        states=["FAILED", "DEAD"],
+        instance=instance,
+        reason="template fixed",
+        actor="ops:ana",
+        limit=3,
+        out=out,
+    )
+    text = out.getvalue()
+    print(text)
+    assert code == 0, text
+    assert "4 jobs match" in text and "only the oldest 3" in text
+    assert "reprocess requested for 3 jobs" in text
+    wait_until(
+        lambda: [_status(outbox_db, j) for j in failed] == ["ACCEPTED"] * 3 + ["FAILED"],
+        10,
+        "the 3 oldest jobs ACCEPTED",
+    )
+    assert [_commands(outbox_db, j) for j in failed] == [
+        [("reprocess", "template fixed", "ops:ana")]
+    ] * 3 + [[]]
+    resent = [m.reference for m in worker.gateway.sent if m.reference.endswith("-2")]
+    assert sorted(resent) == sorted(f"{j}-2" for j in failed[:3])
+    # The same filter again finds only the fourth: the others are ACCEPTED now.
+    out = io.StringIO()
+    reprocess_matching(
+        outbox_db,
+        states=["FAILED"],
+        instance=instance,
+        reason="r",
+        actor="a",
+        dry_run=True,
+        out=out,
+    )
+    assert "1 jobs match" in out.getvalue()
+
+
+def test_request_reprocess_many_skips_jobs_that_are_not_reprocessable(outbox_db: str) -> None:
+    failed = _job(outbox_db, _key("many-failed"), status="FAILED")
+    pending = _job(outbox_db, _key("many-pending"))
+    with psycopg.connect(outbox_db) as conn:
+        ids = request_reprocess_many(conn, [failed, pending, 999_999_999], "why", "ops")
+        assert request_reprocess_many(conn, [], "why", "ops") == []
+        with pytest.raises(InvalidCommand, match="reason is required"):
+            request_reprocess_many(conn, [failed], " ", "ops")
+        conn.commit()
+    assert len(ids) == 1
+    assert _commands(outbox_db, failed) == [("reprocess", "why", "ops")]
+    assert _commands(outbox_db, pending) == []
 
 
 # --- argparse wiring ----------------------------------------------------------------------------
@@ -629,3 +1059,134 @@ def test_cli_functions_read_the_dsn_from_settings(
         ("reprocess", "retry", "bob"),
         ("cancel", "stop", "bob"),
     ]
+
+
+# --- on the whole pipeline: relay, Faust worker and sink as real processes ------------------------
+
+
+@pytest.fixture(scope="module")
+def pipeline() -> Iterator[LocalPipeline]:
+    env = {
+        "ZAPSTREAM_KAFKA_ONE_RECORD_PER_BATCH": "true",
+        "ZAPSTREAM_WORKER_RETRY_SCHEDULE_S": "[0.3]",
+        "ZAPSTREAM_WORKER_RETRY_SCAN_INTERVAL_S": "0.2",
+    }
+    with LocalPipeline(partitions=2, worker_env=env) as p:
+        p.start_relay()
+        p.start_worker()
+        yield p
+
+
+def _cli(pipeline: LocalPipeline, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "connectors.cli", "jobs", *args],
+        env={**os.environ, **pipeline.env()},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _dead_on_the_pipeline(pipeline: LocalPipeline, instance: str, n: int) -> list[tuple[int, str]]:
+    """``n`` jobs that went DEAD on the real worker (every send got a 5xx); (id, text)."""
+    run = uuid.uuid4().hex[:8]
+    jobs = []
+    pipeline.sim_config(error_rate=1.0)
+    try:
+        with psycopg.connect(pipeline.dsn) as conn:
+            for i in range(n):
+                key = f"{run}-{i}"
+                text = f"m [{key}:0]"
+                job_id = enqueue(
+                    conn,
+                    instance_id=instance,
+                    to=f"55119000003{i:02d}",
+                    text=text,
+                    idempotency_key=key,
+                    max_attempts=1,
+                )
+                jobs.append((job_id, text))
+            conn.commit()
+        wait_for_status(pipeline.dsn, [f"{run}-{i}" for i in range(n)], "DEAD", 60)
+    finally:
+        pipeline.sim_config(error_rate=0.0)
+    return jobs
+
+
+def test_pipeline_jobs_reprocess_returns_as_soon_as_the_job_is_accepted(
+    pipeline: LocalPipeline,
+) -> None:
+    [(job_id, text)] = _dead_on_the_pipeline(pipeline, "shop-fast", 1)
+    started = time.monotonic()
+    result = _cli(
+        pipeline,
+        "reprocess",
+        str(job_id),
+        "--reason",
+        "gateway fixed",
+        "--by",
+        "ops:cy",
+        "--wait",
+        "60",
+    )
+    took = time.monotonic() - started
+    print(f"jobs reprocess (real worker) returned after {took:.1f}s of --wait 60")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"job {job_id} is now ACCEPTED" in result.stdout
+    assert "still in progress" not in result.stdout
+    assert "[reprocessed]" in result.stdout
+    assert took < 30, result.stdout
+    sent = [m for m in Arrivals(pipeline).refresh() if m["text"] == text]
+    assert len(sent) == 1 and sent[0]["reference"] == f"{job_id}-2"
+
+
+def test_pipeline_bulk_reprocess_dry_run_then_resends_each_once(pipeline: LocalPipeline) -> None:
+    instance = f"shop-bulk-{uuid.uuid4().hex[:6]}"
+    jobs = _dead_on_the_pipeline(pipeline, instance, 5)
+    common = [
+        "--state",
+        "DEAD",
+        "--instance",
+        instance,
+        "--since",
+        "1h",
+        "--reason",
+        "gateway fixed",
+        "--by",
+        "ops:dee",
+    ]
+    dry = _cli(pipeline, "reprocess", *common, "--dry-run")
+    print(dry.stdout)
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    assert "5 jobs match" in dry.stdout and "nothing was requested" in dry.stdout
+    assert (
+        count_rows(
+            pipeline.dsn,
+            "SELECT count(*) FROM outbox_commands WHERE job_id = ANY(%s)",
+            ([j for j, _ in jobs],),
+        )
+        == 0
+    )
+    real = _cli(pipeline, "reprocess", *common)
+    print(real.stdout)
+    assert real.returncode == 0, real.stdout + real.stderr
+    assert "reprocess requested for 5 jobs" in real.stdout
+    wait_until(
+        lambda: (
+            count_rows(
+                pipeline.dsn,
+                "SELECT count(*) FROM outbox_jobs WHERE id = ANY(%s) AND status = 'ACCEPTED'",
+                ([j for j, _ in jobs],),
+            )
+            == len(jobs)
+        ),
+        60,
+        "every reprocessed job ACCEPTED",
+    )
+    texts = [m["text"] for m in Arrivals(pipeline).refresh()]
+    counts = {text: texts.count(text) for _, text in jobs}
+    print(
+        f"bulk reprocess: requested 5, accepted {sum(1 for c in counts.values() if c)}, "
+        f"duplicates {sum(c - 1 for c in counts.values() if c > 1)}"
+    )
+    assert counts == {text: 1 for _, text in jobs}

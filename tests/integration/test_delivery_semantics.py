@@ -148,7 +148,7 @@ def test_permanent_errors_are_never_retried_and_exhausted_retries_end_dead(
     worker = pipeline.start_worker("worker-fail")
     run = uuid.uuid4().hex[:8]
     with psycopg.connect(pipeline.dsn) as conn:
-        pipeline.sim_config(reject_instances=["banned"])
+        pipeline.sim_config(invalid_recipients=["5511900000101"])
         permanent = enqueue(
             conn,
             instance_id="banned",
@@ -164,7 +164,7 @@ def test_permanent_errors_are_never_retried_and_exhausted_retries_end_dead(
         ).fetchone()
     assert attempts == (1,), "a permanent error must not be retried"
 
-    pipeline.sim_config(error_rate=1.0, reject_instances=[])
+    pipeline.sim_config(error_rate=1.0, invalid_recipients=[])
     with psycopg.connect(pipeline.dsn) as conn:
         doomed = enqueue(
             conn,

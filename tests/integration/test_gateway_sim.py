@@ -19,7 +19,7 @@ from pydantic import SecretStr
 
 from connectors.gateways.stackzap import StackZapClient
 from connectors.gateways.zapapi import ZapApiClient
-from connectors.webhook.signature import sign
+from connectors.webhook.signature import verify_signature
 from devtools.gateway_sim import GatewaySimulator, SimConfigError
 from streams.contract import JobStatus
 from streams.errors import PermanentGatewayError, TransientGatewayError, UncertainGatewayError
@@ -104,16 +104,18 @@ async def test_accepted_messages_are_recorded_with_reference(
     assert stats["by_api"] == {"stackzap": 1, "zapapi": 1}
 
 
-async def test_bad_credentials_are_permanent_401(sim: GatewaySimulator) -> None:
+async def test_bad_credentials_401_are_about_the_instance(sim: GatewaySimulator) -> None:
+    from streams.errors import InstanceUnavailableError
+
     wrong = gateway_settings(sim, stackzap_api_key=SecretStr("nope"), zap_token=SecretStr("nope"))
     async with StackZapClient(wrong) as stackzap, ZapApiClient(wrong) as zapapi:
         for client in (stackzap, zapapi):
-            with pytest.raises(PermanentGatewayError) as info:
+            with pytest.raises(InstanceUnavailableError) as info:
                 await client.send_text(msg(1))
             assert info.value.status_code == 401
     missing = gateway_settings(sim, stackzap_api_key=SecretStr(""))
     async with StackZapClient(missing) as stackzap:
-        with pytest.raises(PermanentGatewayError):
+        with pytest.raises(InstanceUnavailableError):
             await stackzap.send_text(msg(1))
     assert sim.messages == []
     assert sim.stats()["by_outcome"] == {"unauthorized": 3}
@@ -225,14 +227,16 @@ async def test_listing_paginates_and_hides_references(
     assert only_sent.counts == {"queued": 240, "sent": 10}
 
 
-async def test_unknown_instance_is_permanent_404(
+async def test_unknown_instance_404_is_about_the_instance(
     sim: GatewaySimulator, stackzap: StackZapClient, zapapi: ZapApiClient
 ) -> None:
+    from streams.errors import InstanceUnavailableError
+
     sim.configure(reject_instances=["ghost"])
     for client in (stackzap, zapapi):
-        with pytest.raises(PermanentGatewayError, match="unknown instance") as info:
+        with pytest.raises(InstanceUnavailableError, match="unknown instance") as info:
             await client.send_text(msg(1, "ghost"))
-        assert info.value.status_code == 404
+        assert info.value.status_code == 404 and info.value.scope == "instance"
     await stackzap.send_text(msg(2, "alive"))
     assert [m.instance for m in sim.messages] == ["alive"]
 
@@ -417,8 +421,9 @@ async def test_fail_recipients_count_only_requests_that_pass_auth(
     sim.configure(fail_recipients={msg(1).to: 1})
     wrong = gateway_settings(sim, stackzap_api_key=SecretStr("nope"))
     async with StackZapClient(wrong) as unauthorized:
-        with pytest.raises(PermanentGatewayError):
+        with pytest.raises(TransientGatewayError) as refused:  # InstanceUnavailableError
             await unauthorized.send_text(msg(1))
+        assert refused.value.scope == "instance"
     assert sim.config.fail_recipients == {msg(1).to: 1}
     with pytest.raises(TransientGatewayError):
         await stackzap.send_text(msg(1))
@@ -516,7 +521,7 @@ async def test_callbacks_follow_each_accepted_message_signed_and_in_order(
     await wait_for(lambda: sim.stats()["callbacks_sent"] == 4, "four callbacks")
     assert sim.stats()["callbacks_failed"] == 0
     bodies = [orjson.loads(raw) for raw, _ in receiver.received]
-    assert all(sig == sign("cb-secret", raw) for raw, sig in receiver.received)
+    assert all(verify_signature("cb-secret", raw, sig) for raw, sig in receiver.received)
     for m in sim.messages:
         mine = [(x["status"], x["reference"]) for x in bodies if x["id"] == m.id]
         assert mine == [("sent", m.reference), ("delivered", m.reference)]

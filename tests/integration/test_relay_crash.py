@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 
 import pytest
 
+from connectors.cdc.lsn import Lsn
+from devtools.devstack import ManagedProcess
 from devtools.local_pipeline import LocalPipeline
+from streams.contract import HEADER_JOB_ID, HEADER_LSN, INTENTS
 from tests.integration.support import (
     Arrivals,
     count_rows,
@@ -23,6 +28,7 @@ from tests.integration.support import (
     wait_for_status,
     wait_until,
 )
+from tests.integration.topic_reader import read_topic
 
 pytestmark = pytest.mark.integration
 
@@ -42,20 +48,50 @@ def _slot_confirmed(dsn: str) -> int:
     )
 
 
+def _job_ids(dsn: str, keys: list[str]) -> set[int]:
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT id FROM outbox_jobs WHERE idempotency_key = ANY(%s)", (keys,)
+        ).fetchall()
+    return {int(r[0]) for r in rows}
+
+
+def _produced(pipeline: LocalPipeline, job_ids: set[int]) -> list[tuple[int, Lsn]]:
+    """(job id, transaction LSN) of every record in zapstream.intents for these jobs."""
+    out = []
+    for record in read_topic(pipeline.kafka.bootstrap, INTENTS):
+        job = record.headers.get(HEADER_JOB_ID)
+        if job is not None and job.decode().isdigit() and int(job) in job_ids:
+            out.append((int(job), Lsn.parse(record.headers[HEADER_LSN].decode())))
+    return out
+
+
+def _resumed_from(relay: ManagedProcess) -> Lsn:
+    """The slot position the (re)started relay streamed from, from its log."""
+    # wait_for_log reads only what this run of the process wrote.
+    match = relay.wait_for_log(r"relay streaming slot \S+ from (\S+)", timeout_s=60)
+    return Lsn.parse(match.group(1))
+
+
 def test_relay_sigkill_mid_stream_loses_nothing_and_sends_each_key_once(
     pipeline: LocalPipeline,
 ) -> None:
-    relay = pipeline.start_relay("relay-a")
+    # A slow status interval: at the kill, records are produced but not yet confirmed.
+    slow = {"ZAPSTREAM_RELAY_STATUS_INTERVAL_S": "3"}
+    relay = pipeline.start_relay("relay-a", env=slow)
     start_confirmed = _slot_confirmed(pipeline.dsn)
     run = uuid.uuid4().hex[:8]
     half_committed = threading.Event()
     killed = threading.Event()
 
     def pace(committed: int) -> None:
-        # The application keeps committing while the relay dies and comes back.
+        # The application keeps committing, steadily, while the relay dies and comes back.
         if committed >= 2_500:
             half_committed.set()
-            killed.wait(timeout=60)
+            if not killed.is_set():
+                time.sleep(0.2)
 
     keys: list[str] = []
     producer = threading.Thread(
@@ -71,14 +107,32 @@ def test_relay_sigkill_mid_stream_loses_nothing_and_sends_each_key_once(
     wait_until(
         lambda: _slot_confirmed(pipeline.dsn) > start_confirmed, 30, "the relay to confirm some WAL"
     )
+    assert producer.is_alive(), "the application stopped writing before the kill"
     relay.kill(signal.SIGKILL)
     relay.wait(timeout_s=10)
     killed.set()
     relay = pipeline.start_relay("relay-a")
+    resumed = _resumed_from(relay)
     producer.join(timeout=120)
     assert len(keys) == 5_000
 
     report = Arrivals(pipeline).wait_for(keys, timeout_s=240)
+    # A replay happened: records the killed relay produced but never confirmed were
+    # produced again from the slot's confirmed position (Kafka-level duplicates) ...
+    produced = _produced(pipeline, _job_ids(pipeline.dsn, keys))
+    counts = Counter(job for job, _ in produced)
+    replayed = {job for job, n in counts.items() if n > 1}
+    kafka_duplicates = sum(n - 1 for n in counts.values())
+    print(
+        f"\n[relay SIGKILL] sent=5000 accepted={report.accepted_unique} "
+        f"duplicates={report.duplicate_count} order_violations={len(report.order_violations)} "
+        f"lost={len(report.missing)} kafka_duplicates={kafka_duplicates} resumed_from={resumed}"
+    )
+    assert len(counts) == 5_000, "some intents never reached zapstream.intents"
+    assert kafka_duplicates > 0, "no replay after the SIGKILL: the test did not test a crash"
+    # ... and every replayed transaction lies after the position the new relay resumed from.
+    assert all(lsn >= resumed for job, lsn in produced if job in replayed)
+    # ... while the gateway saw each message once, in order.
     assert report.duplicate_count == 0, f"sent twice: {list(report.duplicates)[:5]}"
     assert report.order_violations == ()
     assert report.accepted_unique == 5_000
@@ -103,14 +157,19 @@ def test_sigterm_drains_confirms_and_exits_cleanly(pipeline: LocalPipeline) -> N
     relay = pipeline.start_relay("relay-term")
     keys = enqueue_conversations(pipeline.dsn, uuid.uuid4().hex[:8], messages=300, conversations=10)
     Arrivals(pipeline).wait_for(keys, timeout_s=120)
-    confirmed_before = _slot_confirmed(pipeline.dsn)
+    job_ids = _job_ids(pipeline.dsn, keys)
+    last_txn = max(lsn for _, lsn in _produced(pipeline, job_ids))
     assert relay.terminate(timeout_s=30) == 0
     relay.wait_for_log(r"relay stopped: .* confirmed", timeout_s=5)
-    assert _slot_confirmed(pipeline.dsn) >= confirmed_before
-    # Nothing in flight was lost: a new relay has nothing left to replay to the gateway.
+    # The drain confirmed the last transaction: the slot is past its commit record.
+    assert _slot_confirmed(pipeline.dsn) > last_txn.value
+    # So a new relay replays none of it to Kafka, and the gateway sees nothing twice.
     relay = pipeline.start_relay("relay-term")
+    assert _resumed_from(relay) > last_txn
     arrivals = Arrivals(pipeline)
     later = enqueue_conversations(pipeline.dsn, uuid.uuid4().hex[:8], messages=20, conversations=2)
     report = arrivals.wait_for(keys + later, timeout_s=60)
     assert report.duplicate_count == 0
+    counts = Counter(job for job, _ in _produced(pipeline, job_ids))
+    assert set(counts.values()) == {1}, "the restarted relay produced drained records again"
     relay.terminate(timeout_s=30)

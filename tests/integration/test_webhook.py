@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -276,6 +278,34 @@ async def test_unauthenticated_callbacks_get_401_and_publish_nothing(
     assert [v["label"] for _, v, _ in intents if v.get("job_id") == job.id] == ["read"]
 
 
+async def test_callbacks_signed_outside_the_replay_window_get_401_and_publish_nothing(
+    intake: WebhookIntake, outbox_db: str, broker: str
+) -> None:
+    job = Job(outbox_db)
+    now = int(time.time())
+    rejected = []
+    for signed_at in (now - 301, now - 86_400, now + 120):
+        raw = callback("g-known", "read", reference=job.reference)
+        rejected.append(orjson.loads(raw)["event_id"])
+        response = await post(intake, raw, signature=sign(SECRET, raw, timestamp=signed_at))
+        assert response.status_code == 401, signed_at
+    legacy = callback("g-known", "read", reference=job.reference)
+    rejected.append(orjson.loads(legacy)["event_id"])
+    digest = hmac.new(SECRET.encode(), legacy, hashlib.sha256).hexdigest()
+    assert (await post(intake, legacy, signature=f"sha256={digest}")).status_code == 401
+    assert intake.stats["unauthorized"] == 4 and intake.stats["stale"] == 3
+    # Signed a moment ago (inside the window): accepted, and the only one published.
+    fresh = callback("g-known", "read", reference=job.reference)
+    assert (
+        await post(intake, fresh, signature=sign(SECRET, fresh, timestamp=now - 5))
+    ).status_code == 202
+    records = await read_topic(broker, INTENTS, has_event(orjson.loads(fresh)["event_id"]))
+    published = {v.get("event_id") for _, v, _ in records}
+    assert published.isdisjoint(rejected)
+    [receipt] = [ReceiptReceived.from_dict(v) for _, v, _ in records if v.get("job_id") == job.id]
+    assert receipt.reference == job.reference
+
+
 async def test_an_empty_configured_secret_rejects_everything(outbox_db: str, broker: str) -> None:
     job = Job(outbox_db)
     async with WebhookIntake(webhook_settings(outbox_db, broker, secret="")) as intake:
@@ -378,6 +408,7 @@ async def test_kafka_down_answers_503(outbox_db: str) -> None:
                 "accepted": 1,
                 "unknown_job": 0,
                 "unauthorized": 0,
+                "stale": 0,
                 "malformed": 0,
                 "unavailable": 1,
             }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import random
+from collections.abc import Sequence
 
 import pytest
 
@@ -16,7 +17,13 @@ from streams.contract import (
     ReceiptReceived,
     StatusChanged,
 )
-from streams.errors import PermanentGatewayError, TransientGatewayError, UncertainGatewayError
+from streams.errors import (
+    InstanceUnavailableError,
+    PermanentGatewayError,
+    TransientGatewayError,
+    UncertainGatewayError,
+)
+from streams.instance_pauses import InstancePauses
 from streams.job_processor import Done, JobProcessor, Park, RetryPolicy
 from streams.ports import CancelOutcome, ListedJob, SendAccepted, TextMessage
 
@@ -31,6 +38,7 @@ class ScriptedGateway:
         self.outcomes = list(outcomes)
         self.sent: list[TextMessage] = []
         self.listing: list[ListedJob] | None = []
+        self.listing_queries: list[tuple[tuple[str, ...], dt.datetime | None]] = []
         self.cancel_outcome = CancelOutcome.CANCELLED
         self.cancelled: list[str] = []
 
@@ -41,7 +49,14 @@ class ScriptedGateway:
             raise outcome
         return outcome
 
-    async def list_for_reconciliation(self, instance_id: str) -> list[ListedJob] | None:
+    async def list_for_reconciliation(
+        self,
+        instance_id: str,
+        *,
+        references: Sequence[str] = (),
+        since: dt.datetime | None = None,
+    ) -> list[ListedJob] | None:
+        self.listing_queries.append((tuple(references), since))
         return self.listing
 
     async def cancel_job(self, instance_id: str, gateway_job_id: str) -> CancelOutcome:
@@ -96,7 +111,7 @@ def _intent(**kw: object) -> IntentCaptured:
 
 
 def _processor(
-    gateway: ScriptedGateway, *, authoritative: bool = True
+    gateway: ScriptedGateway, *, authoritative: bool = True, pauses: InstancePauses | None = None
 ) -> tuple[JobProcessor, MemoryStore, MemoryPublisher]:
     store, publisher = MemoryStore(), MemoryPublisher()
     processor = JobProcessor(
@@ -107,6 +122,7 @@ def _processor(
         listing_authoritative=authoritative,
         now=lambda: NOW,
         rng=random.Random(1),
+        pauses=pauses,
     )
     return processor, store, publisher
 
@@ -185,13 +201,53 @@ async def test_uncertain_found_by_reference_is_adopted_not_resent() -> None:
     assert outcome.state.gateway_job_id == "g-9" and len(gw.sent) == 1
 
 
-async def test_uncertain_not_listed_with_authoritative_listing_is_resent_with_new_id() -> None:
+async def test_uncertain_not_listed_is_resent_through_the_retry_budget_with_new_id() -> None:
     gw = ScriptedGateway(UncertainGatewayError("reset"), OK)
     gw.listing = [_listed("99-1")]
-    p, _, _ = _processor(gw)
+    p, store, _ = _processor(gw)
     outcome = await p.on_intent(_intent(), 0)
-    assert isinstance(outcome, Done) and outcome.state and outcome.state.status == "ACCEPTED"
+    # Not accepted: the attempt counts and the job waits on the schedule, no tight loop.
+    assert isinstance(outcome, Park) and outcome.state is not None
+    assert outcome.state.status == "RETRY_WAIT" and outcome.state.attempts == 1
+    assert outcome.due == (NOW + dt.timedelta(seconds=60)).timestamp()
+    assert len(gw.sent) == 1
+    again = await p.on_intent(_intent(), 0)
+    assert isinstance(again, Done) and again.state and again.state.status == "ACCEPTED"
     assert [m.reference for m in gw.sent] == ["7-1", "7-2"]
+    assert again.state.attempts == 2
+
+
+async def test_uncertain_resends_end_dead_at_max_attempts() -> None:
+    gw = ScriptedGateway(*[UncertainGatewayError(f"reset {n}") for n in range(3)])
+    gw.listing = []  # authoritative and empty: never accepted
+    p, _, pub = _processor(gw)
+    outcomes = [await p.on_intent(_intent(max_attempts=3), 0) for _ in range(3)]
+    assert [type(o) for o in outcomes] == [Park, Park, Done]
+    last = outcomes[-1]
+    assert isinstance(last, Done) and last.state and last.state.status == "DEAD"
+    assert len(gw.sent) == 3 and len(pub.dead) == 1
+
+
+async def test_uncertain_with_listing_unavailable_stays_attempting_and_reconciles_first() -> None:
+    gw = ScriptedGateway(UncertainGatewayError("502 after accept"))
+
+    class FlakyListing:
+        calls = 0
+
+    async def listing(instance_id: str, **_: object) -> list[ListedJob] | None:
+        FlakyListing.calls += 1
+        if FlakyListing.calls == 1:
+            raise TransientGatewayError("listing timed out")
+        return [_listed("7-1")]
+
+    gw.list_for_reconciliation = listing  # type: ignore[method-assign]
+    p, store, _ = _processor(gw)
+    outcome = await p.on_intent(_intent(), 0)
+    assert isinstance(outcome, Park) and outcome.state is not None
+    assert outcome.state.status == "ATTEMPTING" and outcome.state.next_retry_at
+    again = await p.on_intent(_intent(), 0)
+    assert isinstance(again, Done) and again.state and again.state.status == "ACCEPTED"
+    assert len(gw.sent) == 1, "never resent before the listing was read"
 
 
 async def test_hidden_references_match_by_content_or_end_uncertain() -> None:
@@ -325,3 +381,112 @@ def test_schedule_steps_and_last_repeats(attempts: int, expected: float) -> None
         RetryPolicy(schedule_s=(60, 300), jitter=0).delay_s(attempts, None, random.Random(0))
         == expected
     )
+
+
+# --- instance pauses -----------------------------------------------------------------
+
+REFUSED = InstanceUnavailableError("stackzap: HTTP 401: unauthorized", status_code=401)
+
+
+async def test_refused_instance_parks_the_job_without_spending_its_attempt(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    gw = ScriptedGateway(REFUSED, OK)
+    pauses = InstancePauses(probe_interval_s=30)
+    p, store, _ = _processor(gw, pauses=pauses)
+    outcome = await p.on_intent(_intent(max_attempts=1), 0)
+    assert isinstance(outcome, Park) and outcome.state is not None
+    assert outcome.state.status == "RETRY_WAIT" and outcome.state.attempts == 0
+    assert outcome.due == (NOW + dt.timedelta(seconds=30)).timestamp()
+    assert outcome.state.errors == []
+    assert pauses.paused("i")
+    paused_lines = [r for r in caplog.records if "paused" in r.getMessage()]
+    assert len(paused_lines) == 1 and paused_lines[0].levelname == "ERROR"
+    assert "refused credentials (401)" in paused_lines[0].getMessage()
+    # The probe succeeds: the job is sent, with max_attempts=1 still available.
+    probed = await p.on_intent(_intent(max_attempts=1), 0, probe=True)
+    assert isinstance(probed, Done) and probed.state and probed.state.status == "ACCEPTED"
+    assert not pauses.paused("i")
+    assert [m.reference for m in gw.sent] == ["7-1", "7-2"]
+
+
+async def test_paused_instance_holds_other_intents_without_calling_the_gateway(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    gw = ScriptedGateway(REFUSED, OK)
+    p, store, _ = _processor(gw, pauses=InstancePauses(probe_interval_s=30))
+    await p.on_intent(_intent(), 0)
+    for job in (8, 9, 10):
+        held = await p.on_intent(_intent(job_id=job, conversation_key=f"c{job}"), 0)
+        assert isinstance(held, Park) and held.state is None  # still PENDING, unchanged
+    assert len(gw.sent) == 1
+    assert 8 not in store.states
+    # Another instance flows.
+    other = await p.on_intent(_intent(job_id=11, instance_id="j"), 0)
+    assert isinstance(other, Done) and other.state and other.state.status == "ACCEPTED"
+    assert len([r for r in caplog.records if "paused" in r.getMessage()]) == 1
+
+
+async def test_failed_probes_never_spend_attempts_or_kill_the_job() -> None:
+    gw = ScriptedGateway(*[REFUSED] * 10)
+    pauses = InstancePauses(probe_interval_s=30)
+    p, store, pub = _processor(gw, pauses=pauses)
+    for _ in range(10):
+        outcome = await p.on_intent(_intent(max_attempts=2), 0, probe=True)
+        assert isinstance(outcome, Park) and outcome.state is not None
+        assert outcome.state.status == "RETRY_WAIT" and outcome.state.attempts == 0
+    assert pub.dead == [] and pauses.paused("i")
+    assert store.states[7].attempt_seq == 10  # every probe had its own attempt id
+
+
+async def test_refused_listing_during_reconciliation_pauses_and_keeps_attempting() -> None:
+    gw = ScriptedGateway(UncertainGatewayError("reset"))
+
+    async def refused_listing(instance_id: str, **_: object) -> list[ListedJob] | None:
+        raise REFUSED
+
+    gw.list_for_reconciliation = refused_listing  # type: ignore[method-assign]
+    pauses = InstancePauses(probe_interval_s=30)
+    p, store, _ = _processor(gw, pauses=pauses)
+    outcome = await p.on_intent(_intent(), 0)
+    assert isinstance(outcome, Park) and outcome.state is not None
+    assert outcome.state.status == "ATTEMPTING" and pauses.paused("i")
+    assert store.states[7].status == "ATTEMPTING"
+
+
+async def test_a_transient_probe_keeps_the_instance_paused() -> None:
+    gw = ScriptedGateway(REFUSED, TransientGatewayError("503"))
+    pauses = InstancePauses(probe_interval_s=30)
+    p, _, _ = _processor(gw, pauses=pauses)
+    await p.on_intent(_intent(), 0)
+    outcome = await p.on_intent(_intent(), 0, probe=True)
+    assert isinstance(outcome, Park) and pauses.paused("i")
+
+
+def test_probe_claimed_once_per_interval_and_release_window() -> None:
+    pauses = InstancePauses(probe_interval_s=30)
+    t0 = 1000.0
+    due = pauses.pause("i", REFUSED, t0, parked=False)
+    assert due == t0 + 30
+    assert not pauses.claim_probe("i", t0 + 29)
+    assert pauses.claim_probe("i", t0 + 30)
+    assert not pauses.claim_probe("i", t0 + 31)
+    assert pauses.claim_probe("i", t0 + 60)
+    assert pauses.resume("i", t0 + 61) and not pauses.resume("i", t0 + 62)
+    assert pauses.released("i", t0 + 90, t0 + 62)  # parked for the pause: runs now
+    assert not pauses.released("i", t0 + 9000, t0 + 62)  # a long backoff keeps its time
+    assert not pauses.released("i", t0 + 90, t0 + 200)  # window over
+
+
+async def test_reprocess_of_a_paused_instance_is_not_dropped() -> None:
+    gw = ScriptedGateway(*[TransientGatewayError("down")] * 3, REFUSED, REFUSED, OK)
+    p, store, _ = _processor(gw, pauses=InstancePauses(probe_interval_s=30))
+    for _ in range(3):
+        await p.on_intent(_intent(max_attempts=3), 0)
+    await p.on_intent(_intent(job_id=8, conversation_key="c8"), 0)  # pauses the instance
+    cmd = _command("reprocess", intent=_intent(max_attempts=3).to_dict())
+    outcome = await p.on_intent(_intent(max_attempts=3), 0, reprocess=cmd)
+    # Sent (as a probe would be), refused: waiting in RETRY_WAIT, not left DEAD.
+    assert isinstance(outcome, Park) and outcome.state and outcome.state.status == "RETRY_WAIT"
+    probed = await p.on_intent(_intent(max_attempts=3), 0, probe=True)
+    assert isinstance(probed, Done) and probed.state and probed.state.status == "ACCEPTED"

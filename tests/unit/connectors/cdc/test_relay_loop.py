@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 import pytest
-from aiokafka.errors import KafkaTimeoutError
+from aiokafka.errors import TopicAuthorizationFailedError
 
 from connectors.cdc.lsn import Lsn
 from connectors.cdc.pgoutput import Begin, Column, Commit, Insert, PgOutputDecoder, Relation
@@ -409,7 +409,8 @@ async def test_drain_is_bounded_and_confirms_only_up_to_an_unacknowledged_record
 async def test_kafka_nack_stops_without_confirming_past_the_failed_record() -> None:
     h = Harness()
     t1, t2, t3 = Txn(1), Txn(2), Txn(3)
-    error = KafkaTimeoutError("batch expired")
+    # Not transient (a transient one is waited out, see test_relay_faults.py).
+    error = TopicAuthorizationFailedError("not allowed")
     async with h.running() as task:
         h.source.push(relation_message(), *t1.messages(), *t2.messages(), *t3.messages())
         await until(lambda: len(h.producer.sent) == 3, "three sends")
@@ -477,7 +478,7 @@ async def test_backpressure_wait_ends_on_failed_ack() -> None:
     t1, t2 = Txn(1), Txn(2)
     async with h.running() as task:
         await _blocked_on_backpressure(h, t1, t2)
-        h.producer.of(t1.job_ids[0]).set_exception(KafkaTimeoutError("batch expired"))
+        h.producer.of(t1.job_ids[0]).set_exception(TopicAuthorizationFailedError("no"))
         with pytest.raises(RelayError):
             await asyncio.wait_for(task, DEADLINE_S)
     assert [s.job_id for s in h.producer.sent] == t1.job_ids

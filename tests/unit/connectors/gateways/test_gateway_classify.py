@@ -20,19 +20,24 @@ from connectors.gateways.classify import (
 from connectors.outbox.recipients import mask_phone
 from streams.errors import (
     GatewayError,
+    InstanceUnavailableError,
     PermanentGatewayError,
     TransientGatewayError,
     UncertainGatewayError,
 )
 
 REQUEST = httpx.Request("POST", "http://gw.test/v1/instances/i1/send-queue/text")
+LISTING = httpx.Request("GET", "http://gw.test/v1/instances/i1/send-queue")
 NOW = 1_700_000_000.0
 
 
 def response(
-    status: int, body: bytes = b"", headers: dict[str, str] | None = None
+    status: int,
+    body: bytes = b"",
+    headers: dict[str, str] | None = None,
+    request: httpx.Request = REQUEST,
 ) -> httpx.Response:
-    return httpx.Response(status, content=body, headers=headers, request=REQUEST)
+    return httpx.Response(status, content=body, headers=headers, request=request)
 
 
 # --- exceptions -------------------------------------------------------------------
@@ -73,6 +78,34 @@ def test_exception_message_masks_sensitive_values() -> None:
     assert "5511*****4321" in str(err)
 
 
+@pytest.mark.parametrize(
+    "exc_type",
+    [
+        httpx.ReadTimeout,
+        httpx.ReadError,
+        httpx.WriteTimeout,
+        httpx.RemoteProtocolError,
+        httpx.ConnectError,
+    ],
+)
+def test_a_failed_listing_is_transient_never_uncertain(
+    exc_type: type[httpx.TransportError],
+) -> None:
+    err = classify_exception(exc_type("boom", request=LISTING), gateway="g", method="GET")
+    assert isinstance(err, TransientGatewayError)
+
+
+async def test_send_request_get_read_timeout_is_transient() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadTimeout("slow", request=request)
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        with pytest.raises(TransientGatewayError):
+            await send_request(client, "GET", "http://gw.test/x", gateway="g")
+        with pytest.raises(UncertainGatewayError):
+            await send_request(client, "POST", "http://gw.test/x", gateway="g", json_body={})
+
+
 # --- responses --------------------------------------------------------------------
 
 
@@ -81,14 +114,70 @@ def test_2xx_is_not_an_error(status: int) -> None:
     assert error_for_response(response(status), gateway="g") is None
 
 
-@pytest.mark.parametrize("status", [500, 502, 504, 599, 408])
-def test_5xx_and_408_are_transient(status: int) -> None:
+@pytest.mark.parametrize("status", [500, 503, 408])
+def test_gateway_5xx_and_408_on_a_send_are_transient(status: int) -> None:
     err = error_for_response(response(status, b'{"error":"down"}'), gateway="g")
     assert isinstance(err, TransientGatewayError)
+    assert not isinstance(err, InstanceUnavailableError)
     assert err.retriable
     assert err.status_code == status
     assert err.retry_after_s is None
     assert "down" in str(err)
+
+
+@pytest.mark.parametrize("status", [502, 504, 501, 520, 524, 599])
+def test_proxy_5xx_on_a_send_is_uncertain(status: int) -> None:
+    """A proxy may answer 502/504 after the upstream accepted: reconcile, never blind resend."""
+    err = error_for_response(response(status, b'{"error":"bad gateway"}'), gateway="g")
+    assert isinstance(err, UncertainGatewayError)
+    assert not err.retriable
+    assert err.status_code == status
+
+
+@pytest.mark.parametrize("status", [500, 502, 503, 504, 599])
+def test_any_5xx_on_a_listing_is_transient(status: int) -> None:
+    err = error_for_response(response(status, request=LISTING), gateway="g")
+    assert isinstance(err, TransientGatewayError)
+
+
+def test_method_argument_overrides_the_request() -> None:
+    err = error_for_response(response(502), gateway="g", method="GET")
+    assert isinstance(err, TransientGatewayError)
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "what"),
+    [
+        (401, b'{"error":"unauthorized"}', "refused credentials"),
+        (403, b'{"message":"forbidden"}', "refused credentials"),
+        (404, b'{"error":"unknown instance"}', "unknown instance"),
+        (404, b'{"message":"Instance not found","code":404}', "unknown instance"),
+    ],
+)
+def test_auth_and_unknown_instance_are_about_the_instance(
+    status: int, body: bytes, what: str
+) -> None:
+    for request in (REQUEST, LISTING):
+        err = error_for_response(response(status, body, request=request), gateway="g")
+        assert isinstance(err, InstanceUnavailableError)
+        assert isinstance(err, TransientGatewayError)  # callers that do not know it retry
+        assert err.retriable and err.scope == "instance"
+        assert err.status_code == status
+        assert what in str(err)
+
+
+def test_instance_error_never_carries_the_key() -> None:
+    key = "sk-live-0123456789abcdef"
+    err = error_for_response(
+        response(401, f'{{"error":"bad key {key}"}}'.encode()), gateway="g", sensitive=(key,)
+    )
+    assert isinstance(err, InstanceUnavailableError)
+    assert key not in str(err)
+
+
+def test_404_unknown_job_stays_permanent() -> None:
+    err = error_for_response(response(404, b'{"error":"unknown job"}'), gateway="g")
+    assert isinstance(err, PermanentGatewayError) and err.scope == "message"
 
 
 @pytest.mark.parametrize("status", [429, 503])
@@ -137,7 +226,7 @@ def test_parse_retry_after(value: str | None, expected: float | None) -> None:
         assert result == pytest.approx(expected)
 
 
-@pytest.mark.parametrize("status", [400, 401, 403, 404, 409, 410, 413, 418, 422, 301, 302])
+@pytest.mark.parametrize("status", [400, 404, 409, 410, 413, 418, 422, 301, 302])
 def test_other_4xx_and_3xx_are_permanent(status: int) -> None:
     err = error_for_response(response(status, b'{"error":"invalid recipient"}'), gateway="g")
     assert isinstance(err, PermanentGatewayError)

@@ -13,7 +13,12 @@ from pydantic import SecretStr
 from connectors.gateways.factory import build_gateway
 from connectors.gateways.stackzap import GatewayJob, StackZapClient
 from streams.contract import JobStatus
-from streams.errors import PermanentGatewayError, TransientGatewayError, UncertainGatewayError
+from streams.errors import (
+    ListingUnreadable,
+    PermanentGatewayError,
+    TransientGatewayError,
+    UncertainGatewayError,
+)
 from streams.ports import TextMessage
 from streams.settings import GatewayKind, GatewaySettings
 
@@ -165,8 +170,6 @@ async def test_transport_errors_classified(
         (503, {"Retry-After": "10"}, TransientGatewayError, 10.0),
         (503, {}, TransientGatewayError, None),
         (500, {}, TransientGatewayError, None),
-        (502, {}, TransientGatewayError, None),
-        (504, {}, TransientGatewayError, None),
         (408, {}, TransientGatewayError, None),
     ],
 )
@@ -181,7 +184,27 @@ async def test_transient_statuses(
     assert info.value.retriable
 
 
-@pytest.mark.parametrize("status", [400, 401, 403, 404, 409, 422])
+@pytest.mark.parametrize("status", [502, 504])
+async def test_proxy_5xx_on_a_send_is_uncertain(status: int) -> None:
+    from streams.errors import UncertainGatewayError as Uncertain
+
+    async with client(answer(status, {"error": "bad gateway"})) as gw:
+        with pytest.raises(Uncertain):
+            await gw.send_text(message())
+
+
+@pytest.mark.parametrize("status", [401, 403])
+async def test_refused_credentials_are_about_the_instance(status: int) -> None:
+    from streams.errors import InstanceUnavailableError
+
+    body = {"error": f"key {API_KEY} refused"}
+    async with client(answer(status, body)) as gw:
+        with pytest.raises(InstanceUnavailableError) as info:
+            await gw.send_text(message())
+    assert info.value.scope == "instance" and API_KEY not in str(info.value)
+
+
+@pytest.mark.parametrize("status", [400, 404, 409, 422])
 async def test_permanent_statuses_carry_masked_reason(status: int) -> None:
     # A gateway that echoes everything back must not leak it into our error.
     body = {"error": f"invalid recipient {PHONE} for text {TEXT!r} with key {API_KEY}"}
@@ -321,11 +344,16 @@ async def test_listing_without_references_and_with_fallback_keys() -> None:
     assert (page.page, page.page_size, page.total, page.counts) == (4, 10, None, {})
 
 
-@pytest.mark.parametrize("body", [b"nope", [], {"items": "x"}, {"items": [1]}])
-async def test_malformed_listing_is_permanent(body: Any) -> None:
+@pytest.mark.parametrize(
+    "body",
+    [b"nope", [], {"items": "x"}, {"items": [1]}, {"jobs": []}, {"items": [{"ref": "7-1"}]}],
+)
+async def test_malformed_listing_is_unreadable_not_permanent(body: Any) -> None:
     async with client(answer(200, body)) as gw:
-        with pytest.raises(PermanentGatewayError):
+        with pytest.raises(ListingUnreadable) as info:
             await gw.list_jobs("i")
+    assert not isinstance(info.value, PermanentGatewayError)
+    assert "7-1" not in str(info.value)  # keys are named, values never
 
 
 async def test_listing_errors_are_classified() -> None:

@@ -13,7 +13,12 @@ from pydantic import SecretStr
 from connectors.gateways.factory import build_gateway
 from connectors.gateways.zapapi import ZapApiClient
 from streams.contract import JobStatus
-from streams.errors import PermanentGatewayError, TransientGatewayError, UncertainGatewayError
+from streams.errors import (
+    InstanceUnavailableError,
+    PermanentGatewayError,
+    TransientGatewayError,
+    UncertainGatewayError,
+)
 from streams.ports import TextMessage
 from streams.settings import GatewayKind, GatewaySettings
 
@@ -135,7 +140,7 @@ async def test_429_retry_after() -> None:
     assert "slow down" in str(info.value)
 
 
-@pytest.mark.parametrize("status", [500, 502, 503, 504])
+@pytest.mark.parametrize("status", [500, 503])
 async def test_5xx_transient(status: int) -> None:
     async with client(answer(status, {"message": "oops"})) as gw:
         with pytest.raises(TransientGatewayError) as info:
@@ -143,12 +148,20 @@ async def test_5xx_transient(status: int) -> None:
     assert info.value.status_code == status
 
 
-async def test_401_is_permanent_and_masks_token() -> None:
+@pytest.mark.parametrize("status", [502, 504])
+async def test_proxy_5xx_on_a_send_is_uncertain(status: int) -> None:
+    async with client(answer(status, {"message": "bad gateway"})) as gw:
+        with pytest.raises(UncertainGatewayError) as info:
+            await gw.send_text(message())
+    assert info.value.status_code == status
+
+
+async def test_401_pauses_the_instance_and_masks_token() -> None:
     body = {"message": f"token {TOKEN} is not valid for {PHONE}", "code": 401}
     async with client(answer(401, body)) as gw:
-        with pytest.raises(PermanentGatewayError) as info:
+        with pytest.raises(InstanceUnavailableError) as info:
             await gw.send_text(message())
-    assert info.value.status_code == 401
+    assert info.value.status_code == 401 and info.value.scope == "instance"
     assert TOKEN not in str(info.value)
     assert PHONE not in str(info.value)
     assert "is not valid" in str(info.value)

@@ -165,3 +165,20 @@ def test_cut_and_when() -> None:
     assert when(dt.datetime(2026, 3, 1, 9, 0, tzinfo=dt.timezone(dt.timedelta(hours=-3)))) == (
         "2026-03-01 12:00:00Z"
     )
+
+
+def test_events_table_leads_a_commands_answer_with_its_outcome() -> None:
+    answer = JobEvent(
+        3,
+        3,
+        "ACCEPTED",
+        "ACCEPTED",
+        "ops:ana",
+        "cancel not possible: sent",
+        NOW,
+        "cancel_refused",
+        17,
+    )
+    line = events_table([answer]).splitlines()[1]
+    assert "ACCEPTED -> ACCEPTED" in line
+    assert "[cancel_refused] cancel not possible: sent" in line

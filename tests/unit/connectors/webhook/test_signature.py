@@ -1,4 +1,6 @@
-"""Callback signatures (signature.py), and the intake's references and dedup keys (no network)."""
+"""Timestamped callback signatures (signature.py), the intake's references and dedup keys.
+
+No network; the clock is passed in."""
 
 from __future__ import annotations
 
@@ -8,63 +10,135 @@ import hmac
 import pytest
 
 from connectors.webhook.intake import masked_body, parse_reference, receipt_event_id
-from connectors.webhook.signature import sign, verify_signature
+from connectors.webhook.signature import (
+    SignatureCheck,
+    check_signature,
+    sign,
+    signed_payload,
+    verify_signature,
+)
 
-# RFC 4231 test case 2 and the classic "quick brown fox" vector.
+T = 1_767_225_600
+"""A fixed signing time; ``now`` is passed explicitly so nothing depends on the clock."""
+
+# RFC 4231 test case 2 and the classic "quick brown fox" vector, as "<t>.<body>" payloads:
+# the HMAC must be of exactly these bytes.
 VECTORS = [
-    (
-        "Jefe",
-        b"what do ya want for nothing?",
-        "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843",
-    ),
-    (
-        "key",
-        b"The quick brown fox jumps over the lazy dog",
-        "f7bc83f430538424b13298e6aa6fb143ef4d59a14946175997479dbc2d1a3cd8",
-    ),
+    ("Jefe", b"what do ya want for nothing?"),
+    ("key", b"The quick brown fox jumps over the lazy dog"),
 ]
 
 
-@pytest.mark.parametrize(("secret", "body", "digest"), VECTORS)
-def test_sign_matches_known_hmac_sha256_vectors(secret: str, body: bytes, digest: str) -> None:
-    assert sign(secret, body) == f"sha256={digest}"
-    assert verify_signature(secret, body, f"sha256={digest}")
+def _hmac(secret: str, payload: bytes) -> str:
+    return hmac.new(secret.encode(), payload, hashlib.sha256).hexdigest()
 
 
-def test_sign_is_hmac_of_the_raw_bytes() -> None:
+@pytest.mark.parametrize(("secret", "body"), VECTORS)
+def test_sign_is_hmac_of_timestamp_dot_body(secret: str, body: bytes) -> None:
+    header = sign(secret, body, timestamp=T)
+    assert header == f"t={T},v1={_hmac(secret, f'{T}.'.encode() + body)}"
+    assert signed_payload(T, body) == f"{T}.".encode() + body
+    assert verify_signature(secret, body, header, now=T)
+
+
+def test_rfc4231_vector_through_the_payload() -> None:
+    # HMAC-SHA256("Jefe", "what do ya want for nothing?") is RFC 4231's test case 2:
+    # the primitive is the standard one, only the payload is prefixed.
+    assert _hmac("Jefe", b"what do ya want for nothing?") == (
+        "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+    )
+
+
+def test_the_documented_worked_example() -> None:
+    # connectors/webhook/intake.py's docstring shows this header to gateway implementers.
+    header = sign("s3cret", b'{"id":"g-1","status":"read"}', timestamp=1767225600)
+    assert header == (
+        "t=1767225600,v1=97c20acb621ca0693954e5acf7c064c7bb00fab3c18e10f7d1628b1da5a9f016"
+    )
+
+
+def test_sign_uses_the_raw_bytes_and_the_clock_by_default() -> None:
     body = b'{"id":"g-1","status":"read"}'
-    expected = hmac.new(b"s3cret", body, hashlib.sha256).hexdigest()
-    assert sign("s3cret", body) == "sha256=" + expected
-    # Same JSON, other bytes: another signature (we never re-serialise before verifying).
-    assert sign("s3cret", b'{"status":"read","id":"g-1"}') != sign("s3cret", body)
-
-
-def test_tampered_body_is_rejected() -> None:
-    body = b'{"id":"g-1","status":"sent"}'
+    assert sign("s3cret", body, timestamp=T) != sign(
+        "s3cret", b'{"status":"read","id":"g-1"}', timestamp=T
+    )
     header = sign("s3cret", body)
-    assert verify_signature("s3cret", body, header)
-    assert not verify_signature("s3cret", b'{"id":"g-1","status":"read"}', header)
-    assert not verify_signature("s3cret", body + b" ", header)
+    assert check_signature("s3cret", body, header) is SignatureCheck.VALID
+
+
+def test_tampered_body_or_timestamp_is_rejected() -> None:
+    body = b'{"id":"g-1","status":"sent"}'
+    header = sign("s3cret", body, timestamp=T)
+    assert check_signature("s3cret", body, header, now=T) is SignatureCheck.VALID
+    for other in (b'{"id":"g-1","status":"read"}', body + b" "):
+        assert check_signature("s3cret", other, header, now=T) is SignatureCheck.MISMATCH
+    # Moving the timestamp forward (to pass the window) breaks the signature.
+    moved = header.replace(f"t={T}", f"t={T + 1000}")
+    assert check_signature("s3cret", body, moved, now=T + 1000) is SignatureCheck.MISMATCH
 
 
 def test_wrong_secret_is_rejected() -> None:
     body = b'{"id":"g-1","status":"sent"}'
-    assert not verify_signature("other", body, sign("s3cret", body))
+    header = sign("s3cret", body, timestamp=T)
+    assert check_signature("other", body, header, now=T) is SignatureCheck.MISMATCH
 
 
-def test_missing_prefix_or_header_is_rejected() -> None:
-    body = b'{"id":"g-1","status":"sent"}'
-    bare = sign("s3cret", body).removeprefix("sha256=")
-    assert not verify_signature("s3cret", body, bare)
-    assert not verify_signature("s3cret", body, "sha1=" + bare)
-    assert not verify_signature("s3cret", body, None)
-    assert not verify_signature("s3cret", body, "")
+@pytest.mark.parametrize(
+    ("age_s", "expected"),
+    [
+        (0, SignatureCheck.VALID),
+        (300, SignatureCheck.VALID),
+        (301, SignatureCheck.EXPIRED),
+        (86_400, SignatureCheck.EXPIRED),
+        (-30, SignatureCheck.VALID),
+        (-31, SignatureCheck.FUTURE),
+    ],
+)
+def test_replay_window_and_clock_skew(age_s: int, expected: SignatureCheck) -> None:
+    body = b'{"id":"g-1","status":"failed"}'
+    header = sign("s3cret", body, timestamp=T - age_s)
+    assert check_signature("s3cret", body, header, now=T, window_s=300, skew_s=30) is expected
+
+
+def test_rotation_any_v1_may_match_and_unknown_keys_are_ignored() -> None:
+    body = b"{}"
+    good = sign("s3cret", body, timestamp=T).split("v1=")[1]
+    header = f"t={T}, v1={'0' * 64}, v0=legacy, v1={good}"
+    assert verify_signature("s3cret", body, header, now=T)
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        (None, SignatureCheck.MISSING),
+        ("", SignatureCheck.MISSING),
+        ("sha256=" + "0" * 64, SignatureCheck.LEGACY),
+        ("0" * 64, SignatureCheck.MALFORMED),
+        (f"t={T}", SignatureCheck.MALFORMED),
+        ("v1=" + "0" * 64, SignatureCheck.MALFORMED),
+        (f"t=-{T},v1=" + "0" * 64, SignatureCheck.MALFORMED),
+        (f"t={T}.5,v1=" + "0" * 64, SignatureCheck.MALFORMED),
+        (f"t={T},t={T},v1=" + "0" * 64, SignatureCheck.MALFORMED),
+        ("t=1" + "0" * 20 + ",v1=" + "0" * 64, SignatureCheck.MALFORMED),
+    ],
+)
+def test_missing_legacy_or_malformed_headers_are_rejected(
+    header: str | None, expected: SignatureCheck
+) -> None:
+    assert check_signature("s3cret", b"{}", header, now=T) is expected
+
+
+def test_the_old_untimestamped_scheme_is_refused_even_when_correct() -> None:
+    body = b'{"id":"g-1","status":"read"}'
+    legacy = "sha256=" + _hmac("s3cret", body)
+    assert check_signature("s3cret", body, legacy, now=T) is SignatureCheck.LEGACY
 
 
 def test_empty_secret_verifies_nothing() -> None:
     body = b"{}"
     # Even a "correct" signature under the empty key: an unconfigured intake accepts nothing.
-    assert not verify_signature("", body, sign("", body))
+    header = sign("", body, timestamp=T)
+    assert check_signature("", body, header, now=T) is SignatureCheck.NO_SECRET
 
 
 @pytest.mark.parametrize(

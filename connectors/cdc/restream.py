@@ -1,0 +1,94 @@
+"""``zapstream outbox restream``: re-publish PENDING jobs the relay never streamed.
+
+A row committed while no replication slot existed is never decoded: before
+the slot was first created, or while an operator had dropped it (the relay
+recreates a missing slot, at the current WAL position). Such jobs stay PENDING
+in ``outbox_jobs`` for ever. :func:`restream` copies every PENDING job older
+than a bound into ``outbox_replays`` (migration 0005), in job id order and in
+one transaction; the publication covers that table, so the relay streams each
+copy as the job's own ``IntentCaptured`` (see
+:func:`~connectors.cdc.outbox_rows.replay_row_to_record`).
+
+Why this design: the relay stays the only writer to Kafka and the replays go
+through the same decoding, validation and ack tracking as every row; within a
+conversation the replays keep job id (commit) order. A job that did reach
+Kafka but whose state the sink has not written yet is PENDING too: its replay
+is dropped by the worker, which keeps every job it handled in its ``jobs``
+table (settled jobs are skipped, an in-flight attempt is reconciled, never
+resent blindly). Choose ``--older-than`` well above the pipeline's normal
+commit-to-state latency anyway.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import re
+
+import psycopg
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)\s*$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+_SELECT = """
+    FROM outbox_jobs j
+    WHERE j.status = 'PENDING' AND j.created_at < now() - %(age)s
+"""
+
+
+def parse_duration(text: str) -> dt.timedelta:
+    """``90s``, ``10m``, ``2h``, ``1d`` as a timedelta; ValueError otherwise."""
+    match = _DURATION.match(text)
+    if match is None:
+        raise ValueError(f"invalid duration {text!r}: use a number and s, m, h or d (e.g. 10m)")
+    return dt.timedelta(seconds=float(match.group(1)) * _UNIT_S[match.group(2)])
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RestreamResult:
+    """What :func:`restream` found and did."""
+
+    pending: int
+    """PENDING jobs older than the bound."""
+    replayed: int
+    """Rows written to ``outbox_replays`` (0 on a dry run)."""
+    first_job_id: int | None
+    last_job_id: int | None
+
+
+def restream(
+    dsn: str,
+    *,
+    older_than: dt.timedelta,
+    reason: str = "restream: PENDING and never streamed",
+    actor: str = "operator",
+    dry_run: bool = False,
+    limit: int | None = None,
+) -> RestreamResult:
+    """Copy PENDING jobs created before ``now() - older_than`` into ``outbox_replays``."""
+    params: dict[str, object] = {"age": older_than, "reason": reason, "actor": actor}
+    limit_sql = ""
+    if limit is not None:
+        limit_sql = " LIMIT %(limit)s"
+        params["limit"] = limit
+    with psycopg.connect(dsn) as conn, conn.transaction():
+        ids = [
+            int(job_id)
+            for (job_id,) in conn.execute(
+                f"SELECT j.id {_SELECT} ORDER BY j.id{limit_sql} FOR UPDATE SKIP LOCKED", params
+            )
+        ]
+        if dry_run or not ids:
+            return RestreamResult(len(ids), 0, ids[0] if ids else None, ids[-1] if ids else None)
+        params["ids"] = ids
+        cursor = conn.execute(
+            """INSERT INTO outbox_replays (job_id, reason, actor, instance_id, idempotency_key,
+                   conversation_key, payload, priority, purpose, expires_at, max_attempts,
+                   job_created_at)
+               SELECT j.id, %(reason)s, %(actor)s, j.instance_id, j.idempotency_key,
+                   j.conversation_key, j.payload, j.priority, j.purpose, j.expires_at,
+                   j.max_attempts, j.created_at
+               FROM outbox_jobs j WHERE j.id = ANY(%(ids)s) ORDER BY j.id""",
+            params,
+        )
+        return RestreamResult(len(ids), cursor.rowcount, ids[0], ids[-1])

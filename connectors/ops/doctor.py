@@ -1,0 +1,355 @@
+"""``zapstream doctor``: is everything in place for the pipeline to run?
+
+One line per check, ``OK``/``FAIL``/``SKIP`` with what was found and, on failure,
+the remedy (the setting or command to fix it):
+
+- PostgreSQL reachable (``ZAPSTREAM_DATABASE_URL``), ``wal_level=logical``,
+  migrations applied (shipped files against ``schema_migrations``);
+- the relay's publication and slot: exist, plugin ``pgoutput``, active or not,
+  lag in bytes (``pg_current_wal_lsn() - confirmed_flush_lsn``);
+- Kafka reachable (``ZAPSTREAM_KAFKA_BROKERS``), every topic with the partition
+  count ``ZAPSTREAM_KAFKA_PARTITIONS`` says (read without creating anything);
+- the gateway accepts the credentials (StackZap: list one page of a queue; the
+  ZAP API has no read-only authenticated call, so it is reported as not checkable).
+
+Every check is bounded by ``timeout_s``. Exit code 0 if nothing failed, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import enum
+import json
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import psycopg
+
+from connectors.cdc.provisioning import COMMANDS_TABLE, OUTBOX_TABLE, WAL_LEVEL_HINT
+from connectors.cdc.settings import RelaySettings
+from connectors.ops.config_errors import error_detail
+from connectors.ops.topics import partition_counts, topic_problems, worker_topic_specs
+from connectors.outbox.migrate import shipped_migrations
+from streams.settings import GatewayKind, GatewaySettings
+
+MIGRATE_HINT = "run `zapstream db migrate`"
+
+
+class Status(enum.StrEnum):
+    OK = "OK"
+    FAIL = "FAIL"
+    SKIP = "SKIP"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CheckResult:
+    """What one check found; ``remedy`` says what to do when it failed."""
+
+    check: str
+    status: Status
+    detail: str
+    remedy: str = ""
+
+    def line(self) -> str:
+        text = f"{self.status.value:<4} {self.check}: {self.detail}"
+        return f"{text} -> {self.remedy}" if self.remedy else text
+
+
+def _ok(check: str, detail: str) -> CheckResult:
+    return CheckResult(check, Status.OK, detail)
+
+
+def _fail(check: str, detail: str, remedy: str) -> CheckResult:
+    return CheckResult(check, Status.FAIL, detail, remedy)
+
+
+def _skip(check: str, detail: str) -> CheckResult:
+    return CheckResult(check, Status.SKIP, detail)
+
+
+async def _bounded(
+    check: str, timeout_s: float, run: Callable[[], Awaitable[list[CheckResult]]]
+) -> list[CheckResult]:
+    try:
+        return await asyncio.wait_for(run(), timeout_s)
+    except TimeoutError:
+        return [_fail(check, f"no answer within {timeout_s:g} s", "check the host and port")]
+    except psycopg.Error as exc:  # e.g. a role that may not read pg_replication_slots
+        return [_fail(check, f"query failed: {error_detail(exc)}", "see the PostgreSQL log")]
+
+
+# --- PostgreSQL ------------------------------------------------------------------------------
+
+
+async def _postgres_checks(relay: RelaySettings, timeout_s: float) -> list[CheckResult]:
+    names = ("wal_level", "migrations", "publication", "slot")
+    try:
+        conn = await asyncio.wait_for(
+            psycopg.AsyncConnection.connect(
+                relay.postgres.dsn, autocommit=True, connect_timeout=max(1, round(timeout_s))
+            ),
+            timeout_s,
+        )
+    except (psycopg.Error, OSError, TimeoutError) as exc:
+        detail = error_detail(exc) if not isinstance(exc, TimeoutError) else "no answer"
+        return [
+            _fail("postgres", f"cannot connect: {detail}", "check ZAPSTREAM_DATABASE_URL"),
+            *(_skip(name, "PostgreSQL unreachable") for name in names),
+        ]
+    async with conn:
+        version = await _scalar(conn, "SHOW server_version")
+        results = [_ok("postgres", f"reachable (PostgreSQL {version})")]
+        for check in (_wal_level, _migrations, _publication, _slot):
+            results.extend(
+                await _bounded(check.__name__.strip("_"), timeout_s, _bind(check, conn, relay))
+            )
+        return results
+
+
+def _bind(
+    check: Callable[[psycopg.AsyncConnection[Any], RelaySettings], Awaitable[list[CheckResult]]],
+    conn: psycopg.AsyncConnection[Any],
+    relay: RelaySettings,
+) -> Callable[[], Awaitable[list[CheckResult]]]:
+    return lambda: check(conn, relay)
+
+
+async def _scalar(conn: psycopg.AsyncConnection[Any], query: str, *params: object) -> Any:
+    cur = await conn.execute(query, params or None)
+    row = await cur.fetchone()
+    return row[0] if row else None
+
+
+async def _wal_level(conn: psycopg.AsyncConnection[Any], relay: RelaySettings) -> list[CheckResult]:
+    level = await _scalar(conn, "SHOW wal_level")
+    if level == "logical":
+        return [_ok("wal_level", "logical")]
+    return [_fail("wal_level", f"wal_level is {level!r}, not 'logical'", WAL_LEVEL_HINT)]
+
+
+async def _migrations(
+    conn: psycopg.AsyncConnection[Any], relay: RelaySettings
+) -> list[CheckResult]:
+    shipped = shipped_migrations()
+    recorded: dict[int, str] = {}
+    if await _scalar(conn, "SELECT to_regclass('schema_migrations') IS NOT NULL"):
+        cur = await conn.execute("SELECT version, checksum FROM schema_migrations")
+        recorded = {int(v): str(c) for v, c in await cur.fetchall()}
+    missing = [f"{m.version:04d}_{m.name}" for m in shipped if m.version not in recorded]
+    changed = [
+        f"{m.version:04d}_{m.name}"
+        for m in shipped
+        if m.version in recorded and recorded[m.version] != m.checksum
+    ]
+    if missing:
+        return [_fail("migrations", f"not applied: {', '.join(missing)}", MIGRATE_HINT)]
+    if changed:
+        return [
+            _fail(
+                "migrations",
+                f"changed after they were applied: {', '.join(changed)}",
+                "install the zapstream version that applied them; edit schemas with new files",
+            )
+        ]
+    return [_ok("migrations", f"all {len(shipped)} applied")]
+
+
+async def _publication(
+    conn: psycopg.AsyncConnection[Any], relay: RelaySettings
+) -> list[CheckResult]:
+    name = relay.publication
+    cur = await conn.execute("SELECT pubinsert FROM pg_publication WHERE pubname = %s", (name,))
+    row = await cur.fetchone()
+    if row is None:
+        return [
+            _fail(
+                "publication",
+                f"{name} does not exist",
+                "run `zapstream db migrate` (or start `zapstream relay`) to create it",
+            )
+        ]
+    cur = await conn.execute(
+        "SELECT tablename FROM pg_publication_tables WHERE pubname = %s ORDER BY 1", (name,)
+    )
+    tables = [str(t) for (t,) in await cur.fetchall()]
+    if not row[0]:
+        return [
+            _fail(
+                "publication",
+                f"{name} does not publish inserts",
+                f"DROP PUBLICATION {name}; then run `zapstream db migrate`",
+            )
+        ]
+    missing = [t for t in (OUTBOX_TABLE, COMMANDS_TABLE) if t not in tables]
+    if missing:
+        return [
+            _fail(
+                "publication",
+                f"{name} does not publish {', '.join(missing)}",
+                "run `zapstream db migrate` (or start `zapstream relay`) to add it",
+            )
+        ]
+    return [_ok("publication", f"{name} publishes {', '.join(tables)}")]
+
+
+async def _slot(conn: psycopg.AsyncConnection[Any], relay: RelaySettings) -> list[CheckResult]:
+    name = relay.slot
+    cur = await conn.execute(
+        "SELECT plugin, slot_type, database, active, "
+        "pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint "
+        "FROM pg_replication_slots WHERE slot_name = %s",
+        (name,),
+    )
+    row = await cur.fetchone()
+    if row is None:
+        return [
+            _fail(
+                "slot",
+                f"replication slot {name} does not exist",
+                "run `zapstream db migrate` (or start `zapstream relay`) to create it",
+            )
+        ]
+    plugin, slot_type, database, active, lag = row
+    if slot_type != "logical" or plugin != "pgoutput":
+        return [
+            _fail(
+                "slot",
+                f"{name} is a {slot_type} slot with plugin {plugin!r}, not pgoutput",
+                f"drop it (SELECT pg_drop_replication_slot('{name}')) or set ZAPSTREAM_RELAY_SLOT",
+            )
+        ]
+    current_db = await _scalar(conn, "SELECT current_database()")
+    if database != current_db:
+        return [
+            _fail(
+                "slot",
+                f"{name} belongs to database {database!r}, not {current_db!r}",
+                "set ZAPSTREAM_RELAY_SLOT to a slot name of its own",
+            )
+        ]
+    state = "active (a relay is streaming)" if active else "inactive (no relay streaming)"
+    lag_text = f"lag {int(lag)} bytes" if lag is not None else "lag unknown"
+    return [_ok("slot", f"{name} pgoutput, {state}, {lag_text}")]
+
+
+# --- Kafka -----------------------------------------------------------------------------------
+
+
+async def _kafka_checks(relay: RelaySettings, timeout_s: float) -> list[CheckResult]:
+    from aiokafka.errors import KafkaError
+
+    kafka = relay.kafka
+    try:
+        counts = await asyncio.wait_for(partition_counts(kafka), timeout_s)
+    except (KafkaError, OSError, TimeoutError) as exc:
+        detail = error_detail(exc) if not isinstance(exc, TimeoutError) else "no answer"
+        return [
+            _fail(
+                "kafka", f"cannot reach {kafka.brokers}: {detail}", "check ZAPSTREAM_KAFKA_BROKERS"
+            ),
+            _skip("topics", "Kafka unreachable"),
+        ]
+    results = [_ok("kafka", f"reachable at {kafka.brokers}")]
+    specs = worker_topic_specs(kafka)
+    problems = topic_problems(counts, specs)
+    if not problems:
+        results.append(
+            _ok(
+                "topics",
+                f"{len(specs)} topics, partitions as ZAPSTREAM_KAFKA_PARTITIONS={kafka.partitions}",
+            )
+        )
+    for problem in problems:
+        detail, _, remedy = problem.partition(": ")
+        results.append(_fail("topics", detail, remedy))
+    return results
+
+
+# --- the gateway -----------------------------------------------------------------------------
+
+
+async def _gateway_checks(
+    gateway: GatewaySettings, timeout_s: float, instance_id: str
+) -> list[CheckResult]:
+    if gateway.kind is GatewayKind.ZAPAPI:
+        token = "set" if gateway.zap_token.get_secret_value() else "empty"
+        return [
+            _skip(
+                "gateway",
+                f"zapapi at {gateway.zap_api_url}: not checkable (the ZAP API has no read-only "
+                f"authenticated call); ZAP_TOKEN is {token}",
+            )
+        ]
+    from connectors.gateways.stackzap import StackZapClient
+    from streams.errors import GatewayError
+
+    try:
+        async with StackZapClient(gateway) as client:
+            await asyncio.wait_for(client.list_jobs(instance_id, page_size=1), timeout_s)
+    except TimeoutError:
+        return [
+            _fail(
+                "gateway",
+                f"stackzap at {gateway.stackzap_api_url}: no answer within {timeout_s:g} s",
+                "check STACKZAP_API_URL",
+            )
+        ]
+    except GatewayError as exc:
+        if exc.status_code in (401, 403):
+            return [
+                _fail(
+                    "gateway",
+                    f"stackzap at {gateway.stackzap_api_url} rejected the credentials "
+                    f"({exc.status_code})",
+                    "check STACKZAP_API_KEY",
+                )
+            ]
+        remedy = "check STACKZAP_API_URL" if exc.status_code is None else "see the gateway's status"
+        return [
+            _fail("gateway", f"stackzap at {gateway.stackzap_api_url}: {error_detail(exc)}", remedy)
+        ]
+    return [_ok("gateway", f"stackzap at {gateway.stackzap_api_url} accepted the credentials")]
+
+
+# --- running and printing --------------------------------------------------------------------
+
+
+async def run_doctor(
+    relay: RelaySettings,
+    gateway: GatewaySettings,
+    *,
+    timeout_s: float = 5.0,
+    instance_id: str = "zapstream-doctor",
+) -> list[CheckResult]:
+    """Run every check (PostgreSQL, Kafka, gateway concurrently), each bounded by ``timeout_s``."""
+    # PostgreSQL runs up to five queries in sequence, each bounded; the whole group gets room.
+    pg, kafka, gw = await asyncio.gather(
+        _bounded("postgres", timeout_s * 6, lambda: _postgres_checks(relay, timeout_s)),
+        _bounded("kafka", timeout_s * 2, lambda: _kafka_checks(relay, timeout_s)),
+        _bounded(
+            "gateway", timeout_s * 2, lambda: _gateway_checks(gateway, timeout_s, instance_id)
+        ),
+    )
+    return [*pg, *kafka, *gw]
+
+
+def print_report(results: list[CheckResult], *, as_json: bool = False) -> int:
+    """Print one line per check (or one JSON object); return the exit code (0 all OK, 1 else)."""
+    failed = any(r.status is Status.FAIL for r in results)
+    if as_json:
+        payload = {
+            "ok": not failed,
+            "checks": [
+                {"check": r.check, "status": r.status.value, "detail": r.detail, "remedy": r.remedy}
+                for r in results
+            ],
+        }
+        print(json.dumps(payload))
+    else:
+        for result in results:
+            print(result.line())
+        print("zapstream doctor: " + ("some checks FAILED" if failed else "all checks OK"))
+    sys.stdout.flush()
+    return 1 if failed else 0

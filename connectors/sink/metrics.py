@@ -1,0 +1,37 @@
+"""Prometheus metrics of ``zapstream sink``, at ``/metrics`` on ``ZAPSTREAM_SINK_METRICS_PORT``."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge
+
+STATES = Counter(
+    "zapstream_sink_states_applied_total",
+    "State records written to PostgreSQL (replays included; the version guard drops stale ones)",
+)
+JOBS_MOVED = Counter(
+    "zapstream_sink_jobs_moved_total", "outbox_jobs rows moved forward by a state record"
+)
+BATCHES = Counter("zapstream_sink_batches_total", "Batches written to PostgreSQL and committed")
+REJECTED = Counter(
+    "zapstream_sink_rejected_rows_total",
+    "Records of zapstream.invalid by what the sink did: invalid (job set INVALID), "
+    "settled (job not PENDING or unknown: left alone), command (a rejected command row), "
+    "no_job_id (cannot be tied to a job)",
+    ["result"],
+)
+POISON = Counter(
+    "zapstream_sink_poison_records_total",
+    "Records that did not decode, sent to zapstream.dead",
+    ["topic"],
+)
+RETRIES = Counter(
+    "zapstream_sink_retries_total", "Failed attempts retried during an outage", ["dependency"]
+)
+OUTAGE = Gauge(
+    "zapstream_sink_outage", "1 while the sink cannot reach a dependency", ["dependency"]
+)
+OUTAGE_SECONDS = Counter(
+    "zapstream_sink_outage_seconds_total",
+    "Seconds spent waiting out outages (added when each ends)",
+    ["dependency"],
+)

@@ -1,0 +1,371 @@
+"""The relay edge under faults, on real processes (PostgreSQL, Tansu, simulator, relay, worker).
+
+- a 2 MB malformed row is reduced onto ``zapstream.invalid`` and the rows after it flow;
+- rows written after ``db migrate`` but before the relay's first start are delivered;
+- rows written while the slot was dropped are delivered by ``outbox restream``;
+- PostgreSQL and Kafka each cut for 10 s through a TCP proxy mid-stream: nothing lost,
+  nothing sent twice, order kept, no process exits;
+- a relay with a missing database or a wrong password exits 2 with one line.
+
+Each fault test prints: sent, accepted, duplicates, order violations, lost.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import orjson
+import psycopg
+import pytest
+
+from connectors.outbox.migrate import migrate
+from devtools.delivery_audit import DeliveryReport
+from devtools.devstack import ManagedProcess, PostgresCluster
+from devtools.local_pipeline import REPO_ROOT, LocalPipeline
+from streams.contract import INTENTS, INVALID
+from tests.integration.support import (
+    Arrivals,
+    count_rows,
+    enqueue_conversations,
+    wait_for_status,
+    wait_until,
+)
+from tests.integration.topic_reader import read_topic
+
+pytestmark = pytest.mark.integration
+
+SLOT = "zapstream_outbox"
+CUT_S = 10.0
+
+
+@pytest.fixture(scope="module")
+def pipeline() -> Iterator[LocalPipeline]:
+    with LocalPipeline(partitions=4, proxied=True) as p:
+        p.start_worker()
+        yield p
+
+
+def _print_figures(what: str, sent: int, report: DeliveryReport) -> None:
+    print(
+        f"\n[{what}] sent={sent} accepted={report.accepted_unique} "
+        f"duplicates={report.duplicate_count} order_violations={len(report.order_violations)} "
+        f"lost={len(report.missing)}"
+    )
+
+
+def _zapstream(pipeline: LocalPipeline, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        **pipeline.env(),
+        "ZAPSTREAM_DATABASE_URL": pipeline.dsn,
+        "PYTHONPATH": str(REPO_ROOT),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "connectors.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def _slot_exists(dsn: str) -> bool:
+    return bool(
+        count_rows(dsn, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", (SLOT,))
+    )
+
+
+def _drop_slot(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+            "WHERE slot_name = %s",
+            (SLOT,),
+        )
+
+
+def _assert_all_running(pipeline: LocalPipeline, relay: ManagedProcess) -> None:
+    """The simulator, sink, worker and this test's relay are all still up."""
+    services = [p for p in pipeline.processes if p.name in ("gateway-sim", "sink", "worker")]
+    assert len(services) == 3, [p.name for p in pipeline.processes]
+    dead = [f"{p.name} (exit {p.returncode})" for p in [*services, relay] if not p.is_running]
+    assert not dead, f"processes exited: {dead}"
+
+
+def _stop_relay(relay: ManagedProcess) -> None:
+    assert relay.terminate(timeout_s=60) == 0, relay.log_tail()
+
+
+# --- 1. rows written after `db migrate`, before the relay's first start ------------------
+
+
+def test_rows_written_after_migrate_before_the_first_relay_are_delivered(
+    pipeline: LocalPipeline,
+) -> None:
+    # As a deployment would: the schema is there, no relay has ever run, no slot exists.
+    _drop_slot(pipeline.dsn)
+    assert not _slot_exists(pipeline.dsn)
+    migrated = _zapstream(pipeline, "db", "migrate")
+    assert migrated.returncode == 0, migrated.stderr
+    assert f"replication slot {SLOT}" in migrated.stdout
+    assert _slot_exists(pipeline.dsn)
+
+    keys = enqueue_conversations(
+        pipeline.dsn, uuid.uuid4().hex[:8], messages=2_000, conversations=40
+    )
+    relay = pipeline.start_relay("relay-late")
+    report = Arrivals(pipeline).wait_for(keys, timeout_s=240)
+    _print_figures("migrate-then-write", len(keys), report)
+    assert report.ok, report.summary()
+    wait_for_status(pipeline.dsn, keys, "ACCEPTED", 120)
+    _stop_relay(relay)
+
+
+# --- 2. a dropped slot, then `outbox restream` ---------------------------------------------
+
+
+def test_rows_written_while_the_slot_was_dropped_are_delivered_by_restream(
+    pipeline: LocalPipeline,
+) -> None:
+    _drop_slot(pipeline.dsn)  # an operator drops the slot while no relay runs
+    gap = enqueue_conversations(pipeline.dsn, uuid.uuid4().hex[:8], messages=300, conversations=15)
+    relay = pipeline.start_relay("relay-gap")  # recreates the slot at the current WAL
+    relay.wait_for_log(r"created replication slot .* 300 PENDING", timeout_s=30)
+    arrivals = Arrivals(pipeline)
+    after = enqueue_conversations(pipeline.dsn, uuid.uuid4().hex[:8], messages=30, conversations=3)
+    arrivals.wait_for(after, timeout_s=120)
+    wait_for_status(pipeline.dsn, after, "ACCEPTED", 120)
+    # The gap is real: the rows after it went through, the gap's rows did not.
+    pending_sql = (
+        "SELECT count(*) FROM outbox_jobs WHERE idempotency_key = ANY(%s) AND status = 'PENDING'"
+    )
+    assert count_rows(pipeline.dsn, pending_sql, (gap,)) == 300
+    gap_seen = {k for k in gap if any(k in str(m.get("text", "")) for m in arrivals.refresh())}
+    assert not gap_seen
+
+    dry = _zapstream(pipeline, "outbox", "restream", "--older-than", "0s", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert dry.stdout.startswith("300 PENDING jobs"), dry.stdout
+    done = _zapstream(pipeline, "outbox", "restream", "--older-than", "0s", "--by", "test")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("restreamed 300 "), done.stdout
+
+    report = arrivals.wait_for(after + gap, timeout_s=180)
+    _print_figures("slot-gap-restream", len(after + gap), report)
+    assert report.ok, report.summary()
+    wait_for_status(pipeline.dsn, gap, "ACCEPTED", 120)
+    # A second restream finds nothing: every job left PENDING.
+    again = _zapstream(pipeline, "outbox", "restream", "--older-than", "0s", "--dry-run")
+    assert again.stdout.startswith("0 PENDING"), again.stdout
+    _stop_relay(relay)
+
+
+# --- 3. a poison row -------------------------------------------------------------------------
+
+
+def test_a_2mb_malformed_row_is_reduced_and_the_50_rows_after_it_are_delivered(
+    pipeline: LocalPipeline,
+) -> None:
+    relay = pipeline.start_relay("relay-poison")
+    run = uuid.uuid4().hex[:8]
+    bad_key = f"poison-{run}"
+    # Valid JSON, but text far over 4096 characters: the relay rejects it with the row.
+    payload = {"type": "text", "to": "+5511987650000", "text": "x" * (2 * 1024 * 1024)}
+    with psycopg.connect(pipeline.dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "INSERT INTO outbox_jobs (instance_id, payload, idempotency_key) "
+            "VALUES (%s, %s::jsonb, %s) RETURNING id",
+            ("inst-00", orjson.dumps(payload).decode(), bad_key),
+        ).fetchone()
+    assert row is not None
+    bad_id = int(row[0])
+    keys = enqueue_conversations(pipeline.dsn, run, messages=50, conversations=5)
+    report = Arrivals(pipeline).wait_for(keys, timeout_s=120)
+    _print_figures("poison-row", len(keys), report)
+    assert report.ok, report.summary()
+    assert relay.is_running, relay.log_tail()
+
+    def rejected() -> list[dict[str, object]]:
+        records = read_topic(pipeline.kafka.bootstrap, INVALID)
+        found = [orjson.loads(r.value) for r in records]
+        return [r for r in found if r.get("job_id") == bad_id]
+
+    wait_until(lambda: bool(rejected()), 60, "the poison row on zapstream.invalid")
+    (record,) = rejected()
+    print(f"[poison-row] invalid record: {len(orjson.dumps(record))} bytes")
+    assert len(orjson.dumps(record)) < 512 * 1024
+    assert "4096" in str(record["reason"]) or "text" in str(record["reason"])
+    assert record["lsn"] not in (None, "0/0")
+    row_copy = record["row"]
+    assert isinstance(row_copy, dict)
+    assert "truncated" in str(row_copy.get("payload"))
+    assert row_copy.get("idempotency_key") == bad_key
+    # The state sink marks it INVALID with the reason (the sink's part of issue 7).
+    wait_until(
+        lambda: (
+            count_rows(
+                pipeline.dsn,
+                "SELECT count(*) FROM outbox_jobs WHERE id = %s AND status = 'INVALID'",
+                (bad_id,),
+            )
+            == 1
+        ),
+        60,
+        f"job {bad_id} INVALID in outbox_jobs",
+    )
+    _stop_relay(relay)
+
+
+# --- 4. PostgreSQL and Kafka cut mid-stream ---------------------------------------------------
+
+
+def test_postgres_and_kafka_cut_for_10s_mid_stream_lose_and_duplicate_nothing(
+    pipeline: LocalPipeline,
+) -> None:
+    assert pipeline.pg_proxy is not None and pipeline.kafka_proxy is not None
+    relay = pipeline.start_relay("relay-cuts")
+    run = uuid.uuid4().hex[:8]
+    committed = [0]
+
+    def pace(n: int) -> None:
+        committed[0] = n
+        time.sleep(0.1)  # a steady stream (~200 rows/s), so both cuts land mid-stream
+
+    keys: list[str] = []
+    writer = threading.Thread(
+        target=lambda: keys.extend(
+            enqueue_conversations(
+                pipeline.dsn,
+                run,
+                messages=6_000,
+                conversations=60,
+                per_transaction=20,
+                after_transaction=pace,
+            )
+        )
+    )
+    writer.start()
+    wait_until(lambda: committed[0] >= 800, 60, "800 rows committed")
+
+    pipeline.pg_proxy.cut()
+    print(f"[cuts] PostgreSQL cut at {committed[0]} committed")
+    time.sleep(CUT_S)  # the fault's duration, not a wait for an outcome
+    pipeline.pg_proxy.restore()
+    relay.wait_for_log(r"PostgreSQL available again", timeout_s=60)
+
+    resumed_at = committed[0]
+    wait_until(lambda: committed[0] >= resumed_at + 200, 120, "200 more rows committed")
+    pipeline.kafka_proxy.cut()
+    print(f"[cuts] Kafka cut at {committed[0]} committed")
+    time.sleep(CUT_S)
+    pipeline.kafka_proxy.restore()
+
+    writer.join(timeout=300)
+    assert len(keys) == 6_000
+    report = Arrivals(pipeline).wait_for(keys, timeout_s=300)
+    _print_figures("pg+kafka cuts", len(keys), report)
+    _assert_all_running(pipeline, relay)
+    assert report.duplicate_count == 0, f"sent twice: {list(report.duplicates)[:5]}"
+    assert report.order_violations == (), report.order_violations[:5]
+    assert report.accepted_unique == 6_000
+    wait_for_status(pipeline.dsn, keys, "ACCEPTED", 180)
+    _assert_all_running(pipeline, relay)
+    log = relay.log_path.read_text(errors="replace")
+    for line in log.splitlines():
+        if "unavailable" in line or "available again" in line:
+            print(f"[cuts] relay: {line}")
+    # One WARNING per outage, not one per attempt.
+    assert log.count("PostgreSQL unavailable") <= 2, log[-3000:]
+    _stop_relay(relay)
+
+
+def test_a_relay_started_while_kafka_is_away_waits_for_it(pipeline: LocalPipeline) -> None:
+    assert pipeline.kafka_proxy is not None
+    pipeline.kafka_proxy.cut()
+    try:
+        relay = pipeline.start_relay("relay-nokafka", wait=False)
+        # The start-up topic check (connectors.ops.topics) or the relay's producer start.
+        relay.wait_for_log(r"Kafka (unavailable|unreachable).*retrying", timeout_s=60)
+        assert relay.is_running, relay.log_tail()
+    finally:
+        pipeline.kafka_proxy.restore()
+    relay.wait_for_log(r"relay streaming", timeout_s=60)
+    assert len(re.findall(r"Kafka (unavailable|unreachable)", relay.log_tail(400))) == 1
+    keys = enqueue_conversations(pipeline.dsn, uuid.uuid4().hex[:8], messages=100, conversations=5)
+    report = Arrivals(pipeline).wait_for(keys, timeout_s=120)
+    _print_figures("relay-start-without-kafka", len(keys), report)
+    assert report.ok, report.summary()
+    _assert_all_running(pipeline, relay)
+    _stop_relay(relay)
+
+
+# --- 5. permanent failures -------------------------------------------------------------------
+
+
+def _relay_exits_2_with_one_line(pipeline: LocalPipeline, name: str, dsn: str) -> str:
+    relay = pipeline.start_relay(name, wait=False, env={"ZAPSTREAM_DATABASE_URL": dsn})
+    assert relay.wait(timeout_s=60) == 2, relay.log_tail()
+    output = relay.log_tail(200)
+    assert "Traceback" not in output, output
+    lines = [line for line in output.splitlines() if "relay cannot run" in line]
+    assert len(lines) == 1, output
+    if "wal_level" not in lines[0]:  # that one names postgresql.conf instead
+        assert "ZAPSTREAM_DATABASE_URL" in lines[0], lines[0]
+    assert "secret-pw" not in output
+    print(f"\n[{name}] {lines[0]}")
+    return lines[0]
+
+
+def test_a_relay_pointed_at_a_missing_database_exits_2_with_one_line(
+    pipeline: LocalPipeline,
+) -> None:
+    line = _relay_exits_2_with_one_line(
+        pipeline, "relay-nodb", f"postgresql://postgres@127.0.0.1:{pipeline.postgres.port}/nope"
+    )
+    assert "does not exist" in line
+
+
+def test_a_relay_with_a_wrong_password_exits_2_with_one_line(pipeline: LocalPipeline) -> None:
+    # The throwaway cluster trusts everyone: require a password for one role.
+    with psycopg.connect(pipeline.dsn, autocommit=True) as conn:
+        conn.execute("CREATE ROLE zs_app LOGIN REPLICATION PASSWORD 'right-pw'")
+    hba = pipeline.postgres.data_dir / "pg_hba.conf"
+    hba.write_text(
+        "host all zs_app 127.0.0.1/32 scram-sha-256\n"
+        "host replication zs_app 127.0.0.1/32 scram-sha-256\n" + hba.read_text()
+    )
+    with psycopg.connect(pipeline.dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_reload_conf()")
+    line = _relay_exits_2_with_one_line(
+        pipeline,
+        "relay-badpw",
+        f"postgresql://zs_app:secret-pw@127.0.0.1:{pipeline.postgres.port}/postgres",
+    )
+    assert "authentication" in line
+
+
+def test_a_relay_on_a_database_without_logical_wal_exits_2_with_one_line(
+    pipeline: LocalPipeline,
+) -> None:
+    with PostgresCluster(wal_level="replica") as replica:
+        migrate(replica.dsn())
+        line = _relay_exits_2_with_one_line(pipeline, "relay-replica", replica.dsn())
+    assert "set wal_level=logical in postgresql.conf and restart PostgreSQL" in line
+    assert "'replica'" in line
+
+
+# --- 6. the relay crash test's replay, made visible ---------------------------------------------
+
+
+def test_intents_topic_is_readable(pipeline: LocalPipeline) -> None:
+    """The helper the crash test relies on to count Kafka-level duplicates."""
+    records = read_topic(pipeline.kafka.bootstrap, INTENTS)
+    assert records, "zapstream.intents is empty after the tests above"

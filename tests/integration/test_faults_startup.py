@@ -1,0 +1,342 @@
+"""Start-up faults: `zapstream doctor`, topic checks before a worker/relay starts, config errors.
+
+Real processes only: PostgreSQL clusters (one with ``wal_level=replica``), a fresh
+Tansu per test where topics matter, the gateway simulator as a subprocess, and
+``python -m connectors.cli`` run as a subprocess with the environment an
+operator would set. A healthy baseline (doctor exits 0 with every line OK) keeps
+each fault test honest: exactly the broken check fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from connectors.ops.topics import ensure_topics, partition_counts
+from connectors.outbox.migrate import shipped_migrations
+from devtools.devstack import ManagedProcess, PostgresCluster, TansuBroker, find_free_port
+from streams.contract import INTENTS
+from streams.settings import KafkaSettings
+from tests.integration.support import wait_until
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+API_KEY = "doctor-test-key"
+PARTITIONS = 8
+
+
+@pytest.fixture(scope="module")
+def sim_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The gateway simulator as a subprocess (the CLI runs synchronously beside it)."""
+    port = find_free_port()
+    log_path = tmp_path_factory.mktemp("sim") / "sim.log"
+    proc = ManagedProcess(
+        [sys.executable, "-m", "devtools.gateway_sim", "--port", str(port), "--api-key", API_KEY],
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        log_path=log_path,
+        name="gateway-sim",
+    )
+    with proc:
+        wait_until(lambda: _port_open(port), 20, "the gateway simulator to listen")
+        yield f"http://127.0.0.1:{port}"
+
+
+def _port_open(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def logical_pg() -> Iterator[PostgresCluster]:
+    with PostgresCluster() as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def replica_pg() -> Iterator[PostgresCluster]:
+    with PostgresCluster(wal_level="replica") as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def tansu() -> Iterator[TansuBroker]:
+    """A fresh broker per test: the topic state is what each test is about."""
+    with TansuBroker() as broker:
+        yield broker
+
+
+_db_counter = 0
+
+
+def fresh_db(cluster: PostgresCluster) -> str:
+    global _db_counter
+    _db_counter += 1
+    return cluster.create_database(f"startup_{_db_counter}")
+
+
+def base_env(dsn: str, bootstrap: str, sim_url: str, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("ZAPSTREAM_")}
+    env.update(
+        {
+            "PYTHONPATH": str(REPO_ROOT),
+            "ZAPSTREAM_DATABASE_URL": dsn,
+            # Slots are per cluster: one per test database.
+            "ZAPSTREAM_RELAY_SLOT": "slot_" + dsn.rsplit("/", 1)[-1],
+            "ZAPSTREAM_KAFKA_BROKERS": bootstrap,
+            "ZAPSTREAM_KAFKA_FLAVOR": "tansu",
+            "ZAPSTREAM_KAFKA_PARTITIONS": str(PARTITIONS),
+            "ZAPSTREAM_GATEWAY": "stackzap",
+            "STACKZAP_API_URL": sim_url,
+            "STACKZAP_API_KEY": API_KEY,
+        }
+    )
+    env.update(extra)
+    return env
+
+
+def zapstream(args: list[str], env: dict[str, str], timeout_s: float = 90) -> tuple[int, str, str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "connectors.cli", "--log-level", "warning", *args],
+        env=env,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+    print(f"$ zapstream {' '.join(args)} -> exit {proc.returncode}")
+    print(proc.stdout.rstrip())
+    print(proc.stderr.rstrip())
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def failed_checks(stdout: str) -> list[str]:
+    return [line for line in lines(stdout) if line.startswith("FAIL")]
+
+
+def topics_of(bootstrap: str) -> dict[str, int]:
+    return asyncio.run(partition_counts(KafkaSettings(brokers=bootstrap)))
+
+
+def create_topic(bootstrap: str, name: str, partitions: int) -> None:
+    async def run() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic(name, partitions, 1)])
+        finally:
+            await admin.close()
+
+    asyncio.run(run())
+
+
+def healthy(cluster: PostgresCluster, tansu: TansuBroker, sim_url: str) -> dict[str, str]:
+    """A database migrated with its slot, and every topic: what `make dev` sets up."""
+    env = base_env(fresh_db(cluster), tansu.bootstrap, sim_url)
+    assert zapstream(["db", "migrate"], env)[0] == 0
+    assert zapstream(["topics", "ensure"], env)[0] == 0
+    return env
+
+
+# --- doctor ----------------------------------------------------------------------------------
+
+
+def test_doctor_all_ok_on_a_healthy_setup(
+    logical_pg: PostgresCluster, tansu: TansuBroker, sim_url: str
+) -> None:
+    env = healthy(logical_pg, tansu, sim_url)
+    code, out, _ = zapstream(["doctor"], env)
+    checks = [line for line in lines(out) if not line.startswith("zapstream doctor:")]
+    assert code == 0, out
+    names = {line.split()[1].rstrip(":") for line in checks}
+    expected = {"postgres", "wal_level", "migrations", "publication", "slot", "kafka", "topics"}
+    assert expected | {"gateway"} == names
+    assert all(line.startswith("OK") for line in checks), checks
+
+    code, out, _ = zapstream(["doctor", "--json"], env)
+    report = json.loads(out)
+    print(f"checks={len(report['checks'])} ok={report['ok']}")
+    assert code == 0 and report["ok"] is True
+
+
+def test_doctor_names_rejected_gateway_credentials(
+    logical_pg: PostgresCluster, tansu: TansuBroker, sim_url: str
+) -> None:
+    env = {**healthy(logical_pg, tansu, sim_url), "STACKZAP_API_KEY": "wrong"}
+    code, out, _ = zapstream(["doctor"], env)
+    failed = failed_checks(out)
+    assert code == 1
+    assert len(failed) == 1 and "gateway" in failed[0] and "STACKZAP_API_KEY" in failed[0]
+    assert "wrong" not in out
+
+
+def test_doctor_diagnoses_wal_level_replica(
+    replica_pg: PostgresCluster, tansu: TansuBroker, sim_url: str
+) -> None:
+    env = base_env(fresh_db(replica_pg), tansu.bootstrap, sim_url)
+    assert zapstream(["db", "migrate", "--no-slot"], env)[0] == 0
+    assert zapstream(["topics", "ensure"], env)[0] == 0
+    code, out, _ = zapstream(["doctor"], env)
+    wal = [line for line in failed_checks(out) if line.startswith("FAIL wal_level")]
+    assert code == 1
+    assert len(wal) == 1
+    assert "'replica'" in wal[0] and "wal_level=logical" in wal[0]
+
+
+def test_doctor_names_a_missing_migration(
+    logical_pg: PostgresCluster, tansu: TansuBroker, sim_url: str
+) -> None:
+    env = healthy(logical_pg, tansu, sim_url)
+    last = shipped_migrations()[-1]
+    with psycopg.connect(env["ZAPSTREAM_DATABASE_URL"], autocommit=True) as conn:
+        conn.execute("DELETE FROM schema_migrations WHERE version = %s", (last.version,))
+    code, out, _ = zapstream(["doctor"], env)
+    failed = failed_checks(out)
+    assert code == 1
+    assert len(failed) == 1, failed
+    assert f"{last.version:04d}_{last.name}" in failed[0]
+    assert "zapstream db migrate" in failed[0]
+
+
+# --- topics checked before a worker or relay starts ------------------------------------------
+
+
+def test_wrong_partition_count_refused_by_doctor_worker_and_relay(
+    logical_pg: PostgresCluster, tansu: TansuBroker, sim_url: str
+) -> None:
+    env = base_env(fresh_db(logical_pg), tansu.bootstrap, sim_url)
+    assert zapstream(["db", "migrate"], env)[0] == 0
+    create_topic(tansu.bootstrap, INTENTS, 4)  # as Tansu's auto-creation would have
+
+    code, out, _ = zapstream(["doctor"], env)
+    mismatch = [line for line in failed_checks(out) if "zapstream.intents has 4 partitions" in line]
+    assert code == 1 and len(mismatch) == 1
+
+    for command in ("worker", "relay"):
+        code, _, err = zapstream([command], env, timeout_s=60)
+        assert code == 2, command
+        assert len(lines(err)) == 1, err
+        assert "topic zapstream.intents has 4 partitions" in err
+        assert f"ZAPSTREAM_KAFKA_PARTITIONS says {PARTITIONS}" in err
+
+    after = topics_of(tansu.bootstrap)
+    print(f"topics after the refused starts: {after}")
+    assert after == {INTENTS: 4}, "the checks must not create (auto-create) any topic"
+
+
+def test_services_refuse_missing_topics_without_creating_them(
+    logical_pg: PostgresCluster, tansu: TansuBroker, sim_url: str
+) -> None:
+    env = base_env(fresh_db(logical_pg), tansu.bootstrap, sim_url)
+    for command in ("worker", "relay", "sink", "webhook"):
+        code, _, err = zapstream([command], env, timeout_s=60)
+        assert code == 2, command
+        assert len(lines(err)) == 1, err
+        assert "does not exist: run `zapstream topics ensure`" in err
+    after = topics_of(tansu.bootstrap)
+    print(f"topics after the refused starts: {after}")
+    assert not any(name.startswith("zapstream.") for name in after), after
+
+
+# --- configuration errors --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["worker", "relay", "sink", "webhook", "doctor"])
+def test_misspelt_variable_is_named_with_a_suggestion(command: str) -> None:
+    env = base_env("postgresql://postgres@127.0.0.1:1/x", "127.0.0.1:1", "http://127.0.0.1:1")
+    env["ZAPSTREAM_WORKER_MAX_INFLIGHT"] = "3"
+    code, out, err = zapstream([command], env, timeout_s=60)
+    assert code == 2
+    assert lines(err) == [
+        "zapstream: ZAPSTREAM_WORKER_MAX_INFLIGHT: unknown variable, no zapstream setting reads "
+        "it (did you mean ZAPSTREAM_WORKER_MAX_IN_FLIGHT?)"
+    ]
+    assert out == ""
+
+
+@pytest.mark.parametrize(
+    ("command", "name", "value", "expected"),
+    [
+        ("worker", "ZAPSTREAM_KAFKA_PARTITIONS", "0", "ZAPSTREAM_KAFKA_PARTITIONS: must be >= 1"),
+        (
+            "relay",
+            "ZAPSTREAM_RELAY_MAX_IN_FLIGHT",
+            "many",
+            "ZAPSTREAM_RELAY_MAX_IN_FLIGHT: must be",
+        ),
+        ("worker", "ZAPSTREAM_GATEWAY", "whatsapp", "ZAPSTREAM_GATEWAY: must be 'stackzap' or"),
+        (
+            "worker",
+            "ZAPSTREAM_WORKER_RETRY_SCHEDULE_S",
+            "[1,",
+            "ZAPSTREAM_WORKER_RETRY_SCHEDULE_S: not valid JSON",
+        ),
+    ],
+)
+def test_invalid_value_is_one_line_naming_the_variable(
+    command: str, name: str, value: str, expected: str
+) -> None:
+    env = base_env("postgresql://postgres@127.0.0.1:1/x", "127.0.0.1:1", "http://127.0.0.1:1")
+    env[name] = value
+    code, _, err = zapstream([command], env, timeout_s=60)
+    assert code == 2
+    assert len(lines(err)) == 1, err
+    assert lines(err)[0].startswith(f"zapstream: {expected}"), err
+
+
+def test_unreachable_database_is_one_line_without_the_password() -> None:
+    """A one-shot command (db migrate) cannot wait: one line naming the setting, exit 2."""
+    closed = find_free_port()
+    dsn = f"postgresql://app:s3cr3t-pw@127.0.0.1:{closed}/zapstream"
+    env = base_env(dsn, f"127.0.0.1:{closed}", "http://127.0.0.1:1")
+
+    code, _, err = zapstream(["db", "migrate"], env, timeout_s=60)
+    assert code == 2
+    assert len(lines(err)) == 1, err
+    assert "ZAPSTREAM_DATABASE_URL" in err and "s3cr3t-pw" not in err
+
+
+def test_a_service_waits_out_a_broker_that_is_not_up_yet(
+    logical_pg: PostgresCluster, tmp_path: Path
+) -> None:
+    """Kafka down at start is transient: the worker logs it once, waits, and starts on it."""
+    port = find_free_port()
+    sim_port = find_free_port()
+    env = base_env(fresh_db(logical_pg), f"127.0.0.1:{port}", f"http://127.0.0.1:{sim_port}")
+    env["ZAPSTREAM_WORKER_WEB_PORT"] = str(find_free_port())
+    env["ZAPSTREAM_WORKER_DATA_DIR"] = str(tmp_path / "worker")
+    env["ZAPSTREAM_KAFKA_SESSION_TIMEOUT_S"] = "6"
+    env["ZAPSTREAM_KAFKA_HEARTBEAT_INTERVAL_S"] = "1"
+    worker = ManagedProcess(
+        [sys.executable, "-m", "connectors.cli", "worker"],
+        env=env,
+        log_path=tmp_path / "worker.log",
+        name="worker",
+    )
+    with worker:  # starts it
+        worker.wait_for_log(r"Kafka unreachable at .*ZAPSTREAM_KAFKA_BROKERS", timeout_s=60)
+        with TansuBroker(port=port) as broker:
+            asyncio.run(
+                ensure_topics(KafkaSettings(brokers=broker.bootstrap, partitions=PARTITIONS))
+            )
+            worker.wait_for_log(r"Kafka reachable again after", timeout_s=60)
+            worker.wait_for_log(r"\[\^Worker\]: Ready", timeout_s=120)
+            assert worker.is_running
+        text = (tmp_path / "worker.log").read_text()
+        assert text.count("Kafka unreachable") == 1, text[-3000:]

@@ -1,0 +1,59 @@
+"""Read a whole Kafka topic from the start, for assertions on what the relay produced."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TopicRecord:
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes
+    headers: dict[str, bytes]
+
+
+async def _read(bootstrap: str, topic: str, timeout_s: float) -> list[TopicRecord]:
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        fetch_max_bytes=8 * 1024 * 1024,
+        max_partition_fetch_bytes=8 * 1024 * 1024,
+    )
+    await consumer.start()
+    try:
+        partitions = [
+            TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())
+        ]
+        if not partitions:
+            await consumer.client.force_metadata_update()
+            partitions = [
+                TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())
+            ]
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        ends = await consumer.end_offsets(partitions)
+        out: list[TopicRecord] = []
+        async with asyncio.timeout(timeout_s):
+            while [tp for tp, end in ends.items() if await consumer.position(tp) < end]:
+                batch = await consumer.getmany(timeout_ms=500)
+                for tp, messages in batch.items():
+                    for m in messages:
+                        out.append(
+                            TopicRecord(
+                                tp.partition, m.offset, m.key, m.value or b"", dict(m.headers)
+                            )
+                        )
+        return out
+    finally:
+        await consumer.stop()
+
+
+def read_topic(bootstrap: str, topic: str, timeout_s: float = 60.0) -> list[TopicRecord]:
+    """Every record of ``topic`` that exists now, across partitions."""
+    return asyncio.run(_read(bootstrap, topic, timeout_s))
