@@ -12,7 +12,7 @@ Gateway endpoints (``X-API-Key`` / ``Authorization: Bearer`` checked when config
 - ``POST /v1/instances/{i}/send-queue/text`` (StackZap send) -> 201 ``{"id", "status"}``
 - ``GET  /v1/instances/{i}/send-queue?page=&page_size=&status=&reference=&since=``
   (StackZap listing): ``reference`` (repeatable) keeps the jobs sent with one of
-  those ``Idempotency-Key`` values, ``since`` (ISO 8601 or epoch seconds) the jobs
+  those ``Idempotency-Key`` values (ignored under ``hide_references``), ``since`` (ISO 8601 or epoch seconds) the jobs
   that arrived at or after it; the keys of the answer are renamed by
   ``listing_fields`` (e.g. ``{"items": "jobs", "reference": "ref"}``) to imitate
   a gateway that words its listing differently
@@ -734,7 +734,9 @@ class GatewaySimulator:
         if label is not None:
             jobs = [j for j in jobs if j.status == label]
         references = set(request.query.getall("reference", []))
-        if references:
+        # A gateway that hides references does not know them either: it cannot filter
+        # by them, and ignores the parameter (the caller must match by content).
+        if references and not self._config.hide_references:
             jobs = [j for j in jobs if j.reference in references]
         if isinstance(since, float):
             jobs = [j for j in jobs if j.arrived_at >= since]
