@@ -1,4 +1,4 @@
-"""The state sink's PostgreSQL and Kafka failures, classified once, and how it waits them out.
+"""The state sink's PostgreSQL and Kafka failures, classified once (shared: connectors.failures).
 
 Every error the sink meets at its edges goes through :func:`classify`:
 
@@ -29,41 +29,34 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
-import random
-import re
-import time
 
 import psycopg
 from aiokafka import errors as kafka_errors
 
+from connectors.failures import (
+    DATABASE_SETTING,
+    MIGRATE,
+    PERMANENT_SQLSTATES,
+    Backoff,
+    OutageLog,
+    one_line,
+)
+from connectors.failures import classify_postgres as _classify
 from connectors.ops.config_errors import StartupRefused
 from connectors.sink import metrics
 
-DATABASE_SETTING = "ZAPSTREAM_DATABASE_URL"
+__all__ = ["Backoff", "Failure", "Outage", "SinkConfigError", "Verdict", "classify"]
+
 KAFKA_SETTING = "ZAPSTREAM_KAFKA_BROKERS"
-MIGRATE = "run `zapstream db migrate`"
 
-TRANSIENT_SQLSTATE_CLASSES = frozenset({"08", "40", "53", "57", "58"})
-
-_PERMANENT_SQLSTATES: dict[str, str] = {
-    "28": f"PostgreSQL refused the credentials: check the user and password in {DATABASE_SETTING}",
-    "3D000": f"the database does not exist: check the database name in {DATABASE_SETTING}",
-    "42P01": f"the outbox tables do not exist in this database: {MIGRATE}",
+_SINK_SQLSTATES: dict[str, str] = {
+    **PERMANENT_SQLSTATES,
     "42703": f"the outbox schema is older than this sink: {MIGRATE}",
     "42501": (
         f"the user in {DATABASE_SETTING} may not write outbox_jobs/outbox_job_events: "
         "GRANT SELECT, UPDATE ON outbox_jobs and INSERT ON outbox_job_events to it"
     ),
 }
-
-# libpq's connection failures carry only the server's message.
-_PERMANENT_MESSAGES: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"password authentication failed|authentication failed", re.I), "28"),
-    (re.compile(r"no pg_hba\.conf entry", re.I), "28"),
-    (re.compile(r'role "[^"]*" does not exist', re.I), "28"),
-    (re.compile(r"password is required|no password supplied", re.I), "28"),
-    (re.compile(r'database "[^"]*" does not exist', re.I), "3D000"),
-)
 
 _REBALANCED = (
     kafka_errors.CommitFailedError,
@@ -112,30 +105,18 @@ class SinkConfigError(StartupRefused):
         self.problem = problem
 
 
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
-
-
 def classify_postgres(sqlstate: str | None, message: str) -> Failure:
     """Transient or permanent, from the SQLSTATE and (without one) libpq's message."""
-    detail = _one_line(message)
-    code = sqlstate
-    if code is None:
-        for pattern, found in _PERMANENT_MESSAGES:
-            if pattern.search(detail):
-                code = found
-                break
-    if code is None:
-        # No SQLSTATE, no known permanent message: the connection failed (refused,
-        # closed by the server, timed out, name not resolved); it may come back.
-        return Failure(Verdict.TRANSIENT, "postgres", detail)
-    hint = _PERMANENT_SQLSTATES.get(code) or _PERMANENT_SQLSTATES.get(code[:2])
-    if hint is not None:
-        return Failure(Verdict.PERMANENT, "postgres", f"{hint} ({detail})")
-    if code[:2] in TRANSIENT_SQLSTATE_CLASSES:
-        return Failure(Verdict.TRANSIENT, "postgres", f"{detail} (SQLSTATE {code})")
+    verdict = _classify(sqlstate, message, hints=_SINK_SQLSTATES)
+    if verdict.hint is not None:
+        return Failure(Verdict.PERMANENT, "postgres", f"{verdict.hint} ({verdict.detail})")
+    if verdict.retriable:
+        where = f" (SQLSTATE {verdict.code})" if verdict.code else ""
+        return Failure(Verdict.TRANSIENT, "postgres", verdict.detail + where)
     return Failure(
-        Verdict.PERMANENT, "postgres", f"PostgreSQL refused the sink's write: {detail} ({code})"
+        Verdict.PERMANENT,
+        "postgres",
+        f"PostgreSQL refused the sink's write: {verdict.detail} ({verdict.code})",
     )
 
 
@@ -148,9 +129,9 @@ def classify(exc: BaseException) -> Failure | None:
             return None
         return classify_postgres(sqlstate, str(exc))
     if isinstance(exc, _REBALANCED):
-        return Failure(Verdict.REBALANCED, "kafka", _one_line(str(exc)) or type(exc).__name__)
+        return Failure(Verdict.REBALANCED, "kafka", one_line(str(exc)) or type(exc).__name__)
     if isinstance(exc, kafka_errors.KafkaError):
-        detail = _one_line(str(exc)) or type(exc).__name__
+        detail = one_line(str(exc)) or type(exc).__name__
         if isinstance(exc, _KAFKA_PERMANENT):
             return Failure(
                 Verdict.PERMANENT,
@@ -161,76 +142,24 @@ def classify(exc: BaseException) -> Failure | None:
             return Failure(Verdict.TRANSIENT, "kafka", detail)
         return Failure(Verdict.PERMANENT, "kafka", f"Kafka error: {detail} (check {KAFKA_SETTING})")
     if isinstance(exc, ConnectionError | TimeoutError):
-        return Failure(Verdict.TRANSIENT, "kafka", _one_line(str(exc)) or type(exc).__name__)
+        return Failure(Verdict.TRANSIENT, "kafka", one_line(str(exc)) or type(exc).__name__)
     return None
 
 
-@dataclasses.dataclass(slots=True)
-class Backoff:
-    """Capped exponential backoff with jitter: ``initial_s`` doubling up to ``max_s``."""
-
-    initial_s: float = 0.5
-    max_s: float = 10.0
-    rng: random.Random = dataclasses.field(default_factory=random.Random)
-    _next_s: float = 0.0
-
-    def __post_init__(self) -> None:
-        self._next_s = self.initial_s
-
-    def next_delay_s(self) -> float:
-        """The wait before the next attempt: uniform in [cap/2, cap], then the cap doubles."""
-        cap = self._next_s
-        self._next_s = min(self.max_s, self._next_s * 2)
-        return self.rng.uniform(cap / 2, cap)
-
-    def reset(self) -> None:
-        self._next_s = self.initial_s
-
-
-class Outage:
-    """One dependency's outage: a WARNING when it starts, an INFO when it ends, metrics between.
-
-    Call :meth:`failed` on every failed attempt and :meth:`recovered` after every
-    success; only the first failure and the recovery are logged.
-    """
+class Outage(OutageLog):
+    """One dependency's outage, logged once each way, with the sink's metrics kept between."""
 
     def __init__(self, dependency: str, logger: logging.Logger) -> None:
-        self.dependency = dependency
-        self._log = logger
-        self._since: float | None = None
-        self.attempts = 0
-        self.outages = 0
-
-    @property
-    def ongoing(self) -> bool:
-        return self._since is not None
-
-    def failed(self, problem: str, delay_s: float) -> None:
-        metrics.RETRIES.labels(self.dependency).inc()
-        self.attempts += 1
-        if self._since is None:
-            self._since = time.monotonic()
-            self.outages += 1
-            metrics.OUTAGE.labels(self.dependency).set(1)
-            self._log.warning(
-                "%s unavailable, retrying the same batch with backoff (offsets not committed; "
-                "next try in %.1fs): %s",
-                self.dependency,
-                delay_s,
-                problem,
-            )
-
-    def recovered(self) -> None:
-        if self._since is None:
-            return
-        duration = time.monotonic() - self._since
-        metrics.OUTAGE.labels(self.dependency).set(0)
-        metrics.OUTAGE_SECONDS.labels(self.dependency).inc(duration)
-        self._log.info(
-            "%s back after %.1fs and %d failed attempts; the sink goes on",
-            self.dependency,
-            duration,
-            self.attempts,
+        super().__init__(
+            dependency,
+            logger,
+            retrying="retrying the same batch with backoff (offsets not committed)",
+            on_failed=metrics.RETRIES.labels(dependency).inc,
+            on_start=lambda: metrics.OUTAGE.labels(dependency).set(1),
+            on_end=lambda took: self._ended(took),
         )
-        self._since = None
-        self.attempts = 0
+        self.dependency = dependency
+
+    def _ended(self, took: float) -> None:
+        metrics.OUTAGE.labels(self.dependency).set(0)
+        metrics.OUTAGE_SECONDS.labels(self.dependency).inc(took)

@@ -44,15 +44,9 @@ import psycopg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
 from aiokafka.errors import KafkaError
 
+from connectors.failures import MIGRATE, Backoff
 from connectors.sink import metrics
-from connectors.sink.failures import (
-    MIGRATE,
-    Backoff,
-    Outage,
-    SinkConfigError,
-    Verdict,
-    classify,
-)
+from connectors.sink.failures import Outage, SinkConfigError, Verdict, classify
 from connectors.sink.settings import SinkSettings
 from streams.contract import (
     DEAD,

@@ -95,11 +95,13 @@ def test_postgres_outage_is_waited_out_and_every_job_is_written_back(stack: _Sta
     keys = before + during
     wait_for_status(pipeline.dsn, keys, "ACCEPTED", 60)
     caught_up_s = time.monotonic() - restored_at
-    sink.wait_for_log(r"INFO .*postgres back after", timeout_s=30)
+    sink.wait_for_log(r"INFO .*postgres available again after", timeout_s=30)
     report = arrivals.wait_for(keys, 30)
     log = _log(sink)
     warnings = re.findall(r"WARNING .*postgres unavailable", log)
-    recovered = re.findall(r"postgres back after ([0-9.]+)s and (\d+) failed attempts", log)
+    recovered = re.findall(
+        r"postgres available again after ([0-9.]+)s and (\d+) failed attempts", log
+    )
     outage_s = _metric(
         stack.metrics_port, 'zapstream_sink_outage_seconds_total{dependency="postgres"}'
     )

@@ -50,9 +50,9 @@ CLOSED = "consuming input failed: server closed the connection unexpectedly"
         (
             psycopg.OperationalError('FATAL:  role "ghost" does not exist'),
             Verdict.PERMANENT,
-            "credentials",
+            "user and password",
         ),
-        (pg_errors.InvalidPassword("bad"), Verdict.PERMANENT, "credentials"),
+        (pg_errors.InvalidPassword("bad"), Verdict.PERMANENT, "user and password"),
         (pg_errors.InvalidCatalogName("no db"), Verdict.PERMANENT, "database does not exist"),
         (
             pg_errors.UndefinedTable('relation "outbox_jobs" does not exist'),
@@ -139,5 +139,5 @@ def test_outage_logs_once_when_it_starts_and_once_when_it_ends(
     assert [level for level, _ in records] == ["WARNING", "INFO"], records
     assert "postgres unavailable" in records[0][1] and "connection refused" in records[0][1]
     assert "offsets not committed" in records[0][1]
-    assert "back after" in records[1][1] and "5 failed attempts" in records[1][1]
+    assert "available again after" in records[1][1] and "5 failed attempts" in records[1][1]
     assert not outage.ongoing and outage.outages == 1

@@ -55,8 +55,10 @@ async def test_transient_failures_are_retried_and_logged_once_per_outage(
         ("WARNING", messages[2][1]),
     ]
     assert "postgres unavailable" in messages[0][1]
-    assert "postgres back after" in messages[1][1] and "4 failed attempts" in messages[1][1]
-    assert "kafka unavailable" in messages[2][1] and "kafka back after" in messages[3][1]
+    assert (
+        "postgres available again after" in messages[1][1] and "4 failed attempts" in messages[1][1]
+    )
+    assert "kafka unavailable" in messages[2][1] and "kafka available again after" in messages[3][1]
     assert sink.outages == {"postgres": 1, "kafka": 1}
 
 
