@@ -39,6 +39,8 @@ lint: setup
 	$(BIN)/ruff check streams connectors devtools tests
 	$(BIN)/mypy
 
+# Figures next to their comparisons, as a table and as JSON in bench/results/ (see
+# bench/README.md); under 15 minutes. ARGS="--only relay", "--relay-rows 50000", "--strict".
 bench: setup
 	$(BIN)/python -m devtools.bench $(ARGS)
 

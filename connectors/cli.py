@@ -173,12 +173,17 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     import faust
 
     from connectors.gateways.factory import build_gateway
+    from connectors.outbox.job_history import PostgresJobHistory
     from streams.worker import build_worker_app
     from streams.worker_settings import WorkerSettings
 
     settings = WorkerSettings()
     _require_topics(settings.kafka, "worker")
-    app, _ = build_worker_app(settings, build_gateway(settings.gateway))
+    app, _ = build_worker_app(
+        settings,
+        build_gateway(settings.gateway),
+        history=PostgresJobHistory(settings.postgres),
+    )
     worker = faust.Worker(app, loglevel=args.log_level, quiet=True)
     worker.execute_from_commandline()
     return 0

@@ -12,10 +12,10 @@ Gateway endpoints (``X-API-Key`` / ``Authorization: Bearer`` checked when config
 - ``POST /v1/instances/{i}/send-queue/text`` (StackZap send) -> 201 ``{"id", "status"}``
 - ``GET  /v1/instances/{i}/send-queue?page=&page_size=&status=&reference=&since=``
   (StackZap listing): ``reference`` (repeatable) keeps the jobs sent with one of
-  those ``Idempotency-Key`` values (ignored under ``hide_references``), ``since`` (ISO 8601 or epoch seconds) the jobs
-  that arrived at or after it; the keys of the answer are renamed by
-  ``listing_fields`` (e.g. ``{"items": "jobs", "reference": "ref"}``) to imitate
-  a gateway that words its listing differently
+  those ``Idempotency-Key`` values (ignored under ``hide_references``), ``since``
+  (ISO 8601 or epoch seconds) the jobs that arrived at or after it; the keys of
+  the answer are renamed by ``listing_fields`` (e.g. ``{"items": "jobs",
+  "reference": "ref"}``) to imitate a gateway that words its listing differently
 - ``POST /v1/instances/{i}/send-queue/{id}/cancel`` -> ``{"id", "status": "cancelled"}``
   while the job is not yet sent (again on an already-cancelled job), 409 once sent
 - ``POST /v1/instances/{i}/messages`` (ZAP API send) -> 200 ``{"id", "status"}``

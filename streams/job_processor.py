@@ -10,7 +10,8 @@ conversation durably (see :mod:`streams.parking`).
 An intent, step by step:
 
 1. The job is settled (sent, failed, dead, expired, cancelled, uncertain,
-   review): a redelivery. Nothing is sent.
+   review): a redelivery. Nothing is sent. The job is unknown and its intent is
+   older than the dedup horizon: PostgreSQL decides (:mod:`streams.job_history`).
 2. The job is ATTEMPTING: a previous owner may have sent it and died before the
    outcome was recorded. Reconcile (:mod:`streams.reconcile`) before any resend.
 3. Before each attempt: expired means EXPIRED, never sent.
@@ -59,6 +60,7 @@ from streams.errors import (
 )
 from streams.failure_log import FailureLog
 from streams.instance_pauses import InstancePauses
+from streams.job_history import LateRedeliveries, LateVerdict
 from streams.metrics import RECEIPTS_IGNORED
 from streams.ports import CancelOutcome, Gateway, ListedJob, SendAccepted, TextMessage
 from streams.receipts import ignored_because, remember_event
@@ -199,8 +201,11 @@ class JobProcessor:
         rng: random.Random | None = None,
         pauses: InstancePauses | None = None,
         failures: FailureLog | None = None,
+        late: LateRedeliveries | None = None,
     ) -> None:
         self.gateway = gateway
+        self.late = late
+        """Checks intents for jobs the table forgot (None: the table never forgets)."""
         self.pauses = pauses or InstancePauses()
         self.failures = failures or FailureLog()
         self.store = store
@@ -254,6 +259,13 @@ class JobProcessor:
             )
         elif current is not None and S(current.status) in SETTLED:
             return Done(None)
+        elif current is None and self.late is not None:
+            # Unknown job: new, or a late redelivery of one the dedup horizon forgot.
+            verdict = await self.late.check(intent, self.now())
+            if verdict is LateVerdict.DUPLICATE:
+                return Done(None)
+            if verdict is LateVerdict.LATER:
+                return Park(self.late.retry_at(self._ts()), None)
 
         if not probe and reprocess is None and self.pauses.paused(intent.instance_id):
             # Nothing goes to a refused instance; the job waits for the probe, unchanged.

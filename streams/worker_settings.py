@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from streams.settings import GatewaySettings, KafkaSettings, SettingsBase
+from streams.settings import GatewaySettings, KafkaSettings, PostgresSettings, SettingsBase
 
 
 class WorkerSettings(SettingsBase):
@@ -35,6 +35,21 @@ class WorkerSettings(SettingsBase):
     failure_summary_interval_s: float = Field(default=300.0, gt=0)
     """While a gateway failure class lasts, at most one summary line per instance this often."""
     commit_interval_s: float = Field(default=1.0, gt=0)
+    dedup_horizon_s: float = Field(default=604800.0, ge=0)
+    """A settled job leaves the ``jobs`` table (and, by a tombstone, ``zapstream.state``)
+    this long after its last change (default 7 days); 0 keeps every job forever. An intent
+    for a forgotten job is checked against ``outbox_jobs`` (``ZAPSTREAM_DATABASE_URL``)."""
+    dedup_margin_s: float = Field(default=3600.0, ge=0)
+    """Intents younger than ``dedup_horizon_s`` minus this are new without a lookup; the
+    margin covers clock skew between PostgreSQL and the worker."""
+    dedup_scan_interval_s: float = Field(default=1.0, gt=0)
+    """How often the horizon timer scans the next keys of the ``jobs`` table."""
+    dedup_scan_keys: int = Field(default=10_000, ge=1)
+    """Keys looked at per scan (about 1.5 µs each): the sweep must outpace new jobs."""
+    dedup_lookup_retry_s: float = Field(default=10.0, gt=0)
+    """While ``outbox_jobs`` cannot be asked, a late intent's conversation waits this long."""
 
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
+    postgres: PostgresSettings = Field(default_factory=PostgresSettings)
+    """Only for late redeliveries (connected on first use)."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 from collections.abc import Mapping
 
 import orjson
@@ -40,6 +41,13 @@ def _timestamp(value: str | None) -> str | None:
     """PostgreSQL's timestamptz text (``2026-11-29 15:52:57.1+00``) as ISO 8601."""
     if value is None:
         return None
+    return _iso_timestamp(value)
+
+
+@functools.lru_cache(maxsize=1024)
+def _iso_timestamp(value: str) -> str:
+    # Cached: the rows of one transaction usually share created_at (now() is the
+    # transaction's start), so most rows skip the parse. A _Reject is not cached.
     text = value.strip()
     # Python wants "+00:00" where PostgreSQL may print "+00".
     if len(text) >= 3 and text[-3] in "+-" and text[-2:].isdigit():
@@ -48,6 +56,25 @@ def _timestamp(value: str | None) -> str | None:
         return dt.datetime.fromisoformat(text).isoformat()
     except ValueError as exc:
         raise _Reject(f"unreadable timestamp {value!r}") from exc
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_recipient(value: str) -> str:
+    return check_recipient(value)
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_priority(value: str) -> Priority:
+    return check_priority(value)
+
+
+def _recipient(value: object) -> str:
+    # Cached per text (conversations repeat); a violation is raised again, never cached.
+    return _cached_recipient(value) if type(value) is str else check_recipient(value)
+
+
+def _priority(value: object) -> Priority:
+    return _cached_priority(value) if type(value) is str else check_priority(value)
 
 
 def _required(row: Mapping[str, str | None], column: str) -> str:
@@ -77,10 +104,10 @@ def row_to_record(
         if not isinstance(payload, dict):
             raise _Reject(f"payload is a JSON {type(payload).__name__}, not an object")
         kind = check_message_type(payload.get("type", "text"))
-        recipient = check_recipient(payload.get("to"))
+        recipient = _recipient(payload.get("to"))
         text = require_text(payload.get("text"), problem="is missing or empty")
         # NULL or empty columns take the table's defaults.
-        priority = check_priority(row.get("priority") or Priority.OPERATIONAL)
+        priority = _priority(row.get("priority") or Priority.OPERATIONAL)
         max_attempts = check_max_attempts(_integer(row.get("max_attempts") or "5"))
         return IntentCaptured(
             job_id=job_id,

@@ -9,7 +9,10 @@
    the relay sees it only as a :class:`~connectors.cdc.source.ReplicationSource`);
 3. turns each inserted row into an ``IntentCaptured`` on ``zapstream.intents``
    keyed by instance and conversation, or an ``IntentRejected`` on
-   ``zapstream.invalid`` with the reason;
+   ``zapstream.invalid`` with the reason; records are appended to one batch per
+   partition (the partition aiokafka's, Faust's and the Java client's murmur2
+   partitioner gives the key) and a batch is produced when full, when no more
+   WAL is at hand (after a 2 ms linger) or before the relay waits for room;
 4. confirms to PostgreSQL only the end LSN of transactions whose records Kafka
    acknowledged, through :class:`~connectors.cdc.acks.AckTracker`.
 
@@ -62,6 +65,7 @@ from aiokafka.errors import (
     MessageSizeTooLargeError,
     RecordListTooLargeError,
 )
+from aiokafka.partitioner import DefaultPartitioner, murmur2
 
 from connectors.cdc.acks import AckOrderError, AckTracker
 from connectors.cdc.failures import (
@@ -117,6 +121,16 @@ _CONVERTERS = {
     REPLAYS_TABLE: replay_row_to_record,
 }
 
+_SCHEMA_HEADERS: dict[type[Record], bytes] = {
+    cls: cls.SCHEMA.encode() for cls in (IntentCaptured, CommandRequested, IntentRejected)
+}
+"""The ``zapstream-schema`` header value of each record type the relay produces."""
+
+_BATCH_LINGER_S = 0.002
+"""How long batches wait for more WAL once the source has none at hand (cf. linger.ms)."""
+_BATCH_FULL_RECORDS = 2_000
+"""Records waiting in batches beyond which they are sent without lingering."""
+
 PER_RECORD_ERRORS: tuple[type[KafkaError], ...] = (
     MessageSizeTooLargeError,
     RecordListTooLargeError,
@@ -134,7 +148,14 @@ def kafka_transient(exc: BaseException) -> bool:
     return isinstance(exc, KafkaTimeoutError) or (isinstance(exc, KafkaError) and exc.retriable)
 
 
-__all__ = ["OutboxRelay", "RelayConfigError", "RelayError", "RelayStats", "build_producer"]
+__all__ = [
+    "KeyHashPartitioner",
+    "OutboxRelay",
+    "RelayConfigError",
+    "RelayError",
+    "RelayStats",
+    "build_producer",
+]
 
 
 class RelayError(RuntimeError):
@@ -153,11 +174,38 @@ class RelayStats:
     started: float = dataclasses.field(default_factory=time.monotonic)
 
 
+class KeyHashPartitioner:
+    """aiokafka's (and the Java client's) murmur2 partitioner, with the key hashes cached.
+
+    Exactly :class:`aiokafka.partitioner.DefaultPartitioner` for keyed records,
+    so every key lands where Faust's producer puts it (the worker's tables are
+    co-partitioned with intents; ``tests/integration/test_partitioning.py``
+    proves it). aiokafka's murmur2 is pure Python and conversations repeat, so
+    the hash of each key is remembered (bounded: the cache starts over when full).
+    """
+
+    def __init__(self, max_keys: int = 100_000) -> None:
+        self._hashes: dict[bytes, int] = {}
+        self._max_keys = max_keys
+
+    def __call__(self, key: bytes | None, all_partitions: list[int], available: list[int]) -> int:
+        if key is None:
+            return int(DefaultPartitioner()(key, all_partitions, available))
+        hashes = self._hashes
+        positive = hashes.get(key)
+        if positive is None:
+            if len(hashes) >= self._max_keys:
+                hashes.clear()
+            positive = hashes[key] = murmur2(key) & 0x7FFFFFFF
+        return all_partitions[positive % len(all_partitions)]
+
+
 def build_producer(settings: RelaySettings) -> AIOKafkaProducer:
     kafka = settings.kafka
     return AIOKafkaProducer(
         bootstrap_servers=kafka.bootstrap_servers,
         client_id="zapstream-relay",
+        partitioner=KeyHashPartitioner(),
         acks="all",
         enable_idempotence=kafka.use_idempotent_producer,
         linger_ms=5,
@@ -171,7 +219,8 @@ class OutboxRelay:
 
     The collaborators default to production ones and can be injected (tests do):
     ``producer`` (an :class:`AIOKafkaProducer` or anything with its
-    ``start``/``stop``/``send``/``flush``), ``source_factory`` (a new
+    ``start``/``stop``/``send``/``flush``; with ``partitions_for``/``create_batch``/
+    ``send_batch`` too, records are produced in batches), ``source_factory`` (a new
     :class:`~connectors.cdc.source.ReplicationSource` per connection attempt) and
     ``provision`` (makes sure the publication and slot exist, returns the slot's
     confirmed LSN).
@@ -204,6 +253,16 @@ class OutboxRelay:
         self._kafka_outage = OutageLog("Kafka", log)
         # Replacements for records Kafka refused, so the drain waits for them too.
         self._replacements: set[asyncio.Task[None]] = set()
+        # The LSN header of the transaction being produced, encoded once for all its records.
+        self._lsn_text = ""
+        self._lsn_header = b""
+        # Batched produce (aiokafka's create_batch/send_batch, see start()): one future
+        # per partition batch instead of one per record.
+        self._batching = False
+        self._batches: dict[tuple[str, int], _Batch] = {}
+        self._batched = 0  # records in self._batches
+        self._partitions: dict[str, list[int]] = {}
+        self._partitioner = KeyHashPartitioner()
 
     @property
     def stats(self) -> RelayStats:
@@ -224,6 +283,12 @@ class OutboxRelay:
         """Start the Kafka producer, retrying with backoff while the brokers are unreachable."""
         if self._started:
             return
+        # A producer without the batch methods (a test's fake) gets one send per record.
+        producer = self._producer
+        self._batching = all(
+            callable(getattr(producer, name, None))
+            for name in ("partitions_for", "create_batch", "send_batch")
+        )
         backoff = self._backoff()
         while True:
             try:
@@ -400,13 +465,29 @@ class OutboxRelay:
         self._tracker = tracker
         self._reported = max(self._reported, confirmed)
         decoder = PgOutputDecoder()
+        # Batches of an earlier connection were never sent: their rows are streamed again.
+        self._batches.clear()
+        self._batched = 0
+        self._partitions.clear()
         log.info("relay streaming slot %s from %s", s.slot, confirmed)
         txn: Any = None
         committed_at: str | None = None
         lsn_text = str(confirmed)
         next_status = time.monotonic() + s.status_interval_s
         while not self._stopping.is_set() and self._failure is None:
-            message = await source.read(timeout_s=s.status_interval_s)
+            if self._batches:
+                # Batches fill while WAL is already at hand; once the source has
+                # nothing buffered they are sent, before waiting for more.
+                message = await source.read(timeout_s=0)
+                if message is None and self._batched < _BATCH_FULL_RECORDS:
+                    # A moment's linger: under load more WAL is on its way and fills
+                    # the batches further (fewer, larger produce requests).
+                    message = await source.read(timeout_s=_BATCH_LINGER_S)
+                if message is None:
+                    await self._send_batches()
+                    continue
+            else:
+                message = await source.read(timeout_s=s.status_interval_s)
             if isinstance(message, XLogData):
                 decoded = decoder.decode(message.payload)
                 if isinstance(decoded, Begin):
@@ -448,17 +529,26 @@ class OutboxRelay:
                 # Leave the row unsent: its transaction stays open in the tracker,
                 # so nothing at or past it is confirmed, and the slot replays it.
                 return
+            if self._batches:
+                # Records waiting in unsent batches count as outstanding: send them
+                # before waiting for acknowledgements that would otherwise never come.
+                await self._send_batches()
+                continue
             self._room.clear()
             await self._room.wait()
-        record = self._producible(_CONVERTERS[table](row, lsn=lsn, committed_at=committed_at), row)
-        if isinstance(record, IntentCaptured | CommandRequested):
-            self._stats.intents += 1
-        else:
+        record, value = self._producible(
+            _CONVERTERS[table](row, lsn=lsn, committed_at=committed_at), row
+        )
+        if type(record) is IntentRejected:
             self._stats.rejected += 1
             log.warning("%s row for job %s rejected: %s", table, record.job_id, record.reason)
+        else:
+            self._stats.intents += 1
         tracker.record_sent(txn)
+        if self._batching and await self._append(tracker, txn, record, value):
+            return
         try:
-            future = await self._send(record)
+            future = await self._send(record, value)
             watched: Record = record
         except PER_RECORD_ERRORS as exc:
             # Refused before it left (e.g. over max_request_size): send the minimal form.
@@ -478,19 +568,23 @@ class OutboxRelay:
 
     def _producible(
         self, record: IntentCaptured | CommandRequested | IntentRejected, row: dict[str, str | None]
-    ) -> IntentCaptured | CommandRequested | IntentRejected:
-        """The record, or a reduced rejection if it is over ``max_record_bytes``."""
+    ) -> tuple[IntentCaptured | CommandRequested | IntentRejected, bytes]:
+        """The record and its encoding, or a reduced rejection if it is over ``max_record_bytes``.
+
+        The record is encoded once, here: the bytes measured are the bytes produced.
+        """
         s = self.settings
-        size = len(record.dumps())
+        value = record.dumps()
+        size = len(value)
         if size <= s.max_record_bytes:
-            return record
+            return record, value
         self._stats.reduced += 1
         if isinstance(record, IntentRejected):
             reason = record.reason
         else:
             reason = f"record too large: {size} bytes over the relay's {s.max_record_bytes}"
         job_id = record.job_id
-        return reduced_rejection(
+        reduced = reduced_rejection(
             job_id=job_id,
             reason=reason,
             row=row,
@@ -499,6 +593,7 @@ class OutboxRelay:
             max_record_bytes=s.max_record_bytes,
             max_value_bytes=s.rejected_value_max_bytes,
         )
+        return reduced, reduced.dumps()
 
     def _minimal(self, record: Record, exc: BaseException) -> IntentRejected:
         self._stats.reduced += 1
@@ -522,22 +617,99 @@ class OutboxRelay:
             row=reference,
         )
 
-    async def _send(self, record: Record) -> asyncio.Future[Any]:
+    @staticmethod
+    def _route(record: Record) -> tuple[str, bytes]:
+        """Topic and key of a record: intents by conversation, rejections by job id."""
         if isinstance(record, IntentCaptured | CommandRequested):
-            topic, key = INTENTS, record.partition_key
-        else:
-            assert isinstance(record, IntentRejected)
-            topic, key = INVALID, str(record.job_id).encode()
-        job_id = getattr(record, "job_id", None)
-        headers = [
-            (HEADER_SCHEMA, record.SCHEMA.encode()),
-            (HEADER_LSN, str(getattr(record, "lsn", "0/0")).encode()),
-            (HEADER_JOB_ID, str(job_id).encode()),
+            return INTENTS, record.partition_key
+        assert isinstance(record, IntentRejected)
+        return INVALID, str(record.job_id).encode()
+
+    def _headers(self, record: Record) -> list[tuple[str, bytes]]:
+        lsn: str = getattr(record, "lsn", "0/0")
+        if lsn != self._lsn_text:
+            # Every record of a transaction carries the same LSN: encode it once.
+            self._lsn_text, self._lsn_header = lsn, lsn.encode()
+        return [
+            (HEADER_SCHEMA, _SCHEMA_HEADERS[type(record)]),
+            (HEADER_LSN, self._lsn_header),
+            (HEADER_JOB_ID, str(getattr(record, "job_id", None)).encode()),
         ]
+
+    async def _send(self, record: Record, value: bytes | None = None) -> asyncio.Future[Any]:
+        """Hand one record to the producer; ``value`` is its encoding when already made."""
+        topic, key = self._route(record)
         future: asyncio.Future[Any] = await self._producer.send(
-            topic, record.dumps(), key=key, headers=headers
+            topic,
+            record.dumps() if value is None else value,
+            key=key,
+            headers=self._headers(record),
         )
         return future
+
+    async def _append(self, tracker: AckTracker, txn: Any, record: Record, value: bytes) -> bool:
+        """Add a record to its partition's batch; False if it must go alone (:meth:`_send`).
+
+        The partition is the one aiokafka's (Faust's, Java's) murmur2 partitioner
+        gives the key. A batch is sent when full, before the relay waits for WAL
+        (:meth:`_stream`) or for acknowledgements (backpressure), and on drain.
+        Kafka answers for the whole batch; each record is then settled as if
+        sent alone, so the ack accounting is the per-record one.
+        """
+        topic, key = self._route(record)
+        partitions = self._partitions.get(topic)
+        if partitions is None:
+            try:
+                partitions = sorted(await self._producer.partitions_for(topic))
+            except KafkaError as exc:
+                # Like a send failing for want of metadata: the record stays outstanding.
+                self._fail(exc)
+                return True
+            self._partitions[topic] = partitions
+        partition = self._partitioner(key, partitions, partitions)
+        headers = self._headers(record)
+        batch = self._batches.get((topic, partition))
+        for _ in range(2):
+            if batch is None:
+                batch = _Batch(topic, partition, self._producer.create_batch(), tracker)
+                self._batches[(topic, partition)] = batch
+            if batch.builder.append(timestamp=None, key=key, value=value, headers=headers):
+                batch.entries.append((txn, record))
+                self._batched += 1
+                return True
+            if not batch.entries:
+                # Larger than an empty batch: produced alone, where a refusal has its remedy.
+                # Everything before it on the partition is handed to the producer first.
+                del self._batches[(topic, partition)]
+                return False
+            await self._send_batch(batch)
+            if self._failure is not None:
+                return True
+            batch = None
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _send_batch(self, batch: _Batch) -> None:
+        if self._batches.get((batch.topic, batch.partition)) is batch:
+            del self._batches[(batch.topic, batch.partition)]
+            self._batched -= len(batch.entries)
+        # Closed: a record sent alone later must not slip into it through the producer.
+        batch.builder.close()
+        try:
+            future: asyncio.Future[Any] = await self._producer.send_batch(
+                batch.builder, batch.topic, partition=batch.partition
+            )
+        except KafkaError as exc:
+            # E.g. no room in the producer's queue within its timeout: these records stay
+            # outstanding, nothing at or past them is confirmed; resume from the slot.
+            self._fail(exc)
+            return
+        self._in_flight.add(future)
+        future.add_done_callback(lambda f: self._on_batch_ack(f, batch))
+
+    async def _send_batches(self) -> None:
+        """Hand every open batch to the producer (in the order they were opened)."""
+        while self._batches and self._failure is None:
+            await self._send_batch(next(iter(self._batches.values())))
 
     def _watch(
         self, future: asyncio.Future[Any], tracker: AckTracker, txn: Any, record: Record
@@ -560,11 +732,42 @@ class OutboxRelay:
         self, future: asyncio.Future[Any], tracker: AckTracker, txn: Any, record: Record
     ) -> None:
         self._in_flight.discard(future)
-        # exception() raises CancelledError on a cancelled future: ask cancelled() first.
-        if future.cancelled():
-            failure: BaseException | None = RelayError("Kafka send was cancelled")
-        else:
-            failure = future.exception()
+        self._settle(_outcome(future), tracker, txn, record)
+
+    def _on_batch_ack(self, future: asyncio.Future[Any], batch: _Batch) -> None:
+        self._in_flight.discard(future)
+        failure = _outcome(future)
+        if (
+            isinstance(failure, PER_RECORD_ERRORS)
+            and len(batch.entries) > 1
+            and self._failure is None
+        ):
+            # Kafka refused the batch as a whole (e.g. larger than the broker takes):
+            # that says nothing about each record. Send them one by one; only a record
+            # refused on its own becomes a minimal rejection (:meth:`_settle`).
+            task = asyncio.get_running_loop().create_task(self._send_each(batch))
+            self._replacements.add(task)
+            task.add_done_callback(self._replacements.discard)
+            return
+        for txn, record in batch.entries:
+            self._settle(failure, batch.tracker, txn, record)
+
+    async def _send_each(self, batch: _Batch) -> None:
+        for txn, record in batch.entries:
+            try:
+                future = await self._send(record)
+            except PER_RECORD_ERRORS as exc:
+                await self._replace(batch.tracker, txn, record, exc)
+                continue
+            except KafkaError as failure:
+                self._fail(failure)
+                return
+            self._watch(future, batch.tracker, txn, record)
+
+    def _settle(
+        self, failure: BaseException | None, tracker: AckTracker, txn: Any, record: Record
+    ) -> None:
+        """Account for Kafka's answer (``failure`` None: acknowledged) about one record."""
         if (
             isinstance(failure, PER_RECORD_ERRORS)
             and record is not _MINIMAL
@@ -618,6 +821,7 @@ class OutboxRelay:
             return
         try:
             async with asyncio.timeout(self.settings.drain_timeout_s):
+                await self._send_batches()
                 await self._producer.flush()
                 # flush() returns once Kafka answered; the ack callbacks may not
                 # have run yet. asyncio.wait never cancels the sends themselves.
@@ -634,3 +838,25 @@ class OutboxRelay:
 
 _MINIMAL: Record = IntentRejected(job_id=None, reason="", row={})
 """Marks a send that already is the minimal form of a refused record."""
+
+
+def _outcome(future: asyncio.Future[Any]) -> BaseException | None:
+    """What a done send future says: None if Kafka acknowledged, else the failure."""
+    # exception() raises CancelledError on a cancelled future: ask cancelled() first.
+    if future.cancelled():
+        return RelayError("Kafka send was cancelled")
+    return future.exception()
+
+
+@dataclasses.dataclass(slots=True)
+class _Batch:
+    """Records for one topic partition, appended in WAL order and produced as one batch."""
+
+    topic: str
+    partition: int
+    builder: Any
+    """An aiokafka ``BatchBuilder`` (``producer.create_batch()``)."""
+    tracker: AckTracker
+    """The tracker of the connection the records came from (late acks must not cross)."""
+    entries: list[tuple[Any, Record]] = dataclasses.field(default_factory=list)
+    """(transaction, record) of every record in the batch, for the acknowledgement."""

@@ -1,26 +1,37 @@
-"""Map httpx outcomes onto the gateway error tree, once, at the edge.
+"""Map aiohttp outcomes onto the gateway error tree, once, at the edge.
 
 Every gateway client sends through :func:`send_request`, which turns transport
 exceptions and non-2xx answers into :class:`~streams.errors.PermanentGatewayError`,
 :class:`~streams.errors.TransientGatewayError`,
 :class:`~streams.errors.UncertainGatewayError` or
 :class:`~streams.errors.InstanceUnavailableError`. Callers look at ``retriable``
-and ``scope`` and never at httpx types.
+and ``scope`` and never at aiohttp types; a 2xx comes back as a
+:class:`GatewayResponse` whose body is already read.
 
 The rule depends on whether the request can have an effect. A ``GET`` (listing)
 or ``HEAD`` never changes anything at the gateway; every other method (a send, a
 cancel) may.
 
-Transport exceptions:
+Transport exceptions, by how far the request got:
 
-- ``ConnectError``, ``ConnectTimeout``, ``PoolTimeout``, ``ProxyError``: the
-  request never left this process (or never reached the gateway), so it is
-  **transient**.
-- ``WriteTimeout``, ``WriteError``, ``ReadTimeout``, ``ReadError``,
-  ``RemoteProtocolError``, ``CloseError`` (and anything else raised once the
-  request started): some or all of the request may have been written and the
-  gateway may have acted on it, so on a send it is **uncertain**; on a ``GET``
-  it is **transient** (a timed-out listing changed nothing).
+- ``ClientConnectorError`` and its subclasses (refused, DNS, TLS handshake and
+  certificate, proxy connect) and ``ConnectionTimeoutError`` (the
+  ``ClientTimeout.connect`` budget: waiting for a pooled connection plus opening
+  a new one ran out): nothing was written, so it is **transient**.
+- ``SocketTimeoutError`` (``ClientTimeout.sock_read``): aiohttp starts that timer
+  only once the whole request body was written (``ClientRequest`` calls
+  ``protocol.start_timeout()`` after ``write_eof``), or when the gateway already
+  started answering, so the gateway may have acted: **uncertain** on a send.
+- ``ServerDisconnectedError``, ``ClientOSError`` (reset while writing or reading),
+  ``ClientPayloadError`` (a cut-off or undecodable body), ``ClientResponseError``
+  (a malformed answer) and a bare ``TimeoutError`` (the ``total`` safety net,
+  which cannot tell the phase apart): **uncertain** on a send. aiohttp never
+  resends a ``POST`` on a dropped keep-alive connection (it retries only
+  idempotent methods), so a send is written at most once per call.
+- ``InvalidURL`` / ``NonHttpUrlClientError``: our URL is wrong, a retry fails the
+  same way: **permanent**.
+- On a ``GET`` every timeout, reset and cut-off is **transient** (a failed
+  listing changed nothing).
 
 HTTP answers:
 
@@ -51,15 +62,16 @@ request's sensitive values to be redacted wherever the gateway echoed them.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import email.utils
 import math
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-import httpx
+import aiohttp
 import orjson
 
 from connectors.outbox.recipients import mask_phone
@@ -74,25 +86,18 @@ from streams.errors import (
 MAX_REASON_CHARS = 200
 """Longest gateway error message kept in an exception (after masking)."""
 
-_TRANSIENT_EXCEPTIONS: tuple[type[httpx.HTTPError], ...] = (
-    httpx.ConnectError,
-    httpx.ConnectTimeout,
-    httpx.PoolTimeout,
-    httpx.ProxyError,
+_TRANSIENT_EXCEPTIONS: tuple[type[BaseException], ...] = (
+    # Nothing was written: the connection was never obtained.
+    aiohttp.ClientConnectorError,  # refused, DNS, TLS handshake/certificate, proxy connect
+    aiohttp.ConnectionTimeoutError,  # ClientTimeout.connect: pool wait + connect
 )
-_UNCERTAIN_EXCEPTIONS: tuple[type[httpx.HTTPError], ...] = (
-    httpx.WriteTimeout,
-    httpx.WriteError,
-    httpx.ReadTimeout,
-    httpx.ReadError,
-    httpx.RemoteProtocolError,
-    httpx.CloseError,
+_PERMANENT_EXCEPTIONS: tuple[type[BaseException], ...] = (
+    # Our own URL is malformed or not http(s): a retry fails the same way.
+    aiohttp.InvalidURL,
+    aiohttp.NonHttpUrlClientError,
 )
-_PERMANENT_EXCEPTIONS: tuple[type[httpx.HTTPError], ...] = (
-    # Our own request is malformed or the URL scheme is wrong: a retry fails the same way.
-    httpx.LocalProtocolError,
-    httpx.UnsupportedProtocol,
-)
+TRANSPORT_EXCEPTIONS: tuple[type[BaseException], ...] = (aiohttp.ClientError, TimeoutError)
+"""What a request through aiohttp may raise besides cancellation; all classified here."""
 
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 """Methods that never change anything at the gateway: a failure is never uncertain."""
@@ -168,9 +173,9 @@ def is_safe_method(method: str) -> bool:
 
 
 def classify_exception(
-    exc: httpx.HTTPError, *, gateway: str, sensitive: Iterable[str] = (), method: str = "POST"
+    exc: BaseException, *, gateway: str, sensitive: Iterable[str] = (), method: str = "POST"
 ) -> GatewayError:
-    """The error-tree class for an httpx exception raised while sending a request."""
+    """The error-tree class for an exception aiohttp raised while sending a request."""
     detail = mask_text(str(exc) or type(exc).__name__, sensitive)[:MAX_REASON_CHARS]
     message = f"{gateway}: {type(exc).__name__}: {detail}"
     if isinstance(exc, _TRANSIENT_EXCEPTIONS):
@@ -180,11 +185,25 @@ def classify_exception(
     if is_safe_method(method):
         # A listing that timed out or was cut off changed nothing: ask again later.
         return TransientGatewayError(message)
-    if isinstance(exc, _UNCERTAIN_EXCEPTIONS):
-        return UncertainGatewayError(message)
-    # Anything else httpx raises once the request started (decoding, stream errors)
-    # is uncertain too: we cannot tell whether the gateway acted on it.
+    # Everything else happens once the connection was ours and the request may have
+    # been written (read timeout, reset, disconnect, cut-off or malformed answer, the
+    # total safety-net timeout): the gateway may have acted on it.
     return UncertainGatewayError(message)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GatewayResponse:
+    """A gateway's answer, read whole: what classification and the clients look at.
+
+    ``headers`` is case-insensitive (aiohttp's ``CIMultiDictProxy``). The body is
+    never in ``repr``: it may echo a recipient or a text.
+    """
+
+    method: str
+    status_code: int
+    reason_phrase: str
+    headers: Mapping[str, str] = dataclasses.field(repr=False)
+    content: bytes = dataclasses.field(repr=False)
 
 
 def _unknown_instance(status: int, reason: str) -> bool:
@@ -192,7 +211,7 @@ def _unknown_instance(status: int, reason: str) -> bool:
 
 
 def error_for_response(
-    response: httpx.Response,
+    response: GatewayResponse,
     *,
     gateway: str,
     sensitive: Iterable[str] = (),
@@ -201,23 +220,19 @@ def error_for_response(
 ) -> GatewayError | None:
     """``None`` for a 2xx answer, else the error-tree class for the status code.
 
-    ``method`` defaults to the request's; the body must have been read
-    (``httpx.AsyncClient.request`` does).
+    ``method`` defaults to the request's.
     """
     status = response.status_code
     if 200 <= status < 300:
         return None
     if method is None:
-        try:
-            method = response.request.method
-        except RuntimeError:  # a response built without its request: assume a send
-            method = "POST"
+        method = response.method
     reason = error_reason(response, sensitive)
     message = f"{gateway}: HTTP {status}: {reason}" if reason else f"{gateway}: HTTP {status}"
     if status in _INSTANCE_STATUSES or _unknown_instance(status, reason):
         what = "unknown instance" if status == 404 else "gateway refused credentials"
         return InstanceUnavailableError(f"{message} ({what})", status_code=status)
-    retry_after_s = parse_retry_after(response.headers.get("retry-after"), now=now)
+    retry_after_s = parse_retry_after(response.headers.get("Retry-After"), now=now)
     if status in (429, 503, 408):
         return TransientGatewayError(message, status_code=status, retry_after_s=retry_after_s)
     if status >= 500:
@@ -228,7 +243,7 @@ def error_for_response(
     return PermanentGatewayError(message, status_code=status)
 
 
-def error_reason(response: httpx.Response, sensitive: Iterable[str] = ()) -> str:
+def error_reason(response: GatewayResponse, sensitive: Iterable[str] = ()) -> str:
     """The gateway's own error message from a response body, masked and truncated."""
     raw = response.content
     if not raw:
@@ -274,8 +289,11 @@ def _message_from_json(body: Any) -> str | None:
     return None
 
 
+QueryParams = Mapping[str, str | int] | Sequence[tuple[str, str]]
+
+
 async def send_request(
-    client: httpx.AsyncClient,
+    session: aiohttp.ClientSession,
     method: str,
     url: str,
     *,
@@ -283,21 +301,36 @@ async def send_request(
     sensitive: Iterable[str] = (),
     headers: Mapping[str, str] | None = None,
     json_body: Any = None,
-    params: Mapping[str, str | int] | None = None,
-) -> httpx.Response:
-    """Send one request and return its 2xx response, or raise a classified :class:`GatewayError`.
+    params: QueryParams | None = None,
+) -> GatewayResponse:
+    """Send one request and return its 2xx answer, or raise a classified :class:`GatewayError`.
 
-    The only place gateway clients catch httpx exceptions.
+    The only place gateway clients catch aiohttp exceptions. The body is read
+    inside the request, so a reset or timeout while reading it is classified
+    like one before the status line.
     """
     content = orjson.dumps(json_body) if json_body is not None else None
     request_headers = dict(headers) if headers else {}
     if content is not None:
         request_headers["Content-Type"] = "application/json"
     try:
-        response = await client.request(
-            method, url, content=content, headers=request_headers, params=params
-        )
-    except httpx.HTTPError as exc:
+        async with session.request(
+            method,
+            url,
+            data=content,
+            headers=request_headers,
+            params=params,
+            allow_redirects=False,
+        ) as raw:
+            body = await raw.read()
+            response = GatewayResponse(
+                method=method,
+                status_code=raw.status,
+                reason_phrase=raw.reason or "",
+                headers=raw.headers,
+                content=body,
+            )
+    except TRANSPORT_EXCEPTIONS as exc:
         raise classify_exception(exc, gateway=gateway, sensitive=sensitive, method=method) from exc
     error = error_for_response(response, gateway=gateway, sensitive=sensitive, method=method)
     if error is not None:
@@ -305,7 +338,7 @@ async def send_request(
     return response
 
 
-def json_object(response: httpx.Response) -> dict[str, Any] | None:
+def json_object(response: GatewayResponse) -> dict[str, Any] | None:
     """The response body as a JSON object, or ``None`` when it is not one."""
     try:
         body = orjson.loads(response.content)

@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import httpx
-
 from connectors.gateways.stackzap import StackZapClient
 from connectors.gateways.zapapi import ZapApiClient
 from streams.ports import Gateway
 from streams.settings import GatewayKind, GatewaySettings
 
 
-def build_gateway(
-    settings: GatewaySettings, *, transport: httpx.AsyncBaseTransport | None = None
-) -> Gateway:
+def build_gateway(settings: GatewaySettings) -> Gateway:
     """The client for ``settings.kind``, not yet started."""
     if settings.kind is GatewayKind.STACKZAP:
-        return StackZapClient(settings, transport=transport)
+        return StackZapClient(settings)
     if settings.kind is GatewayKind.ZAPAPI:
-        return ZapApiClient(settings, transport=transport)
+        return ZapApiClient(settings)
     raise ValueError(f"unknown gateway kind {settings.kind!r}")

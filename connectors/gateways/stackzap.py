@@ -28,8 +28,6 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
-import httpx
-
 from connectors.gateways.classify import json_object, send_request
 from connectors.gateways.http_client import HttpGatewayClient, first_str
 from connectors.gateways.labels import map_label
@@ -70,7 +68,7 @@ class JobPage:
 class StackZapClient(HttpGatewayClient):
     """A :class:`~streams.ports.Gateway` for StackZap.
 
-    Owns its ``httpx.AsyncClient``: opened in :meth:`start`, closed in :meth:`stop`
+    Owns its ``aiohttp.ClientSession``: opened in :meth:`start`, closed in :meth:`stop`
     (idempotent); ``async with`` does both.
     """
 
@@ -79,8 +77,6 @@ class StackZapClient(HttpGatewayClient):
     def __init__(
         self,
         settings: GatewaySettings,
-        *,
-        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self._api_key = settings.stackzap_api_key.get_secret_value()
         self._labels = settings.stackzap_labels
@@ -91,7 +87,6 @@ class StackZapClient(HttpGatewayClient):
             settings,
             base_url=settings.stackzap_api_url,
             auth_headers={"X-API-Key": self._api_key} if self._api_key else {},
-            transport=transport,
         )
 
     def _queue_path(self, instance_id: str) -> str:
@@ -105,7 +100,7 @@ class StackZapClient(HttpGatewayClient):
         response = await send_request(
             self._http,
             "POST",
-            f"{self._queue_path(message.instance_id)}/text",
+            self._url(f"{self._queue_path(message.instance_id)}/text"),
             gateway=self.name,
             sensitive=sensitive,
             headers={"Idempotency-Key": message.reference},
@@ -142,14 +137,13 @@ class StackZapClient(HttpGatewayClient):
             pairs.extend((self._fields["reference_param"], r) for r in references)
         if since is not None and self._fields["since_param"]:
             pairs.append((self._fields["since_param"], since.isoformat()))
-        params = httpx.QueryParams(tuple(pairs))
         response = await send_request(
             self._http,
             "GET",
-            self._queue_path(instance_id),
+            self._url(self._queue_path(instance_id)),
             gateway=self.name,
             sensitive=(self._api_key,),
-            params=params,
+            params=pairs,
         )
         return self._parse_page(json_object(response), page=page or 1, page_size=page_size)
 
@@ -247,7 +241,7 @@ class StackZapClient(HttpGatewayClient):
             response = await send_request(
                 self._http,
                 "POST",
-                f"{self._queue_path(instance_id)}/{quote(job_id, safe='')}/cancel",
+                self._url(f"{self._queue_path(instance_id)}/{quote(job_id, safe='')}/cancel"),
                 gateway=self.name,
                 sensitive=(self._api_key,),
             )

@@ -14,8 +14,6 @@ import logging
 from collections.abc import Sequence
 from urllib.parse import quote
 
-import httpx
-
 from connectors.gateways.classify import send_request
 from connectors.gateways.http_client import HttpGatewayClient
 from streams.ports import CancelOutcome, ListedJob, SendAccepted, TextMessage
@@ -27,7 +25,7 @@ log = logging.getLogger(__name__)
 class ZapApiClient(HttpGatewayClient):
     """A :class:`~streams.ports.Gateway` for the ZAP API.
 
-    Owns its ``httpx.AsyncClient``: opened in :meth:`start`, closed in :meth:`stop`
+    Owns its ``aiohttp.ClientSession``: opened in :meth:`start`, closed in :meth:`stop`
     (idempotent); ``async with`` does both.
     """
 
@@ -36,8 +34,6 @@ class ZapApiClient(HttpGatewayClient):
     def __init__(
         self,
         settings: GatewaySettings,
-        *,
-        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self._token = settings.zap_token.get_secret_value()
         self._labels = settings.zapapi_labels
@@ -45,7 +41,6 @@ class ZapApiClient(HttpGatewayClient):
             settings,
             base_url=settings.zap_api_url,
             auth_headers={"Authorization": f"Bearer {self._token}"} if self._token else {},
-            transport=transport,
         )
 
     async def send_text(self, message: TextMessage) -> SendAccepted:
@@ -53,7 +48,7 @@ class ZapApiClient(HttpGatewayClient):
         response = await send_request(
             self._http,
             "POST",
-            f"/v1/instances/{quote(message.instance_id, safe='')}/messages",
+            self._url(f"/v1/instances/{quote(message.instance_id, safe='')}/messages"),
             gateway=self.name,
             sensitive=(message.to, message.text, self._token),
             headers={"Idempotency-Key": message.reference},

@@ -384,6 +384,8 @@ class StateSink:
     def _decode(self, records: list[ConsumerRecord[Any, Any]]) -> _Decoded:
         decoded = _Decoded()
         for record in records:
+            if record.value is None:
+                continue  # a tombstone: the worker forgot a settled job (dedup horizon)
             try:
                 if record.topic == INVALID:
                     self._rejection(IntentRejected.loads(record.value), decoded)

@@ -340,6 +340,44 @@ async def test_read_timeout_against_slow_simulator_is_uncertain(sim: GatewaySimu
             await client.send_text(msg(1))
 
 
+async def test_default_pool_does_not_cap_concurrency(sim: GatewaySimulator) -> None:
+    """256 concurrent sends (the worker's default max in flight) take one round trip, not
+    256 / pool size of them: at 50 ms, 3,000 msg/s needs ~150 sends in flight.
+
+    200 ms latency keeps the two cases far apart on a busy machine: the old default of 32
+    connections needs 8 round trips (>= 1.6 s), the new one ~0.2 s."""
+    settings = gateway_settings(sim)
+    assert settings.max_connections >= 256
+    async with StackZapClient(settings) as client:
+        # Open the connections first (at 0 ms), so the figure is about the pool, not about
+        # how fast a busy machine accepts 256 new connections.
+        await asyncio.gather(*(client.send_text(msg(n)) for n in range(256)))
+        sim.configure(latency_ms=200)
+        started = time.monotonic()
+        results = await asyncio.gather(*(client.send_text(msg(n)) for n in range(256, 512)))
+        elapsed = time.monotonic() - started
+    print(f"256 concurrent sends at 200 ms latency took {elapsed * 1000:.0f} ms")
+    assert all(r.status is JobStatus.ACCEPTED for r in results)
+    assert sim.stats()["accepted"] == 512
+    assert elapsed < 1.0, f"the pool capped concurrency: {elapsed:.2f} s"
+
+
+async def test_pool_wait_is_transient_and_never_reaches_the_gateway(sim: GatewaySimulator) -> None:
+    sim.configure(latency_ms=1000)
+    settings = gateway_settings(sim, max_connections=1, pool_timeout_s=0.1, connect_timeout_s=0.1)
+    async with StackZapClient(settings) as client:
+        holder = asyncio.create_task(client.send_text(msg(1)))
+        for _ in range(int(DEADLINE_S / 0.01)):  # poll until the gateway holds it
+            if sim.stats()["requests"] >= 1:
+                break
+            await asyncio.sleep(0.01)
+        assert sim.stats()["requests"] == 1
+        with pytest.raises(TransientGatewayError, match="ConnectionTimeoutError"):
+            await client.send_text(msg(2))
+        assert (await holder).status is JobStatus.ACCEPTED
+    assert [m.reference for m in sim.messages] == [msg(1).reference]
+
+
 async def test_connect_refused_is_transient() -> None:
     simulator = GatewaySimulator()
     await simulator.start()

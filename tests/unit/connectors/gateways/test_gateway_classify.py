@@ -1,14 +1,20 @@
-"""The httpx -> gateway error tree table, Retry-After parsing and masking."""
+"""The aiohttp -> gateway error tree table, Retry-After parsing and masking."""
 
 from __future__ import annotations
 
 import email.utils
+import http
+import ssl
 
-import httpx
+import aiohttp
 import pytest
+from aiohttp.client_reqrep import ConnectionKey
+from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
 
 from connectors.gateways.classify import (
     MAX_REASON_CHARS,
+    GatewayResponse,
     classify_exception,
     error_for_response,
     error_reason,
@@ -19,58 +25,106 @@ from connectors.gateways.classify import (
 )
 from connectors.outbox.recipients import mask_phone
 from streams.errors import (
-    GatewayError,
     InstanceUnavailableError,
     PermanentGatewayError,
     TransientGatewayError,
     UncertainGatewayError,
 )
+from tests.unit.connectors.gateways.fake_gateway import (
+    FakeGateway,
+    Fault,
+    Reply,
+    Seen,
+    answer,
+    closed_port_url,
+    failing,
+)
 
-REQUEST = httpx.Request("POST", "http://gw.test/v1/instances/i1/send-queue/text")
-LISTING = httpx.Request("GET", "http://gw.test/v1/instances/i1/send-queue")
+REQUEST = "POST"
+LISTING = "GET"
 NOW = 1_700_000_000.0
+PHRASES = {s.value: s.phrase for s in http.HTTPStatus}
+KEY = ConnectionKey("gw.test", 443, True, True, None, None, None, None)
+REQUEST_INFO = aiohttp.RequestInfo(
+    URL("http://gw.test/x"), "POST", CIMultiDictProxy(CIMultiDict()), URL("http://gw.test/x")
+)
 
 
 def response(
     status: int,
     body: bytes = b"",
     headers: dict[str, str] | None = None,
-    request: httpx.Request = REQUEST,
-) -> httpx.Response:
-    return httpx.Response(status, content=body, headers=headers, request=request)
+    request: str = REQUEST,
+) -> GatewayResponse:
+    return GatewayResponse(
+        method=request,
+        status_code=status,
+        reason_phrase=PHRASES.get(status, ""),
+        headers=CIMultiDictProxy(CIMultiDict(headers or {})),
+        content=body,
+    )
 
 
 # --- exceptions -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("exc_type", "expected"),
-    [
-        (httpx.ConnectError, TransientGatewayError),
-        (httpx.ConnectTimeout, TransientGatewayError),
-        (httpx.PoolTimeout, TransientGatewayError),
-        (httpx.WriteTimeout, UncertainGatewayError),
-        (httpx.WriteError, UncertainGatewayError),
-        (httpx.ReadTimeout, UncertainGatewayError),
-        (httpx.ReadError, UncertainGatewayError),
-        (httpx.RemoteProtocolError, UncertainGatewayError),
-        (httpx.CloseError, UncertainGatewayError),
-        (httpx.LocalProtocolError, PermanentGatewayError),
-        (httpx.UnsupportedProtocol, PermanentGatewayError),
-    ],
-)
-def test_exceptions_classified(
-    exc_type: type[httpx.TransportError], expected: type[GatewayError]
+CONNECT_FAILED = [
+    aiohttp.ClientConnectorError(KEY, ConnectionRefusedError(111, "Connection refused")),
+    aiohttp.ClientConnectorDNSError(KEY, OSError(-2, "Name or service not known")),
+    aiohttp.ClientConnectorCertificateError(KEY, ssl.SSLCertVerificationError("bad cert")),
+    aiohttp.ClientConnectorSSLError(KEY, ssl.SSLError("handshake")),
+    aiohttp.ClientProxyConnectionError(KEY, OSError(111, "proxy refused")),
+    aiohttp.ConnectionTimeoutError("Connection timeout to host http://gw.test/x"),
+]
+"""Raised before the request was written: connect failed, or the pool/connect budget ran out."""
+
+AFTER_WRITTEN = [
+    aiohttp.SocketTimeoutError("Timeout on reading data from socket"),
+    aiohttp.ServerDisconnectedError(),
+    aiohttp.ClientOSError(104, "Connection reset by peer"),
+    aiohttp.ClientConnectionResetError("Cannot write to closing transport"),
+    aiohttp.ClientConnectionError("Failed to send bytes into the underlying connection"),
+    aiohttp.ClientPayloadError("Response payload is not completed"),
+    aiohttp.ClientResponseError(REQUEST_INFO, (), status=400, message="Invalid status line"),
+    TimeoutError(),  # the total safety net: the phase is unknown
+]
+"""Raised once the request was (or may have been) written."""
+
+
+@pytest.mark.parametrize("exc", CONNECT_FAILED, ids=lambda e: type(e).__name__)
+@pytest.mark.parametrize("method", ["POST", "GET"])
+def test_connect_failures_are_transient(exc: BaseException, method: str) -> None:
+    err = classify_exception(exc, gateway="stackzap", method=method)
+    assert type(err) is TransientGatewayError
+    assert err.retriable
+    assert err.status_code is None
+    assert str(err).startswith(f"stackzap: {type(exc).__name__}: ")
+
+
+@pytest.mark.parametrize("exc", AFTER_WRITTEN, ids=lambda e: type(e).__name__)
+def test_failures_after_the_request_was_written_are_uncertain_on_a_send(
+    exc: BaseException,
 ) -> None:
-    err = classify_exception(exc_type("boom", request=REQUEST), gateway="stackzap")
-    assert type(err) is expected
-    assert err.retriable is (expected is TransientGatewayError)
+    err = classify_exception(exc, gateway="stackzap")
+    assert type(err) is UncertainGatewayError
+    assert not err.retriable
     assert err.status_code is None
     assert str(err).startswith("stackzap: ")
 
 
+@pytest.mark.parametrize(
+    "exc",
+    [aiohttp.InvalidURL("not a url"), aiohttp.NonHttpUrlClientError("ftp://gw.test/x")],
+    ids=lambda e: type(e).__name__,
+)
+def test_a_wrong_url_is_permanent(exc: BaseException) -> None:
+    err = classify_exception(exc, gateway="g")
+    assert type(err) is PermanentGatewayError
+    assert not err.retriable
+
+
 def test_exception_message_masks_sensitive_values() -> None:
-    exc = httpx.ReadError("peer said 5511987654321 hello world secret-key-123", request=REQUEST)
+    exc = aiohttp.ClientOSError(104, "peer said 5511987654321 hello world secret-key-123")
     err = classify_exception(exc, gateway="zapapi", sensitive=("hello world", "secret-key-123"))
     assert "5511987654321" not in str(err)
     assert "hello world" not in str(err)
@@ -78,32 +132,30 @@ def test_exception_message_masks_sensitive_values() -> None:
     assert "5511*****4321" in str(err)
 
 
-@pytest.mark.parametrize(
-    "exc_type",
-    [
-        httpx.ReadTimeout,
-        httpx.ReadError,
-        httpx.WriteTimeout,
-        httpx.RemoteProtocolError,
-        httpx.ConnectError,
-    ],
-)
-def test_a_failed_listing_is_transient_never_uncertain(
-    exc_type: type[httpx.TransportError],
-) -> None:
-    err = classify_exception(exc_type("boom", request=LISTING), gateway="g", method="GET")
+@pytest.mark.parametrize("exc", AFTER_WRITTEN + CONNECT_FAILED, ids=lambda e: type(e).__name__)
+def test_a_failed_listing_is_transient_never_uncertain(exc: BaseException) -> None:
+    err = classify_exception(exc, gateway="g", method="GET")
     assert isinstance(err, TransientGatewayError)
+    assert not isinstance(err, UncertainGatewayError)
 
 
-async def test_send_request_get_read_timeout_is_transient() -> None:
-    def handler(request: httpx.Request) -> httpx.Response:
-        raise httpx.ReadTimeout("slow", request=request)
+FAST_TIMEOUT = aiohttp.ClientTimeout(connect=0.2, sock_connect=0.2, sock_read=0.2, total=2.0)
 
-    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+
+@pytest.mark.parametrize("fault", [Fault.STALL, Fault.DISCONNECT, Fault.CUT_BODY, Fault.GARBAGE])
+async def test_send_request_after_written_get_is_transient_post_uncertain(fault: Fault) -> None:
+    """Real sockets: each way a written request can fail, on a listing and on a send."""
+    async with (
+        FakeGateway(failing(fault)) as fake,
+        aiohttp.ClientSession(timeout=FAST_TIMEOUT) as session,
+    ):
         with pytest.raises(TransientGatewayError):
-            await send_request(client, "GET", "http://gw.test/x", gateway="g")
-        with pytest.raises(UncertainGatewayError):
-            await send_request(client, "POST", "http://gw.test/x", gateway="g", json_body={})
+            await send_request(session, "GET", f"{fake.url}/x", gateway="g")
+        with pytest.raises(UncertainGatewayError) as info:
+            await send_request(session, "POST", f"{fake.url}/x", gateway="g", json_body={})
+        assert isinstance(info.value.__cause__, aiohttp.ClientError | TimeoutError)
+        # aiohttp may resend a GET once on a dropped connection; a POST is written once.
+        assert [s.method for s in fake.seen].count("POST") == 1
 
 
 # --- responses --------------------------------------------------------------------
@@ -298,26 +350,34 @@ def test_mask_text_redacts_and_masks_digit_runs() -> None:
 
 
 async def test_send_request_raises_classified_and_chains() -> None:
-    def handler(request: httpx.Request) -> httpx.Response:
-        raise httpx.ConnectError("refused", request=request)
-
-    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+    async with aiohttp.ClientSession(timeout=FAST_TIMEOUT) as session:
         with pytest.raises(TransientGatewayError) as info:
-            await send_request(client, "POST", "http://gw.test/x", gateway="g", json_body={})
-    assert isinstance(info.value.__cause__, httpx.ConnectError)
+            await send_request(session, "POST", f"{closed_port_url()}/x", gateway="g", json_body={})
+    assert isinstance(info.value.__cause__, aiohttp.ClientConnectorError)
 
 
 async def test_send_request_returns_2xx_and_sends_json() -> None:
-    seen: list[httpx.Request] = []
+    async with (
+        FakeGateway(answer(200, {"ok": True}, {"Retry-After": "3"})) as fake,
+        aiohttp.ClientSession() as session,
+    ):
+        resp = await send_request(session, "POST", f"{fake.url}/x", gateway="g", json_body={"a": 1})
+    assert resp.status_code == 200
+    assert resp.content == b'{"ok":true}'
+    assert resp.headers["retry-after"] == "3"  # case-insensitive
+    seen: Seen = fake.seen[0]
+    assert seen.headers["content-type"] == "application/json"
+    assert seen.content == b'{"a":1}'
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        seen.append(request)
-        return httpx.Response(200, json={"ok": True})
 
-    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
-        resp = await send_request(
-            client, "POST", "http://gw.test/x", gateway="g", json_body={"a": 1}
-        )
-    assert resp.json() == {"ok": True}
-    assert seen[0].headers["content-type"] == "application/json"
-    assert seen[0].content == b'{"a":1}'
+async def test_send_request_classifies_answers_with_their_body() -> None:
+    body = b'{"error": "slow down 5511987654321"}'
+    async with (
+        FakeGateway(lambda _: Reply(429, body=body, headers={"Retry-After": "2"})) as fake,
+        aiohttp.ClientSession() as session,
+    ):
+        with pytest.raises(TransientGatewayError) as info:
+            await send_request(session, "POST", f"{fake.url}/x", gateway="g", json_body={})
+    assert info.value.status_code == 429
+    assert info.value.retry_after_s == 2.0
+    assert "slow down 5511*****4321" in str(info.value)

@@ -1,12 +1,14 @@
-"""StackZapClient against httpx.MockTransport: request shape, parsing, errors, listing, cancel."""
+"""StackZapClient against a scripted gateway on loopback: request shape, parsing, errors,
+listing, cancel."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 import pytest
 from pydantic import SecretStr
 
@@ -21,13 +23,21 @@ from streams.errors import (
 )
 from streams.ports import TextMessage
 from streams.settings import GatewayKind, GatewaySettings
+from tests.unit.connectors.gateways.fake_gateway import (
+    FakeGateway,
+    Fault,
+    Handler,
+    Reply,
+    Seen,
+    answer,
+    closed_port_url,
+    failing,
+)
 
 API_KEY = "sz-key-0123456789abcdef"
 PHONE = "5511987654321"
 TEXT = "Seu codigo e 424242"
-MESSAGE_URL = "https://stackzap.test/base/v1/instances/inst%201/send-queue/text"
-
-Handler = Callable[[httpx.Request], httpx.Response]
+MESSAGE_PATH = "/base/v1/instances/inst%201/send-queue/text"
 
 
 def settings(**overrides: Any) -> GatewaySettings:
@@ -40,39 +50,28 @@ def settings(**overrides: Any) -> GatewaySettings:
     return GatewaySettings(**values)
 
 
-def client(handler: Handler, **overrides: Any) -> StackZapClient:
-    return StackZapClient(settings(**overrides), transport=httpx.MockTransport(handler))
+@contextlib.asynccontextmanager
+async def client(handler: Handler, **overrides: Any) -> AsyncIterator[StackZapClient]:
+    """A started client whose base URL (with a path) points at a fake gateway."""
+    async with FakeGateway(handler) as fake:
+        overrides.setdefault("stackzap_api_url", f"{fake.url}/base/")
+        async with StackZapClient(settings(**overrides)) as gw:
+            yield gw
 
 
 def message(reference: str = "att-1") -> TextMessage:
     return TextMessage(instance_id="inst 1", to=PHONE, text=TEXT, reference=reference)
 
 
-def answer(status: int, body: Any = None, headers: dict[str, str] | None = None) -> Handler:
-    def handler(request: httpx.Request) -> httpx.Response:
-        if isinstance(body, bytes):
-            return httpx.Response(status, content=body, headers=headers)
-        return httpx.Response(status, json=body, headers=headers)
-
-    return handler
-
-
-def raising(exc_type: type[httpx.TransportError]) -> Handler:
-    def handler(request: httpx.Request) -> httpx.Response:
-        raise exc_type("simulated", request=request)
-
-    return handler
-
-
 # --- send ------------------------------------------------------------------------
 
 
 async def test_send_request_shape() -> None:
-    seen: list[httpx.Request] = []
+    seen: list[Seen] = []
 
-    def handler(request: httpx.Request) -> httpx.Response:
+    def handler(request: Seen) -> Reply:
         seen.append(request)
-        return httpx.Response(201, json={"id": "job-1", "status": "queued"})
+        return Reply(201, json={"id": "job-1", "status": "queued"})
 
     async with client(handler) as gw:
         accepted = await gw.send_text(message("att-42"))
@@ -82,7 +81,7 @@ async def test_send_request_shape() -> None:
     assert accepted.status is JobStatus.ACCEPTED
     (request,) = seen
     assert request.method == "POST"
-    assert str(request.url) == MESSAGE_URL
+    assert request.raw_path == MESSAGE_PATH
     assert request.headers["X-API-Key"] == API_KEY
     assert request.headers["Idempotency-Key"] == "att-42"
     assert request.headers["Content-Type"] == "application/json"
@@ -91,11 +90,11 @@ async def test_send_request_shape() -> None:
 
 
 async def test_no_api_key_header_when_unset() -> None:
-    seen: list[httpx.Request] = []
+    seen: list[Seen] = []
 
-    def handler(request: httpx.Request) -> httpx.Response:
+    def handler(request: Seen) -> Reply:
         seen.append(request)
-        return httpx.Response(200, json={"id": "j", "status": "queued"})
+        return Reply(200, json={"id": "j", "status": "queued"})
 
     async with client(handler, stackzap_api_key=SecretStr("")) as gw:
         await gw.send_text(message())
@@ -142,24 +141,61 @@ async def test_refused_label_on_send_is_permanent(label: str) -> None:
     assert not info.value.retriable
 
 
+FAST = {"read_timeout_s": 0.2, "connect_timeout_s": 0.2, "pool_timeout_s": 0.05}
+
+
 @pytest.mark.parametrize(
-    ("exc_type", "expected"),
+    ("fault", "expected"),
     [
-        (httpx.ConnectError, TransientGatewayError),
-        (httpx.ConnectTimeout, TransientGatewayError),
-        (httpx.PoolTimeout, TransientGatewayError),
-        (httpx.ReadTimeout, UncertainGatewayError),
-        (httpx.WriteTimeout, UncertainGatewayError),
-        (httpx.ReadError, UncertainGatewayError),
-        (httpx.RemoteProtocolError, UncertainGatewayError),
+        # The request was written and read by the gateway: it may have acted on it.
+        (Fault.STALL, UncertainGatewayError),  # sock_read timeout
+        (Fault.DISCONNECT, UncertainGatewayError),  # ServerDisconnectedError
+        (Fault.CUT_BODY, UncertainGatewayError),  # ClientPayloadError
+        (Fault.GARBAGE, UncertainGatewayError),  # ClientResponseError (bad status line)
     ],
 )
-async def test_transport_errors_classified(
-    exc_type: type[httpx.TransportError], expected: type[Exception]
+async def test_transport_errors_after_the_request_was_written_are_uncertain(
+    fault: Fault, expected: type[Exception]
 ) -> None:
-    async with client(raising(exc_type)) as gw:
-        with pytest.raises(expected):
+    async with client(failing(fault), **FAST) as gw:
+        with pytest.raises(expected) as info:
             await gw.send_text(message())
+    assert not info.value.retriable  # type: ignore[attr-defined]
+    assert PHONE not in str(info.value) and API_KEY not in str(info.value)
+
+
+@pytest.mark.parametrize("fault", [Fault.STALL, Fault.DISCONNECT, Fault.CUT_BODY, Fault.GARBAGE])
+async def test_the_same_failures_on_a_listing_are_transient(fault: Fault) -> None:
+    async with client(failing(fault), **FAST) as gw:
+        with pytest.raises(TransientGatewayError):
+            await gw.list_jobs("i")
+
+
+async def test_connection_refused_is_transient() -> None:
+    async with client(answer(200, {}), stackzap_api_url=closed_port_url(), **FAST) as gw:
+        with pytest.raises(TransientGatewayError) as info:
+            await gw.send_text(message())
+    assert "ClientConnectorError" in str(info.value)
+
+
+async def test_waiting_for_a_pooled_connection_is_transient() -> None:
+    """Pool full for longer than pool + connect timeout: nothing was written (transient)."""
+    async with FakeGateway(failing(Fault.STALL)) as fake:
+        overrides = {**FAST, "read_timeout_s": 3.0, "max_connections": 1}
+        async with StackZapClient(settings(stackzap_api_url=fake.url, **overrides)) as gw:
+            holder = asyncio.create_task(gw.send_text(message("att-holds-the-pool")))
+            for _ in range(200):
+                if fake.seen:
+                    break
+                await asyncio.sleep(0.01)
+            assert len(fake.seen) == 1
+            with pytest.raises(TransientGatewayError) as info:
+                await gw.send_text(message("att-waits"))
+            assert "ConnectionTimeoutError" in str(info.value)
+            assert len(fake.seen) == 1  # the second request never reached the gateway
+            holder.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await holder
 
 
 @pytest.mark.parametrize(
@@ -220,20 +256,21 @@ async def test_permanent_statuses_carry_masked_reason(status: int) -> None:
 
 
 async def test_not_started_raises() -> None:
-    gw = client(answer(200, {}))
+    gw = StackZapClient(settings())
     with pytest.raises(RuntimeError, match="not started"):
         await gw.send_text(message())
 
 
 async def test_stop_is_idempotent_and_start_twice_is_harmless() -> None:
-    gw = client(answer(200, {"id": "j", "status": "queued"}))
-    await gw.start()
-    await gw.start()
-    await gw.send_text(message())
-    await gw.stop()
-    await gw.stop()
-    with pytest.raises(RuntimeError):
+    async with FakeGateway(answer(200, {"id": "j", "status": "queued"})) as fake:
+        gw = StackZapClient(settings(stackzap_api_url=fake.url))
+        await gw.start()
+        await gw.start()
         await gw.send_text(message())
+        await gw.stop()
+        await gw.stop()
+        with pytest.raises(RuntimeError):
+            await gw.send_text(message())
 
 
 def test_factory_builds_stackzap() -> None:
@@ -245,11 +282,11 @@ def test_factory_builds_stackzap() -> None:
 # --- listing -----------------------------------------------------------------------
 
 
-def listing_handler(total: int, seen: list[httpx.Request]) -> Handler:
-    def handler(request: httpx.Request) -> httpx.Response:
+def listing_handler(total: int, seen: list[Seen]) -> Handler:
+    def handler(request: Seen) -> Reply:
         seen.append(request)
-        page = int(request.url.params.get("page", "1"))
-        size = int(request.url.params["page_size"])
+        page = int(request.params.get("page", "1"))
+        size = int(request.params["page_size"])
         start = (page - 1) * size
         items = [
             {
@@ -262,7 +299,7 @@ def listing_handler(total: int, seen: list[httpx.Request]) -> Handler:
             }
             for i in range(start, min(start + size, total))
         ]
-        return httpx.Response(
+        return Reply(
             200,
             json={
                 "items": items,
@@ -278,13 +315,13 @@ def listing_handler(total: int, seen: list[httpx.Request]) -> Handler:
 
 
 async def test_list_jobs_request_and_parse() -> None:
-    seen: list[httpx.Request] = []
+    seen: list[Seen] = []
     async with client(listing_handler(5, seen)) as gw:
         page = await gw.list_jobs("inst 1", page=1, page_size=3, status="queued")
     (request,) = seen
     assert request.method == "GET"
-    assert request.url.raw_path.startswith(b"/base/v1/instances/inst%201/send-queue?")
-    assert dict(request.url.params) == {"page": "1", "page_size": "3", "status": "queued"}
+    assert request.raw_path.startswith("/base/v1/instances/inst%201/send-queue?")
+    assert dict(request.params) == {"page": "1", "page_size": "3", "status": "queued"}
     assert request.headers["X-API-Key"] == API_KEY
     assert page.page == 1
     assert page.page_size == 3
@@ -308,22 +345,22 @@ async def test_list_jobs_request_and_parse() -> None:
 
 
 async def test_list_jobs_omits_page_when_not_given() -> None:
-    seen: list[httpx.Request] = []
+    seen: list[Seen] = []
     async with client(listing_handler(1, seen)) as gw:
         page = await gw.list_jobs("i")
-    assert dict(seen[0].url.params) == {"page_size": "100"}
+    assert dict(seen[0].params) == {"page_size": "100"}
     assert page.next_page is None
 
 
 async def test_iter_jobs_follows_three_pages() -> None:
-    seen: list[httpx.Request] = []
+    seen: list[Seen] = []
     async with client(listing_handler(7, seen)) as gw:
         pages = [p async for p in gw.iter_pages("i", page_size=3)]
         jobs = [j async for j in gw.iter_jobs("i", page_size=3)]
     assert [p.page for p in pages] == [1, 2, 3]
     assert [len(p.items) for p in pages] == [3, 3, 1]
     assert [j.reference for j in jobs] == [f"att-{i}" for i in range(7)]
-    assert [r.url.params.get("page") for r in seen[:3]] == [None, "2", "3"]
+    assert [r.params.get("page") for r in seen[:3]] == [None, "2", "3"]
 
 
 async def test_iter_pages_refuses_a_listing_that_does_not_advance() -> None:
@@ -367,17 +404,17 @@ async def test_listing_errors_are_classified() -> None:
 
 
 async def test_cancel_queued_job() -> None:
-    seen: list[httpx.Request] = []
+    seen: list[Seen] = []
 
-    def handler(request: httpx.Request) -> httpx.Response:
+    def handler(request: Seen) -> Reply:
         seen.append(request)
-        return httpx.Response(200, json={"id": "j/1", "status": "cancelled"})
+        return Reply(200, json={"id": "j/1", "status": "cancelled"})
 
     async with client(handler) as gw:
         assert await gw.cancel("inst 1", "j/1") is True
     (request,) = seen
     assert request.method == "POST"
-    assert request.url.raw_path == b"/base/v1/instances/inst%201/send-queue/j%2F1/cancel"
+    assert request.raw_path == "/base/v1/instances/inst%201/send-queue/j%2F1/cancel"
     assert request.headers["X-API-Key"] == API_KEY
 
 
@@ -404,6 +441,6 @@ async def test_cancel_unknown_job_is_permanent() -> None:
 
 
 async def test_cancel_read_timeout_is_uncertain() -> None:
-    async with client(raising(httpx.ReadTimeout)) as gw:
+    async with client(failing(Fault.STALL), **FAST) as gw:
         with pytest.raises(UncertainGatewayError):
             await gw.cancel("i", "j")

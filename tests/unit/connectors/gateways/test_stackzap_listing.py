@@ -1,13 +1,14 @@
 """The StackZap listing for reconciliation: configurable names, narrow queries, unreadable
-answers (issue 7, item 9). httpx.MockTransport only."""
+answers (issue 7, item 9). A scripted gateway on loopback only."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 import pytest
 from pydantic import SecretStr, ValidationError
 
@@ -17,24 +18,30 @@ from streams.metrics import LISTING_UNREADABLE
 from streams.ports import ListedJob
 from streams.reconcile import SINCE_MARGIN, Verdict, listing_query, match, reconcile
 from streams.settings import GatewayKind, GatewaySettings, default_listing_fields
+from tests.unit.connectors.gateways.fake_gateway import FakeGateway, Reply, Seen
 
 PHONE = "5511987654321"
 OTHER_SHAPE = {"items": "jobs", "reference": "ref"}
 
 
-def client(pages: list[dict[str, Any]], seen: list[httpx.Request], **fields: str) -> StackZapClient:
-    def handler(request: httpx.Request) -> httpx.Response:
+@contextlib.asynccontextmanager
+async def client(
+    pages: list[dict[str, Any]], seen: list[Seen], **fields: str
+) -> AsyncIterator[StackZapClient]:
+    def handler(request: Seen) -> Reply:
         seen.append(request)
-        page = int(request.url.params.get("page", "1"))
-        return httpx.Response(200, json=pages[page - 1])
+        page = int(request.params.get("page", "1"))
+        return Reply(200, json=pages[page - 1])
 
-    settings = GatewaySettings(
-        kind=GatewayKind.STACKZAP,
-        stackzap_api_url="https://stackzap.test/",
-        stackzap_api_key=SecretStr("k"),
-        stackzap_listing_fields=fields,
-    )
-    return StackZapClient(settings, transport=httpx.MockTransport(handler))
+    async with FakeGateway(handler) as fake:
+        settings = GatewaySettings(
+            kind=GatewayKind.STACKZAP,
+            stackzap_api_url=f"{fake.url}/",
+            stackzap_api_key=SecretStr("k"),
+            stackzap_listing_fields=fields,
+        )
+        async with StackZapClient(settings) as gw:
+            yield gw
 
 
 def jobs_shape(*refs: str, next_page: int | None = None) -> dict[str, Any]:
@@ -63,7 +70,7 @@ def test_listing_fields_setting_merges_with_defaults_and_rejects_unknown_keys(
 
 
 async def test_another_shape_parses_with_configured_names_across_pages() -> None:
-    seen: list[httpx.Request] = []
+    seen: list[Seen] = []
     pages = [jobs_shape("7-1", next_page=2), jobs_shape("8-1")]
     async with client(pages, seen, **OTHER_SHAPE) as gw:
         listed = await gw.list_for_reconciliation("shop")
@@ -77,7 +84,7 @@ async def test_another_shape_parses_with_configured_names_across_pages() -> None
 async def test_default_names_on_another_shape_are_unreadable_logged_once_per_outage(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    seen: list[httpx.Request] = []
+    seen: list[Seen] = []
     caplog.set_level(logging.INFO, logger="connectors.gateways.stackzap")
     async with client([jobs_shape("7-1")], seen) as gw:
         for _ in range(3):
@@ -101,12 +108,12 @@ async def test_default_names_on_another_shape_are_unreadable_logged_once_per_out
 
 
 async def test_reconciliation_asks_narrowly_by_reference_and_since() -> None:
-    seen: list[httpx.Request] = []
+    seen: list[Seen] = []
     since = dt.datetime(2026, 12, 1, 10, 0, tzinfo=dt.UTC)
     async with client([{"items": [], "next_page": None}], seen) as gw:
         await gw.list_for_reconciliation("shop", references=["7-1", "7-2"], since=since)
-    params = seen[0].url.params
-    assert params.get_list("reference") == ["7-1", "7-2"]
+    params = seen[0].params
+    assert params.getall("reference") == ["7-1", "7-2"]
     assert params["since"] == "2026-12-01T10:00:00+00:00"
     # An API without those filters: configured off, nothing sent (it lists everything).
     seen.clear()
@@ -114,7 +121,7 @@ async def test_reconciliation_asks_narrowly_by_reference_and_since() -> None:
         [{"items": [], "next_page": None}], seen, reference_param="", since_param=""
     ) as gw:
         await gw.list_for_reconciliation("shop", references=["7-1"], since=since)
-    assert "reference" not in seen[0].url.params and "since" not in seen[0].url.params
+    assert "reference" not in seen[0].params and "since" not in seen[0].params
 
 
 def test_listing_query_covers_every_attempt_and_a_margin_before_creation() -> None:

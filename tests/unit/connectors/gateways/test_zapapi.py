@@ -1,12 +1,12 @@
-"""ZapApiClient against httpx.MockTransport: request shape, parsing and errors."""
+"""ZapApiClient against a scripted gateway on loopback: request shape, parsing and errors."""
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 import pytest
 from pydantic import SecretStr
 
@@ -21,12 +21,20 @@ from streams.errors import (
 )
 from streams.ports import TextMessage
 from streams.settings import GatewayKind, GatewaySettings
+from tests.unit.connectors.gateways.fake_gateway import (
+    FakeGateway,
+    Fault,
+    Handler,
+    Reply,
+    Seen,
+    answer,
+    closed_port_url,
+    failing,
+)
 
 TOKEN = "zap-token-0123456789abcdef"
 PHONE = "5521998877665"
 TEXT = "Pedido 123 confirmado"
-
-Handler = Callable[[httpx.Request], httpx.Response]
 
 
 def settings(**overrides: Any) -> GatewaySettings:
@@ -39,27 +47,25 @@ def settings(**overrides: Any) -> GatewaySettings:
     return GatewaySettings(**values)
 
 
-def client(handler: Handler, **overrides: Any) -> ZapApiClient:
-    return ZapApiClient(settings(**overrides), transport=httpx.MockTransport(handler))
+@contextlib.asynccontextmanager
+async def client(handler: Handler, **overrides: Any) -> AsyncIterator[ZapApiClient]:
+    """A started client pointed at a fake gateway."""
+    async with FakeGateway(handler) as fake:
+        overrides.setdefault("zap_api_url", fake.url)
+        async with ZapApiClient(settings(**overrides)) as gw:
+            yield gw
 
 
 def message(reference: str = "att-1") -> TextMessage:
     return TextMessage(instance_id="inst-9", to=PHONE, text=TEXT, reference=reference)
 
 
-def answer(status: int, body: Any = None, headers: dict[str, str] | None = None) -> Handler:
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(status, json=body, headers=headers)
-
-    return handler
-
-
 async def test_send_request_shape() -> None:
-    seen: list[httpx.Request] = []
+    seen: list[Seen] = []
 
-    def handler(request: httpx.Request) -> httpx.Response:
+    def handler(request: Seen) -> Reply:
         seen.append(request)
-        return httpx.Response(200, json={"id": "m-1", "status": "queued"})
+        return Reply(200, json={"id": "m-1", "status": "queued"})
 
     async with client(handler) as gw:
         accepted = await gw.send_text(message("att-7"))
@@ -68,7 +74,7 @@ async def test_send_request_shape() -> None:
     assert accepted.status is JobStatus.ACCEPTED
     (request,) = seen
     assert request.method == "POST"
-    assert str(request.url) == "http://zap.test:9000/v1/instances/inst-9/messages"
+    assert request.raw_path == "/v1/instances/inst-9/messages"
     assert request.headers["Authorization"] == f"Bearer {TOKEN}"
     assert request.headers["Idempotency-Key"] == "att-7"
     assert "x-api-key" not in request.headers
@@ -101,34 +107,37 @@ async def test_failed_label_is_permanent(label: str) -> None:
 
 
 async def test_no_authorization_header_when_token_unset() -> None:
-    seen: list[httpx.Request] = []
+    seen: list[Seen] = []
 
-    def handler(request: httpx.Request) -> httpx.Response:
+    def handler(request: Seen) -> Reply:
         seen.append(request)
-        return httpx.Response(200, json={"id": "m", "status": "queued"})
+        return Reply(200, json={"id": "m", "status": "queued"})
 
     async with client(handler, zap_token=SecretStr("")) as gw:
         await gw.send_text(message())
     assert "authorization" not in seen[0].headers
 
 
+FAST = {"read_timeout_s": 0.2, "connect_timeout_s": 0.2, "pool_timeout_s": 0.05}
+
+
 @pytest.mark.parametrize(
-    ("exc_type", "expected"),
+    ("fault", "expected"),
     [
-        (httpx.ConnectError, TransientGatewayError),
-        (httpx.PoolTimeout, TransientGatewayError),
-        (httpx.ReadTimeout, UncertainGatewayError),
-        (httpx.RemoteProtocolError, UncertainGatewayError),
+        (Fault.STALL, UncertainGatewayError),
+        (Fault.DISCONNECT, UncertainGatewayError),
+        (Fault.CUT_BODY, UncertainGatewayError),
     ],
 )
-async def test_transport_errors_classified(
-    exc_type: type[httpx.TransportError], expected: type[Exception]
-) -> None:
-    def handler(request: httpx.Request) -> httpx.Response:
-        raise exc_type("simulated", request=request)
-
-    async with client(handler) as gw:
+async def test_transport_errors_classified(fault: Fault, expected: type[Exception]) -> None:
+    async with client(failing(fault), **FAST) as gw:
         with pytest.raises(expected):
+            await gw.send_text(message())
+
+
+async def test_connection_refused_is_transient() -> None:
+    async with client(answer(200, {}), zap_api_url=closed_port_url(), **FAST) as gw:
+        with pytest.raises(TransientGatewayError):
             await gw.send_text(message())
 
 
@@ -168,12 +177,13 @@ async def test_401_pauses_the_instance_and_masks_token() -> None:
 
 
 async def test_lifecycle() -> None:
-    gw = client(answer(200, {"id": "m", "status": "queued"}))
-    with pytest.raises(RuntimeError, match="not started"):
-        await gw.send_text(message())
-    async with gw:
-        await gw.send_text(message())
-    await gw.stop()
+    async with FakeGateway(answer(200, {"id": "m", "status": "queued"})) as fake:
+        gw = ZapApiClient(settings(zap_api_url=fake.url))
+        with pytest.raises(RuntimeError, match="not started"):
+            await gw.send_text(message())
+        async with gw:
+            await gw.send_text(message())
+        await gw.stop()
 
 
 def test_factory_builds_zapapi() -> None:

@@ -1,0 +1,75 @@
+"""``outbox_jobs`` as the worker's long-term record: :class:`~streams.job_history.JobHistory`.
+
+The worker asks it only about late redeliveries (intents older than the dedup
+horizon for jobs its table forgot), so the connection is opened on first use,
+not at start: a worker never needs PostgreSQL to send new intents. Every failure
+becomes :class:`~streams.job_history.HistoryUnavailable` (transient or permanent,
+classified as the state sink does); the caller waits and asks again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import psycopg
+
+from connectors.sink.failures import Verdict, classify_postgres
+from streams.job_history import HistoryUnavailable
+from streams.settings import PostgresSettings
+
+_STATUS = "SELECT status FROM outbox_jobs WHERE id = %s"
+
+
+class PostgresJobHistory:
+    """Looks up ``outbox_jobs.status`` over one lazily opened async connection."""
+
+    def __init__(self, settings: PostgresSettings, *, timeout_s: float = 5.0) -> None:
+        self._settings = settings
+        self._timeout_s = timeout_s
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        """Nothing to do: the connection opens on the first lookup."""
+
+    async def stop(self) -> None:
+        await self._drop()
+
+    async def status_of(self, job_id: int) -> str | None:
+        async with self._lock:
+            try:
+                async with asyncio.timeout(self._timeout_s):
+                    conn = await self._connection()
+                    cur = await conn.execute(_STATUS, (job_id,))
+                    row = await cur.fetchone()
+            except psycopg.Error as exc:
+                await self._drop()
+                if exc.sqlstate is None and not isinstance(exc, psycopg.OperationalError):
+                    raise  # a client-side bug, not an outage
+                failure = classify_postgres(exc.sqlstate, str(exc))
+                raise HistoryUnavailable(
+                    f"outbox_jobs: {failure.problem}",
+                    permanent=failure.verdict is Verdict.PERMANENT,
+                ) from exc
+            except (TimeoutError, OSError) as exc:
+                await self._drop()
+                raise HistoryUnavailable(
+                    f"outbox_jobs: no answer within {self._timeout_s:.0f}s ({exc!r})"
+                ) from exc
+        return str(row[0]) if row is not None else None
+
+    async def _connection(self) -> psycopg.AsyncConnection[Any]:
+        if self._conn is None or self._conn.closed:
+            self._conn = await psycopg.AsyncConnection.connect(
+                self._settings.dsn, autocommit=True, connect_timeout=max(1, int(self._timeout_s))
+            )
+        return self._conn
+
+    async def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None and not conn.closed:
+            try:
+                await conn.close()
+            except psycopg.Error:  # the connection is broken already; nothing to close
+                pass

@@ -1,0 +1,276 @@
+"""``make bench`` worker sections: worker alone vs a bare Faust agent, memory, end-to-end latency.
+
+Worker alone: intents are put into Kafka by a relay that is then stopped; the
+worker starts afterwards and is timed from the simulator's first accepted
+message to the last, with its CPU (utime+stime from /proc) over the same span.
+The Faust+Table baseline (:mod:`devtools.bench_faust_baseline`) then reads the
+same topic with the same broker and partitions in its own consumer group.
+
+End to end: relay, worker and state sink run; intents are committed one per
+transaction at a fixed offered rate and their commit times compared with the
+simulator's arrival times.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, TextIO
+
+import orjson
+import psycopg
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from connectors.cdc.provisioning import ensure_replication
+from devtools.bench_support import (
+    cpu_seconds,
+    fill_outbox,
+    ms,
+    percentile,
+    proc_status_mib,
+    slot_confirmed,
+    wait_until,
+)
+from devtools.delivery_audit import KEY_IN_TEXT, audit
+from devtools.local_pipeline import LocalPipeline
+from streams.contract import INTENTS
+
+SLOT = "zapstream_outbox"
+BASELINE_APP = "bench-faust-baseline"
+
+
+def _log(out: TextIO, text: str) -> None:
+    print(f"  [worker] {text}", file=out, flush=True)
+
+
+def _sim_accepted(pipe: LocalPipeline) -> int:
+    import httpx
+
+    response = httpx.get(f"{pipe.sim_url}/_sim/stats", timeout=10.0)
+    response.raise_for_status()
+    return int(response.json()["accepted"])
+
+
+def _relay_into_kafka(pipe: LocalPipeline, *, run: str, start: int, count: int) -> None:
+    """Fill the outbox and let a relay put it into Kafka; stop the relay once confirmed."""
+    ensure_replication(pipe.dsn, slot=SLOT, publication=SLOT)  # before the fill: rows stream
+    end_lsn = fill_outbox(pipe.dsn, run=run, start=start, count=count)
+    relay = pipe.start_relay(name=f"relay-{start}")
+    wait_until(
+        lambda: slot_confirmed(pipe.dsn, SLOT, end_lsn),
+        timeout_s=1800,
+        what="relay slot confirmation",
+        interval_s=0.2,
+    )
+    relay.stop()
+
+
+def _timed_delivery(
+    pipe: LocalPipeline, worker_pid: int, *, target: int, timeout_s: float
+) -> dict[str, float]:
+    """Poll the simulator until ``target`` accepted; rate and CPU from first to last."""
+    first: tuple[float, int, float] | None = None
+    deadline = time.monotonic() + timeout_s
+    while True:
+        accepted = _sim_accepted(pipe)
+        now = time.monotonic()
+        if first is None and accepted > 0:
+            first = (now, accepted, cpu_seconds(worker_pid))
+        if accepted >= target:
+            break
+        if now > deadline:
+            raise TimeoutError(f"bench: worker delivered {accepted}/{target} in {timeout_s:g} s")
+        time.sleep(0.1)
+    cpu = cpu_seconds(worker_pid)
+    assert first is not None
+    n = accepted - first[1]
+    elapsed = now - first[0]
+    return {
+        "msg_s": n / elapsed if elapsed > 0 else float("nan"),
+        "cpu_ms_per_msg": (cpu - first[2]) / n * 1000 if n else float("nan"),
+        "span_s": elapsed,
+        "messages_timed": n,
+    }
+
+
+def _audit_counts(pipe: LocalPipeline, keys: list[str]) -> dict[str, int]:
+    report = audit(keys, pipe.sim_messages())
+    return {
+        "duplicates": report.duplicate_count,
+        "order_violations": len(report.order_violations),
+        "missing": len(report.missing),
+    }
+
+
+async def _create_topics(bootstrap: str, names: list[str], partitions: int) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, client_id="bench-admin")
+    await admin.start()
+    try:
+        await admin.create_topics(
+            [NewTopic(n, partitions, 1, topic_configs={"cleanup.policy": "compact"}) for n in names]
+        )
+    finally:
+        await admin.close()
+
+
+def _faust_baseline(pipe: LocalPipeline, *, expect: int) -> dict[str, Any]:
+    import asyncio
+
+    asyncio.run(
+        _create_topics(pipe.kafka.bootstrap, [f"{BASELINE_APP}-counts-changelog"], pipe.partitions)
+    )
+    proc = pipe.process(
+        "faust-baseline",
+        [
+            "--brokers",
+            pipe.kafka.bootstrap,
+            "--topic",
+            INTENTS,
+            "--partitions",
+            str(pipe.partitions),
+            "--expect",
+            str(expect),
+            "--app-id",
+            BASELINE_APP,
+            "--data-dir",
+            str(pipe.dir / "faust-baseline"),
+        ],
+        module="devtools.bench_faust_baseline",
+    )
+    proc.start()
+    match = proc.wait_for_log(r"bench-baseline-result (\{.*\})", timeout_s=600)
+    result: dict[str, Any] = orjson.loads(match.group(1))
+    result["vmhwm_mib"] = proc_status_mib(proc.pid, "VmHWM")
+    proc.stop()
+    return result
+
+
+def keys_for(run: str, start: int, count: int) -> list[str]:
+    from devtools.bench_support import demo_key_of
+
+    return [
+        demo_key_of(run, i, conversations=2_000, instances=20) for i in range(start, start + count)
+    ]
+
+
+def run_worker_alone(
+    *,
+    latency_ms: float,
+    messages: int,
+    memory_total: int,
+    baseline: bool,
+    partitions: int,
+    out: TextIO,
+) -> dict[str, Any]:
+    """One worker-alone run; with ``memory_total`` > ``messages``, keep feeding it to there."""
+    result: dict[str, Any] = {"latency_ms": latency_ms, "messages": messages}
+    with LocalPipeline(partitions=partitions, with_sink=False) as pipe:
+        pipe.sim_config(latency_ms=latency_ms)
+        run = uuid.uuid4().hex[:8]
+        started = time.monotonic()
+        _relay_into_kafka(pipe, run=run, start=0, count=messages)
+        _log(out, f"{messages} intents in Kafka after {time.monotonic() - started:.1f} s")
+        worker = pipe.start_worker(wait=False)
+        timed = _timed_delivery(pipe, worker.pid, target=messages, timeout_s=1800)
+        result.update(timed)
+        result["rss_mib_after_first"] = proc_status_mib(worker.pid, "VmRSS")
+        result.update(_audit_counts(pipe, keys_for(run, 0, messages)))
+        _log(
+            out,
+            f"gateway {latency_ms:g} ms: {timed['msg_s']:,.0f} msg/s, "
+            f"{timed['cpu_ms_per_msg']:.2f} ms CPU/msg, "
+            f"RSS {result['rss_mib_after_first']:.0f} MiB",
+        )
+        if baseline:
+            result["baseline"] = _faust_baseline(pipe, expect=messages)
+            _log(out, f"faust+table baseline: {result['baseline']}")
+        if memory_total > messages:
+            more = memory_total - messages
+            relay = pipe.start_relay(name="relay-more")
+            fill_outbox(pipe.dsn, run=run, start=messages, count=more)
+            wait_until(
+                lambda: _sim_accepted(pipe) >= memory_total,
+                timeout_s=3600,
+                what=f"{memory_total} jobs at the gateway",
+                interval_s=0.5,
+            )
+            relay.stop()
+            result["memory_total"] = memory_total
+            result["rss_mib_after_total"] = proc_status_mib(worker.pid, "VmRSS")
+            _log(out, f"RSS after {memory_total} jobs: {result['rss_mib_after_total']:.0f} MiB")
+        result["vmhwm_mib"] = proc_status_mib(worker.pid, "VmHWM")
+    return result
+
+
+def run_end_to_end(*, rate: float, seconds: float, partitions: int, out: TextIO) -> dict[str, Any]:
+    """Commit one intent per transaction at ``rate``/s; commit -> gateway percentiles."""
+    with LocalPipeline(partitions=partitions) as pipe:
+        relay = pipe.start_relay()
+        worker = pipe.start_worker()
+        run = uuid.uuid4().hex[:8]
+        total = int(rate * seconds)
+        committed: dict[str, float] = {}
+        with psycopg.connect(pipe.dsn, autocommit=True) as conn:
+            # The dev cluster runs synchronous_commit=off: its WAL would reach the
+            # walsender only at the WAL writer's next 200 ms round. Applications commit
+            # with the default (on), so this session does too.
+            conn.execute("SET synchronous_commit = on")
+            started = time.monotonic()
+            for i in range(total):
+                delay = started + i / rate - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+                conversation = i % 2_000
+                key = f"{run}:inst-{conversation % 20:02d}:{conversation}:{i // 2_000}"
+                payload = {
+                    "type": "text",
+                    "to": f"+55 11 9{conversation:08d}",
+                    "text": f"Your zapstream demo message [{key}]",
+                }
+                conn.execute(
+                    "INSERT INTO outbox_jobs (instance_id, payload, idempotency_key) "
+                    "VALUES (%s, %s, %s)",
+                    (f"inst-{conversation % 20:02d}", orjson.dumps(payload).decode(), key),
+                )
+                committed[key] = time.time()
+            offered = total / (time.monotonic() - started)
+        _log(out, f"offered {offered:.0f} msg/s for {seconds:g} s; waiting for the gateway")
+        try:
+            wait_until(
+                lambda: _sim_accepted(pipe) >= total,
+                timeout_s=max(60.0, total / 50),
+                what="end-to-end delivery",
+                interval_s=0.5,
+            )
+        except TimeoutError as exc:
+            _log(out, str(exc))
+        first: dict[str, float] = {}
+        for arrival in pipe.sim_messages():
+            found = KEY_IN_TEXT.search(str(arrival.get("text", "")))
+            if found and found.group(1) in committed and found.group(1) not in first:
+                first[found.group(1)] = float(arrival["arrived_at"])
+        latencies = sorted(first[k] - committed[k] for k in first)
+        # Latency of the first and the last fifth of the commits: flat means delay,
+        # growing means the pipeline fell behind the offered load (queueing).
+        by_commit = [first[k] - committed[k] for k in committed if k in first]
+        fifth = max(1, len(by_commit) // 5)
+        result = {
+            "offered_msg_s": offered,
+            "messages": total,
+            "delivered": len(first),
+            "p50_s": percentile(latencies, 0.5),
+            "p99_s": percentile(latencies, 0.99),
+            "p999_s": percentile(latencies, 0.999),
+            "p50_first_fifth_s": percentile(sorted(by_commit[:fifth]), 0.5),
+            "p50_last_fifth_s": percentile(sorted(by_commit[-fifth:]), 0.5),
+            "relay_vmhwm_mib": proc_status_mib(relay.pid, "VmHWM"),
+            "worker_vmhwm_mib": proc_status_mib(worker.pid, "VmHWM"),
+        }
+        _log(
+            out,
+            f"commit->gateway p50 {ms(result['p50_s'])}, p99 {ms(result['p99_s'])}, "
+            f"p999 {ms(result['p999_s'])} ({len(first)}/{total} delivered); p50 of the "
+            f"first / last fifth of commits {ms(result['p50_first_fifth_s'])} / "
+            f"{ms(result['p50_last_fifth_s'])}",
+        )
+        return result

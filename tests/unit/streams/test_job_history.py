@@ -1,0 +1,137 @@
+"""Late redeliveries: the decision table, alone and inside JobProcessor.on_intent (no I/O)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from streams.contract import IntentCaptured, JobStatus
+from streams.job_history import HistoryUnavailable, LateRedeliveries, LateVerdict
+from streams.job_processor import Done, JobProcessor, Park, RetryPolicy
+from streams.ports import SendAccepted
+from tests.unit.streams.test_job_processor import (
+    MemoryPublisher,
+    MemoryStore,
+    ScriptedGateway,
+)
+
+NOW = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
+HORIZON_S, MARGIN_S = 1000.0, 100.0
+S = JobStatus
+
+
+class History:
+    def __init__(self, status: str | None = None, error: HistoryUnavailable | None = None) -> None:
+        self.status = status
+        self.error = error
+        self.asked: list[int] = []
+
+    async def status_of(self, job_id: int) -> str | None:
+        self.asked.append(job_id)
+        if self.error is not None:
+            raise self.error
+        return self.status
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+def _intent(age_s: float | None) -> IntentCaptured:
+    committed = None if age_s is None else (NOW - dt.timedelta(seconds=age_s)).isoformat()
+    return IntentCaptured(
+        job_id=7,
+        instance_id="i",
+        conversation_key="c",
+        idempotency_key="k",
+        message_type="text",
+        to="5511987654321",
+        text="hi",
+        committed_at=committed,
+    )
+
+
+def _late(history: History) -> LateRedeliveries:
+    return LateRedeliveries(history, horizon_s=HORIZON_S, margin_s=MARGIN_S, retry_s=10.0)
+
+
+OLD = HORIZON_S - MARGIN_S + 1
+RECENT = HORIZON_S - MARGIN_S - 1
+
+
+@pytest.mark.parametrize(
+    ("age_s", "history", "verdict", "asked"),
+    [
+        (RECENT, History(S.ACCEPTED), LateVerdict.SEND, False),
+        (OLD, History(S.ACCEPTED), LateVerdict.DUPLICATE, True),
+        (OLD, History(S.DEAD), LateVerdict.DUPLICATE, True),
+        (OLD, History(None), LateVerdict.DUPLICATE, True),
+        (OLD, History(S.PENDING), LateVerdict.SEND, True),
+        (None, History(S.PENDING), LateVerdict.SEND, True),
+        (None, History(S.READ), LateVerdict.DUPLICATE, True),
+        (OLD, History(error=HistoryUnavailable("refused")), LateVerdict.LATER, True),
+        (
+            OLD,
+            History(error=HistoryUnavailable("bad password", permanent=True)),
+            LateVerdict.LATER,
+            True,
+        ),
+    ],
+)
+async def test_decision_table(
+    age_s: float | None, history: History, verdict: LateVerdict, asked: bool
+) -> None:
+    assert await _late(history).check(_intent(age_s), NOW) is verdict
+    assert bool(history.asked) is asked
+
+
+def _processor(history: History) -> tuple[JobProcessor, ScriptedGateway, MemoryStore]:
+    gateway = ScriptedGateway(SendAccepted("gw-1", "queued", S.ACCEPTED))
+    store = MemoryStore()
+    processor = JobProcessor(
+        gateway,
+        store,
+        MemoryPublisher(),
+        RetryPolicy(schedule_s=(1,)),
+        now=lambda: NOW,
+        late=_late(history),
+    )
+    return processor, gateway, store
+
+
+async def test_unknown_recent_intent_is_sent_without_a_lookup() -> None:
+    history = History(S.ACCEPTED)
+    processor, gateway, store = _processor(history)
+    outcome = await processor.on_intent(_intent(RECENT), 0)
+    assert isinstance(outcome, Done) and outcome.state is not None
+    assert outcome.state.status == S.ACCEPTED
+    assert len(gateway.sent) == 1 and history.asked == []
+
+
+async def test_unknown_old_intent_handled_before_is_dropped() -> None:
+    processor, gateway, store = _processor(History(S.DELIVERED))
+    assert await processor.on_intent(_intent(OLD), 0) == Done(None)
+    assert gateway.sent == [] and store.history == []
+
+
+async def test_unknown_old_intent_still_pending_is_sent() -> None:
+    processor, gateway, _ = _processor(History(S.PENDING))
+    outcome = await processor.on_intent(_intent(OLD), 0)
+    assert isinstance(outcome, Done) and outcome.state is not None
+    assert outcome.state.status == S.ACCEPTED and len(gateway.sent) == 1
+
+
+async def test_history_unavailable_parks_without_sending() -> None:
+    processor, gateway, store = _processor(History(error=HistoryUnavailable("connection refused")))
+    outcome = await processor.on_intent(_intent(OLD), 0)
+    assert outcome == Park(NOW.timestamp() + 10.0, None)
+    assert gateway.sent == [] and store.history == []
+
+
+async def test_a_job_in_the_table_is_never_looked_up() -> None:
+    history = History(S.PENDING)
+    processor, gateway, _ = _processor(history)
+    await processor.on_intent(_intent(OLD), 0)
+    assert await processor.on_intent(_intent(OLD), 0) == Done(None)  # settled: a redelivery
+    assert history.asked == [7] and len(gateway.sent) == 1
