@@ -173,7 +173,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     import faust
 
     from connectors.gateways.factory import build_gateway
-    from connectors.outbox.job_history import PostgresJobHistory
+    from connectors.sink.job_history import PostgresJobHistory
     from streams.worker import build_worker_app
     from streams.worker_settings import WorkerSettings
 

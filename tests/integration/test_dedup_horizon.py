@@ -20,7 +20,7 @@ from aiokafka import AIOKafkaProducer
 from pydantic import SecretStr
 
 from connectors.outbox.enqueue import enqueue
-from connectors.outbox.job_history import PostgresJobHistory
+from connectors.sink.job_history import PostgresJobHistory
 from devtools.delivery_audit import audit
 from devtools.devstack import ManagedProcess, find_free_port
 from devtools.local_pipeline import LocalPipeline

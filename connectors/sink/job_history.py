@@ -4,7 +4,8 @@ The worker asks it only about late redeliveries (intents older than the dedup
 horizon for jobs its table forgot), so the connection is opened on first use,
 not at start: a worker never needs PostgreSQL to send new intents. Every failure
 becomes :class:`~streams.job_history.HistoryUnavailable` (transient or permanent,
-classified as the state sink does); the caller waits and asks again.
+classified by :mod:`connectors.failures`); the caller waits and asks again.
+It lives beside the state sink: both are the worker side's view of ``outbox_jobs``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 import psycopg
 
-from connectors.sink.failures import Verdict, classify_postgres
+from connectors.failures import classify_postgres
 from streams.job_history import HistoryUnavailable
 from streams.settings import PostgresSettings
 
@@ -47,10 +48,10 @@ class PostgresJobHistory:
                 await self._drop()
                 if exc.sqlstate is None and not isinstance(exc, psycopg.OperationalError):
                     raise  # a client-side bug, not an outage
-                failure = classify_postgres(exc.sqlstate, str(exc))
+                verdict = classify_postgres(exc.sqlstate, str(exc))
+                problem = f"{verdict.hint} ({verdict.detail})" if verdict.hint else verdict.detail
                 raise HistoryUnavailable(
-                    f"outbox_jobs: {failure.problem}",
-                    permanent=failure.verdict is Verdict.PERMANENT,
+                    f"outbox_jobs: {problem}", permanent=not verdict.retriable
                 ) from exc
             except (TimeoutError, OSError) as exc:
                 await self._drop()
