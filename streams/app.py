@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 import faust
 
+from streams.transport import KafkaTransport
 from streams.worker_settings import WorkerSettings
 
 
@@ -26,11 +27,23 @@ class Resource(Protocol):
 class WorkerApp(faust.App):
     """A Faust app that starts its resources before its agents and stops them after."""
 
-    def __init__(self, *args: Any, resources: Sequence[Resource] = (), **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        resources: Sequence[Resource] = (),
+        fetch_max_wait_ms: int | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
+        self.fetch_max_wait_ms = fetch_max_wait_ms
+        """The worker consumer's fetch wait (see :mod:`streams.transport`); None: Faust's."""
         self.resources = list(resources)
         self.after_streams_stopped: list[Any] = []
         """Hooks run once Faust stopped the flow and waited for every event to be acked."""
+
+    def _new_transport(self) -> Any:
+        # Faust's own aiokafka transport, but its consumer honours fetch_max_wait_ms.
+        return KafkaTransport(self.conf.broker_consumer, self)
 
     async def on_start(self) -> None:
         for resource in self.resources:
@@ -59,6 +72,7 @@ def build_app(settings: WorkerSettings, resources: Sequence[Resource] = ()) -> W
     return WorkerApp(
         settings.app_id,
         resources=resources,
+        fetch_max_wait_ms=kafka.consumer_fetch_max_wait_ms,
         broker=[f"kafka://{server}" for server in kafka.bootstrap_servers],
         autodiscover=False,
         datadir=settings.data_dir,

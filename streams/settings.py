@@ -57,6 +57,17 @@ class KafkaSettings(SettingsBase):
     one_record_per_batch: bool = False
     """Test-only: send state/changelog records one per produce request, because Tansu's
     ListOffsets is wrong after multi-record batches and Faust recovery reads up to it."""
+    fetch_max_wait_ms: int | None = Field(default=None, ge=1)
+    """How long a consumer's fetch may wait on the broker for data. None: 1500 (Faust's own
+    choice) for Apache Kafka, which answers a fetch as soon as data arrives so the wait only
+    matters when idle; 10 for Tansu, which does not answer a waiting fetch early, so every
+    consuming hop would otherwise wait the full time."""
+
+    @property
+    def consumer_fetch_max_wait_ms(self) -> int:
+        if self.fetch_max_wait_ms is not None:
+            return self.fetch_max_wait_ms
+        return 1500 if self.flavor is BrokerFlavor.KAFKA else 10
 
     @property
     def use_idempotent_producer(self) -> bool:

@@ -545,6 +545,7 @@ class StateSink:
             auto_offset_reset="earliest",
             session_timeout_ms=int(kafka.session_timeout_s * 1000),
             heartbeat_interval_ms=int(kafka.heartbeat_interval_s * 1000),
+            fetch_max_wait_ms=kafka.consumer_fetch_max_wait_ms,
         )
         # Assigned before start(), so a failed start is stopped by the next attempt or stop().
         self._producer, self._consumer = producer, consumer

@@ -1,0 +1,58 @@
+"""The worker's Faust consumer takes its fetch wait from our settings (no broker needed)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from faust.transport.drivers import aiokafka as faust_aiokafka
+
+from streams.settings import BrokerFlavor, KafkaSettings
+from streams.transport import _ConsumerThread
+
+
+@pytest.mark.parametrize(
+    ("flavor", "configured", "expected_ms"),
+    [
+        (BrokerFlavor.TANSU, None, 10),
+        (BrokerFlavor.KAFKA, None, 1500),
+        (BrokerFlavor.KAFKA, 200, 200),
+        (BrokerFlavor.TANSU, 50, 50),
+    ],
+)
+def test_fetch_wait_follows_the_broker_flavor_unless_set(
+    flavor: BrokerFlavor, configured: int | None, expected_ms: int
+) -> None:
+    kafka = KafkaSettings(flavor=flavor, fetch_max_wait_ms=configured)
+    assert kafka.consumer_fetch_max_wait_ms == expected_ms
+
+
+@pytest.mark.parametrize(("app_wait_ms", "expected_ms"), [(10, 10), (None, 1500)])
+def test_worker_consumer_gets_the_apps_fetch_wait(
+    monkeypatch: pytest.MonkeyPatch, app_wait_ms: int | None, expected_ms: int
+) -> None:
+    """Faust builds the consumer with 1500; our thread sets the app's wait before start()."""
+    built = SimpleNamespace(_fetch_max_wait_ms=1500)
+
+    def faust_builds(self: Any, transport: Any) -> Any:
+        return built
+
+    monkeypatch.setattr(
+        faust_aiokafka.AIOKafkaConsumerThread, "_create_worker_consumer", faust_builds
+    )
+    thread = _ConsumerThread.__new__(_ConsumerThread)  # no service machinery: just the method
+    thread.app = SimpleNamespace(fetch_max_wait_ms=app_wait_ms)  # type: ignore[assignment]
+    consumer = thread._create_worker_consumer(transport=None)  # type: ignore[arg-type]
+    assert consumer is built and built._fetch_max_wait_ms == expected_ms
+
+
+def test_worker_app_hands_faust_our_transport_with_the_settings_wait(tmp_path: Any) -> None:
+    from streams.app import build_app
+    from streams.transport import KafkaTransport
+    from streams.worker_settings import WorkerSettings
+
+    kafka = KafkaSettings(brokers="127.0.0.1:1", flavor=BrokerFlavor.TANSU)
+    app = build_app(WorkerSettings(kafka=kafka, data_dir=str(tmp_path)))
+    assert app.fetch_max_wait_ms == 10
+    assert isinstance(app._new_transport(), KafkaTransport)
