@@ -16,13 +16,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
-import time
 from collections.abc import Iterator
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError
 
+from connectors.failures import Backoff, OutageLog
 from connectors.ops.config_errors import StartupRefused
 from streams.contract import DEAD, INTENTS, INVALID, STATE, TopicSpec, topic_specs
 from streams.settings import KafkaSettings
@@ -128,30 +127,22 @@ async def partition_counts_when_reachable(
     """:func:`partition_counts`, waiting out a broker that cannot be reached yet.
 
     A broker that is down or not up yet is transient for a long-running service:
-    retried with capped, jittered backoff for as long as it lasts, logged once when
-    the outage starts and once when it ends.
+    retried with the edges' capped, jittered :class:`~connectors.failures.Backoff`
+    for as long as it lasts, logged once when the outage starts and once when it
+    ends (:class:`~connectors.failures.OutageLog`).
     """
-    delay, attempts, since = first_delay_s, 0, time.monotonic()
+    backoff = Backoff(first_delay_s, max_delay_s)
+    outage = OutageLog("Kafka", log)
+    brokers = ",".join(kafka.bootstrap_servers)
     while True:
         try:
             counts = await partition_counts(kafka)
         except KafkaConnectionError as exc:
-            attempts += 1
-            if attempts == 1:
-                log.warning(
-                    "Kafka unreachable at %s (ZAPSTREAM_KAFKA_BROKERS): %s; retrying",
-                    ",".join(kafka.bootstrap_servers),
-                    exc,
-                )
-            await asyncio.sleep(delay * random.uniform(0.8, 1.0))
-            delay = min(delay * 2, max_delay_s)
+            delay_s = backoff.next_delay_s()
+            outage.failed(f"{exc} (ZAPSTREAM_KAFKA_BROKERS={brokers})", delay_s)
+            await asyncio.sleep(delay_s)
             continue
-        if attempts:
-            log.info(
-                "Kafka reachable again after %.1fs and %d attempts",
-                time.monotonic() - since,
-                attempts,
-            )
+        outage.recovered()
         return counts
 
 
