@@ -217,6 +217,46 @@ def _refuse_invalid(out: TextIO, job: Job, action: str) -> int:
     return EXIT_REFUSED
 
 
+def _request_and_poll(
+    conn: psycopg.Connection[Any],
+    job_id: int,
+    out: TextIO,
+    *,
+    verb: str,
+    shown: str,
+    request: Callable[[], int],
+    settled: Callable[[list[JobEvent], int], bool],
+    reason: str,
+    actor: str,
+    wait_s: float,
+    poll_interval_s: float,
+) -> tuple[int, list[JobEvent]] | None:
+    """Request a command in its own transaction, then poll the job's events for the answer.
+
+    None (after printing why) when the command is refused before it is written;
+    otherwise the command id and the events seen when ``settled`` said so or
+    ``wait_s`` ran out.
+    """
+    try:
+        with conn.transaction():
+            command_id = request()
+    except InvalidCommand as exc:
+        print(f"cannot {verb} job {job_id}: {exc}", file=out)
+        return None
+    print(
+        f"{shown}: command {command_id} by {actor.strip()}: {reason.strip()}",
+        file=out,
+    )
+    events = poll_events(
+        conn,
+        job_id,
+        wait_s=wait_s,
+        poll_interval_s=poll_interval_s,
+        settled=lambda evs: settled(evs, command_id),
+    )
+    return command_id, events
+
+
 def cancel_job(
     dsn: str,
     job_id: int,
@@ -236,24 +276,22 @@ def cancel_job(
             return EXIT_REFUSED
         if job.status == JobStatus.INVALID:
             return _refuse_invalid(out, job, "cancel")
-        try:
-            with conn.transaction():
-                command_id = request_cancel_by_id(conn, job_id, reason, actor)
-        except InvalidCommand as exc:
-            print(f"cannot cancel job {job_id}: {exc}", file=out)
-            return EXIT_REFUSED
-        print(
-            f"cancel requested for job {job_id} ({job.status}): command {command_id} "
-            f"by {actor.strip()}: {reason.strip()}",
-            file=out,
-        )
-        events = poll_events(
+        requested = _request_and_poll(
             conn,
             job_id,
+            out,
+            verb="cancel",
+            shown=f"cancel requested for job {job_id} ({job.status})",
+            request=lambda: request_cancel_by_id(conn, job_id, reason, actor),
+            settled=lambda evs, command_id: _answer(evs, command_id) is not None,
+            reason=reason,
+            actor=actor,
             wait_s=wait_s,
             poll_interval_s=poll_interval_s,
-            settled=lambda evs: _answer(evs, command_id) is not None,
         )
+        if requested is None:
+            return EXIT_REFUSED
+        command_id, events = requested
     answer = _answer(events, command_id)
     if answer is None:
         return _still_pending(out, command_id)
@@ -361,24 +399,22 @@ def reprocess_job(
                 "the worker will expire it again instead of sending it",
                 file=out,
             )
-        try:
-            with conn.transaction():
-                command_id = request_reprocess(conn, job_id, reason, actor)
-        except InvalidCommand as exc:
-            print(f"cannot reprocess job {job_id}: {exc}", file=out)
-            return EXIT_REFUSED
-        print(
-            f"reprocess requested for job {job_id}: command {command_id} "
-            f"by {actor.strip()}: {reason.strip()}",
-            file=out,
-        )
-        events = poll_events(
+        requested = _request_and_poll(
             conn,
             job_id,
+            out,
+            verb="reprocess",
+            shown=f"reprocess requested for job {job_id}",
+            request=lambda: request_reprocess(conn, job_id, reason, actor),
+            settled=_reprocess_settled,
+            reason=reason,
+            actor=actor,
             wait_s=wait_s,
             poll_interval_s=poll_interval_s,
-            settled=lambda evs: _reprocess_settled(evs, command_id),
         )
+        if requested is None:
+            return EXIT_REFUSED
+        command_id, events = requested
     followed = _since_answer(events, command_id)
     if not followed:
         return _still_pending(out, command_id)
