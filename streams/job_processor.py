@@ -37,7 +37,7 @@ import dataclasses
 import datetime as dt
 import logging
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 from streams.contract import (
@@ -90,7 +90,8 @@ class JobStore(Protocol):
 class Publisher(Protocol):
     """Where attempt outcomes and dead jobs go (``zapstream.results``, ``zapstream.dead``)."""
 
-    async def attempt_finished(self, record: AttemptFinished, key: bytes) -> None: ...
+    async def attempt_finished(self, record: AttemptFinished, key: bytes) -> Awaitable[object]:
+        """Queue the record; the returned awaitable completes once Kafka acknowledged it."""
 
     async def job_dead(self, record: JobDead) -> None: ...
 
@@ -284,13 +285,14 @@ class JobProcessor:
         while True:
             if intent.expires_at is not None:
                 if dt.datetime.fromisoformat(intent.expires_at) <= self.now():
+                    ack = await self._attempt(intent, 0, AttemptOutcome.EXPIRED, error="expired")
                     expired = await self._put(
                         transition(
                             ref, current, S.EXPIRED, reason=f"expired at {intent.expires_at}"
                         ),
                         partition,
                     )
-                    await self._attempt(intent, 0, AttemptOutcome.EXPIRED, error="expired")
+                    await ack
                     return Done(expired)
             attempts = (current.attempts if current else 0) + 1
             seq = (current.attempt_seq if current else 0) + 1
@@ -313,20 +315,32 @@ class JobProcessor:
             except InstanceUnavailableError as exc:
                 # Refused before anything was sent: the attempt is given back.
                 self.failures.record(intent.instance_id, exc, self._ts())
-                await self._attempt(intent, seq, AttemptOutcome.TRANSIENT, started, error=str(exc))
+                await (
+                    await self._attempt(
+                        intent, seq, AttemptOutcome.TRANSIENT, started, error=str(exc)
+                    )
+                )
                 return await self._hold_for_instance(
                     intent, ref, current, partition, exc, probe=probe, attempts=attempts - 1
                 )
             except PermanentGatewayError as exc:
                 self.failures.record(intent.instance_id, exc, self._ts())
                 self._gateway_answered(intent.instance_id)
-                await self._attempt(intent, seq, AttemptOutcome.PERMANENT, started, error=str(exc))
-                return Done(
-                    await self._put(transition(ref, current, S.FAILED, reason=str(exc)), partition)
+                ack = await self._attempt(
+                    intent, seq, AttemptOutcome.PERMANENT, started, error=str(exc)
                 )
+                failed = await self._put(
+                    transition(ref, current, S.FAILED, reason=str(exc)), partition
+                )
+                await ack
+                return Done(failed)
             except UncertainGatewayError as exc:
                 self.failures.record(intent.instance_id, exc, self._ts())
-                await self._attempt(intent, seq, AttemptOutcome.UNCERTAIN, started, error=str(exc))
+                await (
+                    await self._attempt(
+                        intent, seq, AttemptOutcome.UNCERTAIN, started, error=str(exc)
+                    )
+                )
                 decided = await self._reconcile(
                     intent, ref, current, partition, str(exc), probe=probe
                 )
@@ -341,16 +355,22 @@ class JobProcessor:
                 )
             except TransientGatewayError as exc:
                 self.failures.record(intent.instance_id, exc, self._ts())
-                await self._attempt(intent, seq, AttemptOutcome.TRANSIENT, started, error=str(exc))
-                return await self._retry_or_die(
+                ack = await self._attempt(
+                    intent, seq, AttemptOutcome.TRANSIENT, started, error=str(exc)
+                )
+                outcome = await self._retry_or_die(
                     intent, ref, current, partition, str(exc), exc.retry_after_s
                 )
+                await ack
+                return outcome
             except GatewayError as exc:  # an unclassified subclass is a gateway client bug
                 raise TypeError(f"unclassified gateway error {type(exc).__name__}") from exc
             self._gateway_answered(intent.instance_id)
             self.failures.record_success(intent.instance_id, self._ts())
             review = accepted.status is S.REVIEW
-            await self._attempt(
+            # The attempt's outcome and the job's new state go out together (one produce
+            # request) and are awaited together.
+            ack = await self._attempt(
                 intent,
                 seq,
                 AttemptOutcome.REVIEW if review else AttemptOutcome.ACCEPTED,
@@ -361,18 +381,18 @@ class JobProcessor:
             reason = (
                 f"gateway label {accepted.gateway_status!r} is not configured" if review else None
             )
-            return Done(
-                await self._put(
-                    transition(
-                        ref,
-                        current,
-                        accepted.status,
-                        reason=reason,
-                        gateway_job_id=accepted.gateway_job_id,
-                    ),
-                    partition,
-                )
+            settled = await self._put(
+                transition(
+                    ref,
+                    current,
+                    accepted.status,
+                    reason=reason,
+                    gateway_job_id=accepted.gateway_job_id,
+                ),
+                partition,
             )
+            await ack
+            return Done(settled)
 
     async def _reconcile(
         self,
@@ -413,7 +433,7 @@ class JobProcessor:
         if result.verdict is Verdict.ADOPT:
             assert result.job is not None
             status = result.job.status if result.job.status in SENT else S.ACCEPTED
-            await self._attempt(
+            ack = await self._attempt(
                 intent,
                 current.attempt_seq,
                 AttemptOutcome.ACCEPTED,
@@ -422,18 +442,18 @@ class JobProcessor:
                 gateway_status=result.job.gateway_status,
                 error=f"reconciled: {result.reason}",
             )
-            return Done(
-                await self._put(
-                    transition(
-                        ref,
-                        current,
-                        status,
-                        reason=f"reconciled ({why}): {result.reason}",
-                        gateway_job_id=result.job.gateway_job_id,
-                    ),
-                    partition,
-                )
+            adopted = await self._put(
+                transition(
+                    ref,
+                    current,
+                    status,
+                    reason=f"reconciled ({why}): {result.reason}",
+                    gateway_job_id=result.job.gateway_job_id,
+                ),
+                partition,
             )
+            await ack
+            return Done(adopted)
         if result.verdict is Verdict.LATER:
             if current.attempts >= intent.max_attempts:
                 return await self._retry_or_die(
@@ -719,7 +739,8 @@ class JobProcessor:
         outcome: AttemptOutcome,
         started: dt.datetime | None = None,
         **fields: str | None,
-    ) -> None:
+    ) -> Awaitable[object]:
+        """Queue the attempt's outcome on ``zapstream.results``; await the result for the ack."""
         record = AttemptFinished(
             job_id=intent.job_id,
             idempotency_key=intent.idempotency_key,
@@ -734,4 +755,4 @@ class JobProcessor:
             committed_at=intent.committed_at,
             **fields,
         )
-        await self.publisher.attempt_finished(record, intent.partition_key)
+        return await self.publisher.attempt_finished(record, intent.partition_key)

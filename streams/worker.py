@@ -21,7 +21,7 @@ from streams.instance_pauses import InstancePauses
 from streams.job_history import JobHistory, LateRedeliveries
 from streams.job_processor import JobProcessor, RetryPolicy
 from streams.ports import Gateway
-from streams.stores import FaustJobStore, FaustPublisher, ParkingLot
+from streams.stores import FaustJobStore, FaustPublisher, KafkaWriter, ParkingLot
 from streams.tables import register_tables
 from streams.topics import register_topics
 from streams.worker_settings import WorkerSettings
@@ -49,10 +49,11 @@ def build_worker_app(
     partitions = settings.kafka.partitions
     topics = register_topics(app, partitions)
     jobs, parked = register_tables(app, topics, partitions)
+    writer = KafkaWriter(app)
     processor = JobProcessor(
         gateway,
-        FaustJobStore(jobs, topics.state),
-        FaustPublisher(topics),
+        FaustJobStore(jobs, writer),
+        FaustPublisher(writer),
         RetryPolicy(schedule_s=tuple(settings.retry_schedule_s), jitter=settings.retry_jitter),
         listing_authoritative=settings.gateway.listing_authoritative,
         pauses=InstancePauses(settings.instance_probe_s),

@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Coroutine, Iterator
+from collections.abc import Awaitable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 import psycopg
@@ -227,7 +227,8 @@ class _Publisher:
     def __init__(self) -> None:
         self.dead: list[JobDead] = []
 
-    async def attempt_finished(self, record: AttemptFinished, key: bytes) -> None: ...
+    async def attempt_finished(self, record: AttemptFinished, key: bytes) -> Awaitable[object]:
+        return asyncio.sleep(0)
 
     async def job_dead(self, record: JobDead) -> None:
         self.dead.append(record)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import random
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 
 import pytest
 
@@ -88,8 +88,13 @@ class MemoryPublisher:
         self.attempts: list[AttemptFinished] = []
         self.dead: list[JobDead] = []
 
-    async def attempt_finished(self, record: AttemptFinished, key: bytes) -> None:
-        self.attempts.append(record)
+    async def attempt_finished(self, record: AttemptFinished, key: bytes) -> Awaitable[object]:
+        # Like Kafka: the record counts once its acknowledgement is awaited, so a
+        # forgotten await loses the attempt here (and warns of an un-awaited coroutine).
+        async def acknowledged() -> None:
+            self.attempts.append(record)
+
+        return acknowledged()
 
     async def job_dead(self, record: JobDead) -> None:
         self.dead.append(record)
