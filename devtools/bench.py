@@ -11,6 +11,9 @@ and gateway simulator so none sees another's data):
   50 ms next to a bare Faust agent with one Table update per message; worker
   RSS after ``--worker-messages`` and after ``--memory-jobs`` jobs
   (:mod:`devtools.bench_worker`);
+- ``scaling``: 1 then 2 workers of one consumer group on ``--worker-messages``
+  intents, started before the intents arrive: msg/s, CPU per message, each
+  worker's share and how busy the machine's cores were;
 - ``e2e``: commit -> gateway p50/p99/p999 at ``--rate`` msg/s for ``--e2e-seconds``.
 
 Prints a table (figure, value, comparison, target, PASS/MISS) and writes it as
@@ -24,6 +27,7 @@ import argparse
 import dataclasses
 import datetime as dt
 import math
+import os
 import platform
 import signal
 import subprocess
@@ -37,9 +41,9 @@ import orjson
 
 from devtools.bench_relay import run_relay_section
 from devtools.bench_support import Figure, ms
-from devtools.bench_worker import run_end_to_end, run_worker_alone
+from devtools.bench_worker import run_end_to_end, run_worker_alone, run_worker_scaling
 
-SECTIONS = ("relay", "worker", "e2e")
+SECTIONS = ("relay", "worker", "scaling", "e2e")
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -145,6 +149,32 @@ def worker_figures(
             passed=_mb(peak_mib) <= 300,
         )
     )
+    return figures
+
+
+def scaling_figures(runs: Sequence[dict[str, Any]]) -> list[Figure]:
+    figures: list[Figure] = []
+    one = runs[0]
+    for run in runs:
+        n = run["workers"]
+        shares = "/".join(f"{int(x):,}" for x in run["per_worker"])
+        comparison = (
+            f"{run['msg_s'] / one['msg_s']:.2f}x of 1 worker; " if run is not one else ""
+        ) + (
+            f"intents per worker {shares}; machine busy {run['machine_busy']:.0%} of "
+            f"{os.cpu_count()} cores; CPU/msg broker {run['broker_cpu_ms']:.2f} ms, "
+            f"simulator {run['simulator_cpu_ms']:.2f} ms; "
+            f"{run['duplicates']} dup, {run['order_violations']} order"
+        )
+        figures.append(
+            Figure(
+                "scaling",
+                f"{n} worker{'s' if n > 1 else ''}, gateway 0 ms, {run['messages']:,} intents",
+                f"{run['msg_s']:,.0f} msg/s, {run['cpu_ms_per_msg']:.2f} ms CPU/msg",
+                comparison,
+                raw=run,
+            )
+        )
     return figures
 
 
@@ -269,6 +299,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         peak = max(zero["vmhwm_mib"], fifty["vmhwm_mib"] if fifty else 0.0)
         figures.extend(worker_figures(zero, fifty, peak))
+    if "scaling" in sections:
+        print(
+            f"bench: scaling section (1 and 2 workers, {args.worker_messages:,} intents) ...",
+            file=log,
+            flush=True,
+        )
+        figures.extend(
+            scaling_figures(
+                [
+                    run_worker_scaling(
+                        workers=n,
+                        messages=args.worker_messages,
+                        partitions=args.partitions,
+                        out=log,
+                    )
+                    for n in (1, 2)
+                ]
+            )
+        )
     if "e2e" in sections:
         print(f"bench: end-to-end section ({args.rate:g} msg/s) ...", file=log, flush=True)
         figures.extend(

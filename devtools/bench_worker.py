@@ -13,8 +13,12 @@ simulator's arrival times.
 
 from __future__ import annotations
 
+import os
+import re
 import time
 import uuid
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, TextIO
 
 import orjson
@@ -36,6 +40,7 @@ from devtools.local_pipeline import LocalPipeline
 from streams.contract import INTENTS
 
 SLOT = "zapstream_outbox"
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 BASELINE_APP = "bench-faust-baseline"
 
 
@@ -65,31 +70,66 @@ def _relay_into_kafka(pipe: LocalPipeline, *, run: str, start: int, count: int) 
     relay.stop()
 
 
+def _machine_busy_s() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine so far, from /proc/stat."""
+    fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    total = sum(fields[:8])  # without guest time, which user time already counts
+    return (total - idle) / _CLOCK_TICKS, total / _CLOCK_TICKS
+
+
 def _timed_delivery(
-    pipe: LocalPipeline, worker_pid: int, *, target: int, timeout_s: float
+    pipe: LocalPipeline,
+    worker_pid: int | Sequence[int],
+    *,
+    target: int,
+    timeout_s: float,
+    also: dict[str, int] | None = None,
 ) -> dict[str, float]:
-    """Poll the simulator until ``target`` accepted; rate and CPU from first to last."""
+    """Poll the simulator until ``target`` accepted; rate and CPU from first to last.
+
+    With several workers, CPU is their sum; ``machine_busy`` is the share of all the
+    machine's cores that were busy over the same span (workers, broker, simulator).
+    """
+    pids = [worker_pid] if isinstance(worker_pid, int) else list(worker_pid)
+
+    def cpu() -> float:
+        return sum(cpu_seconds(pid) for pid in pids)
+
+    others = dict(also or {})
+    others_first: dict[str, float] = {}
     first: tuple[float, int, float] | None = None
+    machine_first = (0.0, 0.0)
     deadline = time.monotonic() + timeout_s
     while True:
         accepted = _sim_accepted(pipe)
         now = time.monotonic()
         if first is None and accepted > 0:
-            first = (now, accepted, cpu_seconds(worker_pid))
+            first = (now, accepted, cpu())
+            machine_first = _machine_busy_s()
+            others_first = {name: cpu_seconds(pid) for name, pid in others.items()}
         if accepted >= target:
             break
         if now > deadline:
             raise TimeoutError(f"bench: worker delivered {accepted}/{target} in {timeout_s:g} s")
         time.sleep(0.1)
-    cpu = cpu_seconds(worker_pid)
+    used = cpu()
+    busy, total = _machine_busy_s()
     assert first is not None
     n = accepted - first[1]
     elapsed = now - first[0]
+    spent = total - machine_first[1]
+    per_other = {
+        f"{name}_cpu_ms": (cpu_seconds(pid) - others_first[name]) / n * 1000 if n else float("nan")
+        for name, pid in others.items()
+    }
     return {
+        **per_other,
         "msg_s": n / elapsed if elapsed > 0 else float("nan"),
-        "cpu_ms_per_msg": (cpu - first[2]) / n * 1000 if n else float("nan"),
+        "cpu_ms_per_msg": (used - first[2]) / n * 1000 if n else float("nan"),
         "span_s": elapsed,
         "messages_timed": n,
+        "machine_busy": (busy - machine_first[0]) / spent if spent > 0 else float("nan"),
     }
 
 
@@ -199,6 +239,69 @@ def run_worker_alone(
             result["rss_mib_after_total"] = proc_status_mib(worker.pid, "VmRSS")
             _log(out, f"RSS after {memory_total} jobs: {result['rss_mib_after_total']:.0f} MiB")
         result["vmhwm_mib"] = proc_status_mib(worker.pid, "VmHWM")
+    return result
+
+
+def _worker_intents(port: int) -> float:
+    """``zapstream_intents_total`` of one worker, all decisions, from its /metrics."""
+    import httpx
+
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10.0).text
+    return sum(
+        float(m.group(1))
+        for m in re.finditer(r"^zapstream_intents_total\{[^}]*\} ([0-9.e+]+)$", text, re.M)
+    )
+
+
+def run_worker_scaling(
+    *, workers: int, messages: int, partitions: int, out: TextIO
+) -> dict[str, Any]:
+    """``workers`` workers of one group, running and assigned before intents arrive.
+
+    The workers start first and wait until each reports Ready; then a relay puts the
+    intents into Kafka (it is done long before the workers are) and the run is timed
+    from the first accepted message to the last, CPU summed over the workers. Each
+    worker's share comes from its own ``zapstream_intents_total``.
+    """
+    from devtools.devstack import find_free_port
+
+    result: dict[str, Any] = {"workers": workers, "messages": messages}
+    with LocalPipeline(partitions=partitions, with_sink=False) as pipe:
+        pipe.sim_config(latency_ms=0)
+        ports = [find_free_port() for _ in range(workers)]
+        procs = [
+            pipe.start_worker(
+                f"worker-{i}", wait=False, env={"ZAPSTREAM_WORKER_WEB_PORT": str(port)}
+            )
+            for i, port in enumerate(ports)
+        ]
+        for proc in procs:
+            proc.wait_for_log(r"\[\^Worker\]: Ready", timeout_s=120)
+        run = uuid.uuid4().hex[:8]
+        ensure_replication(pipe.dsn, slot=SLOT, publication=SLOT)
+        relay = pipe.start_relay(name="relay-scaling")
+        fill_outbox(pipe.dsn, run=run, start=0, count=messages)
+        assert pipe.simulator is not None
+        timed = _timed_delivery(
+            pipe,
+            [p.pid for p in procs],
+            target=messages,
+            timeout_s=1800,
+            also={"broker": pipe.kafka.pid, "simulator": pipe.simulator.pid},
+        )
+        relay.stop()
+        result.update(timed)
+        result["per_worker"] = [_worker_intents(port) for port in ports]
+        result.update(_audit_counts(pipe, keys_for(run, 0, messages)))
+    _log(
+        out,
+        f"{workers} worker(s): {result['msg_s']:,.0f} msg/s, "
+        f"{result['cpu_ms_per_msg']:.2f} ms CPU/msg (all workers), intents per worker "
+        f"{[int(n) for n in result['per_worker']]}, machine busy "
+        f"{result['machine_busy']:.0%} of {os.cpu_count()} cores; per message the broker "
+        f"used {result['broker_cpu_ms']:.2f} ms CPU, the simulator "
+        f"{result['simulator_cpu_ms']:.2f} ms",
+    )
     return result
 
 

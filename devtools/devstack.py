@@ -712,6 +712,12 @@ class TansuBroker:
         return f"127.0.0.1:{self._port}"
 
     @property
+    def pid(self) -> int:
+        if self._process is None:
+            raise RuntimeError("the broker is not running")
+        return self._process.pid
+
+    @property
     def log_path(self) -> Path:
         if self._process is None:
             raise DevStackError("TansuBroker is not started")

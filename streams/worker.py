@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from faust.sensors.prometheus import setup_prometheus_sensors
 from faust.types import TP
 
 from streams.agents import Dispatcher
@@ -17,6 +16,7 @@ from streams.app import Resource, WorkerApp, build_app
 from streams.contract import INTENTS
 from streams.dedup_horizon import DedupHorizon
 from streams.failure_log import FailureLog
+from streams.faust_monitor import setup_lean_prometheus
 from streams.instance_pauses import InstancePauses
 from streams.job_history import JobHistory, LateRedeliveries
 from streams.job_processor import JobProcessor, RetryPolicy
@@ -99,5 +99,5 @@ def build_worker_app(
 
         app.timer(settings.dedup_scan_interval_s, name="dedup_horizon")(forget_settled_jobs)
     app.after_streams_stopped.append(dispatcher.drain)
-    setup_prometheus_sensors(app)
+    setup_lean_prometheus(app)
     return app, dispatcher
