@@ -305,6 +305,67 @@ def run_worker_scaling(
     return result
 
 
+HOPS = ("commit_to_relay_send", "relay_send_to_journal", "journal_to_gateway")
+"""Where a message's time goes, from the records' CreateTime stamps (1 ms resolution):
+the relay stamps the intent when it sends it, the worker stamps the ATTEMPTING state
+when it journals the attempt, just before the gateway call."""
+
+
+def _hops(
+    bootstrap: str, committed: dict[str, float], arrived: dict[str, float]
+) -> dict[str, float | None]:
+    """Per-hop p50/p99 for the keys in ``committed``, read back from the topics."""
+    import asyncio
+
+    from aiokafka import AIOKafkaConsumer
+
+    from streams.contract import STATE
+
+    sent: dict[str, float] = {}
+    journaled: dict[str, float] = {}
+
+    async def read(topic: str, into: dict[str, float], only_attempting: bool) -> None:
+        consumer = AIOKafkaConsumer(
+            topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", group_id=None
+        )
+        await consumer.start()
+        try:
+            quiet = 0
+            while quiet < 3:
+                batches = await consumer.getmany(timeout_ms=500, max_records=5000)
+                quiet = 0 if batches else quiet + 1
+                for records in batches.values():
+                    for record in records:
+                        if record.value is None:
+                            continue
+                        data = orjson.loads(record.value)
+                        key = data.get("idempotency_key")
+                        if key not in committed or key in into:
+                            continue
+                        if only_attempting and data.get("status") != "ATTEMPTING":
+                            continue
+                        into[key] = record.timestamp / 1000
+        finally:
+            await consumer.stop()
+
+    async def both() -> None:
+        await read(INTENTS, sent, False)
+        await read(STATE, journaled, True)
+
+    asyncio.run(both())
+    spans = {
+        "commit_to_relay_send": [sent[k] - committed[k] for k in committed if k in sent],
+        "relay_send_to_journal": [journaled[k] - sent[k] for k in sent if k in journaled],
+        "journal_to_gateway": [arrived[k] - journaled[k] for k in journaled if k in arrived],
+    }
+    out: dict[str, float | None] = {}
+    for hop, values in spans.items():
+        values.sort()
+        out[f"{hop}_p50_s"] = percentile(values, 0.5)
+        out[f"{hop}_p99_s"] = percentile(values, 0.99)
+    return out
+
+
 def run_end_to_end(*, rate: float, seconds: float, partitions: int, out: TextIO) -> dict[str, Any]:
     """Commit one intent per transaction at ``rate``/s; commit -> gateway percentiles."""
     with LocalPipeline(partitions=partitions) as pipe:
@@ -366,9 +427,18 @@ def run_end_to_end(*, rate: float, seconds: float, partitions: int, out: TextIO)
             "p999_s": percentile(latencies, 0.999),
             "p50_first_fifth_s": percentile(sorted(by_commit[:fifth]), 0.5),
             "p50_last_fifth_s": percentile(sorted(by_commit[-fifth:]), 0.5),
+            **_hops(pipe.kafka.bootstrap, committed, first),
             "relay_vmhwm_mib": proc_status_mib(relay.pid, "VmHWM"),
             "worker_vmhwm_mib": proc_status_mib(worker.pid, "VmHWM"),
         }
+        _log(
+            out,
+            "hops p50/p99: "
+            + "; ".join(
+                f"{hop} {ms(result.get(f'{hop}_p50_s'))} / {ms(result.get(f'{hop}_p99_s'))}"
+                for hop in HOPS
+            ),
+        )
         _log(
             out,
             f"commit->gateway p50 {ms(result['p50_s'])}, p99 {ms(result['p99_s'])}, "
