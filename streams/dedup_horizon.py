@@ -11,7 +11,9 @@ too (the state sink ignores tombstones).
 Never forgotten: a job still moving (PENDING, ATTEMPTING, RETRY_WAIT), one that
 waits for an operator's decision (UNCERTAIN, REVIEW), one a parked conversation
 refers to or a lane is working on, a key of a partition this worker does not own,
-and nothing at all while Faust rebalances or recovers tables.
+a job whose last state the state sink has not yet written to PostgreSQL (the
+table is the only record of it until then: :mod:`streams.sink_progress`), and
+nothing at all while Faust rebalances or recovers tables.
 
 A late redelivery of a forgotten job is recognised by :mod:`streams.job_history`.
 
@@ -55,15 +57,18 @@ def default_partition(key: bytes, partitions: int) -> int:
     return int(murmur2(key) & 0x7FFFFFFF) % partitions
 
 
-def forgettable(raw: bytes, cutoff: dt.datetime) -> tuple[str, str] | None:
-    """(instance id, conversation key) of a stored state to forget, else None."""
+def forgettable(raw: bytes, cutoff: dt.datetime) -> tuple[str, str, dt.datetime] | None:
+    """(instance id, conversation key, last change) of a stored state to forget, else None."""
     data = orjson.loads(raw)
     if data.get("status") not in FORGETTABLE:
         return None
     at = data.get("at")
-    if not at or dt.datetime.fromisoformat(at) >= cutoff:
+    if not at:
         return None
-    return str(data["instance_id"]), str(data["conversation_key"])
+    changed = dt.datetime.fromisoformat(at)
+    if changed >= cutoff:
+        return None
+    return str(data["instance_id"]), str(data["conversation_key"]), changed
 
 
 class DedupHorizon:
@@ -81,9 +86,14 @@ class DedupHorizon:
         busy: Callable[[], bool] = lambda: False,
         referenced: Callable[[], Collection[int]] = frozenset,
         now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+        durable_until: Callable[[int], dt.datetime | None] | None = None,
     ) -> None:
         """``owns``: this worker owns the partition; ``busy``: Faust rebalances or recovers;
-        ``referenced``: job ids parked conversations and lanes hold (never forgotten)."""
+        ``referenced``: job ids parked conversations and lanes hold (never forgotten);
+        ``durable_until``: for a partition of ``zapstream.state``, the time before which
+        every state is in PostgreSQL (:mod:`streams.sink_progress`); a job changed at or
+        after it is kept, and None keeps the whole partition. Without it, jobs are
+        forgotten whether or not the state sink wrote them."""
         self.table = table
         self.changelog = changelog
         self.horizon_s = horizon_s
@@ -93,6 +103,7 @@ class DedupHorizon:
         self.busy = busy
         self.referenced = referenced
         self.now = now
+        self.durable_until = durable_until
         self._sweep: list[bytes] = []
         self._position = 0
         self._keep: Collection[int] = frozenset()
@@ -126,7 +137,7 @@ class DedupHorizon:
             if where is None or int(key) in self._keep:
                 continue
             partition = self._partition_of(key, where)
-            if not self.owns(partition):
+            if not self.owns(partition) or not self._in_postgres(partition, where[2]):
                 continue
             due.append((key, partition))
         if due:
@@ -134,11 +145,18 @@ class DedupHorizon:
         JOBS_TABLE_SIZE.set(len(self.store))
         return len(due)
 
-    def _partition_of(self, key: bytes, where: tuple[str, str]) -> int:
+    def _partition_of(self, key: bytes, where: tuple[str, str, dt.datetime]) -> int:
         recovered: dict[bytes, int] | None = getattr(self.store, "_key_partition", None)
         if recovered is not None and key in recovered:
             return recovered[key]
-        return default_partition(conversation_partition_key(*where), self.partitions)
+        return default_partition(conversation_partition_key(where[0], where[1]), self.partitions)
+
+    def _in_postgres(self, partition: int, changed: dt.datetime) -> bool:
+        """Whether the state sink already wrote this job's last state (see ``durable_until``)."""
+        if self.durable_until is None:
+            return True
+        until = self.durable_until(partition)
+        return until is not None and changed < until
 
     async def _forget(self, due: list[tuple[bytes, int]]) -> None:
         recovered: dict[bytes, int] | None = getattr(self.store, "_key_partition", None)

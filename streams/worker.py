@@ -21,6 +21,7 @@ from streams.instance_pauses import InstancePauses
 from streams.job_history import JobHistory, LateRedeliveries
 from streams.job_processor import JobProcessor, RetryPolicy
 from streams.ports import Gateway
+from streams.sink_progress import SinkProgress
 from streams.stores import FaustJobStore, FaustPublisher, KafkaWriter, ParkingLot
 from streams.tables import register_tables
 from streams.topics import register_topics
@@ -37,8 +38,16 @@ def build_worker_app(
     """``history``: the long-term record of jobs; without it the jobs table never forgets."""
     horizon_s = settings.dedup_horizon_s if history is not None else 0.0
     late = None
+    progress = None
     if history is not None and horizon_s > 0:
         resources = [*resources, history]
+        if settings.dedup_sink_group:
+            progress = SinkProgress(
+                settings.kafka.bootstrap_servers,
+                settings.dedup_sink_group,
+                margin_s=settings.dedup_sink_margin_s,
+            )
+            resources = [*resources, progress]
         late = LateRedeliveries(
             history,
             horizon_s=horizon_s,
@@ -83,16 +92,27 @@ def build_worker_app(
                 held.update(i.job_id for i in (parked.head, *parked.waiting))
             return held
 
+        def owns(partition: int) -> bool:
+            return TP(INTENTS, partition) in app.consumer.assignment()
+
         horizon = DedupHorizon(
             jobs,
             topics.state,
             horizon_s=horizon_s,
             partitions=partitions,
             scan_keys=settings.dedup_scan_keys,
-            owns=lambda partition: TP(INTENTS, partition) in app.consumer.assignment(),
+            owns=owns,
             busy=lambda: bool(app.rebalancing or app.in_recovery),
             referenced=referenced,
+            durable_until=progress.durable_until if progress is not None else None,
         )
+        if progress is not None:
+            sink = progress
+
+            async def read_sink_progress() -> None:
+                await sink.refresh(p for p in range(partitions) if owns(p))
+
+            app.timer(settings.dedup_sink_check_s, name="sink_progress")(read_sink_progress)
 
         async def forget_settled_jobs() -> None:
             await horizon.tick()

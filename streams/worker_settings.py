@@ -35,11 +35,12 @@ class WorkerSettings(SettingsBase):
     failure_summary_interval_s: float = Field(default=300.0, gt=0)
     """While a gateway failure class lasts, at most one summary line per instance this often."""
     commit_interval_s: float = Field(default=1.0, gt=0)
-    dedup_horizon_s: float = Field(default=604800.0, ge=0)
+    dedup_horizon_s: float = Field(default=3600.0, ge=0)
     """A settled job leaves the ``jobs`` table (and, by a tombstone, ``zapstream.state``)
-    this long after its last change (default 7 days); 0 keeps every job forever. An intent
-    for a forgotten job is checked against ``outbox_jobs`` (``ZAPSTREAM_DATABASE_URL``)."""
-    dedup_margin_s: float = Field(default=3600.0, ge=0)
+    this long after its last change, once the state sink wrote it (default 1 hour: the
+    table holds about 0.9 KB per job inside the horizon); 0 keeps every job forever. An
+    intent for a forgotten job is checked against ``outbox_jobs`` (``ZAPSTREAM_DATABASE_URL``)."""
+    dedup_margin_s: float = Field(default=300.0, ge=0)
     """Intents younger than ``dedup_horizon_s`` minus this are new without a lookup; the
     margin covers clock skew between PostgreSQL and the worker."""
     dedup_scan_interval_s: float = Field(default=1.0, gt=0)
@@ -48,6 +49,17 @@ class WorkerSettings(SettingsBase):
     """Keys looked at per scan (about 1.5 µs each): the sweep must outpace new jobs."""
     dedup_lookup_retry_s: float = Field(default=10.0, gt=0)
     """While ``outbox_jobs`` cannot be asked, a late intent's conversation waits this long."""
+    dedup_sink_group: str = "zapstream-state-sink"
+    """The state sink's consumer group (its ``ZAPSTREAM_SINK_GROUP_ID``): a settled job is
+    forgotten only once this group's committed offset shows its last state in PostgreSQL.
+    Empty: forget without asking (a job could then be sent twice if it is redelivered
+    while the sink is behind)."""
+    dedup_sink_margin_s: float = Field(default=10.0, ge=0)
+    """A state counts as written when it changed this long before the last record the
+    sink committed (covers the moment between a change and its send, and clock skew
+    between workers)."""
+    dedup_sink_check_s: float = Field(default=5.0, gt=0)
+    """How often the sink group's committed offsets are read."""
 
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)

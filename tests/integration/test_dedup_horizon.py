@@ -40,6 +40,8 @@ WORKER_ENV = {
     "ZAPSTREAM_WORKER_DEDUP_MARGIN_S": "1",
     "ZAPSTREAM_WORKER_DEDUP_SCAN_INTERVAL_S": "0.5",
     "ZAPSTREAM_WORKER_DEDUP_LOOKUP_RETRY_S": "1",
+    "ZAPSTREAM_WORKER_DEDUP_SINK_MARGIN_S": "0.5",
+    "ZAPSTREAM_WORKER_DEDUP_SINK_CHECK_S": "0.5",
     "ZAPSTREAM_WORKER_COMMIT_INTERVAL_S": "0.5",
 }
 
@@ -166,6 +168,43 @@ def test_a_redelivery_after_the_horizon_is_not_sent_again(pipeline: LocalPipelin
     sink_log = pipeline.sink.log_path.read_text(errors="replace")
     assert "does not decode" not in sink_log, "the state sink took a tombstone for poison"
     worker.process.terminate(timeout_s=60)
+
+
+def test_jobs_the_sink_has_not_written_are_never_forgotten(pipeline: LocalPipeline) -> None:
+    """Forgetting a job PostgreSQL does not know yet would leave no record that it was sent."""
+    assert pipeline.sink is not None
+    assert pipeline.sink.terminate(timeout_s=60) == 0, pipeline.sink.log_tail()
+    worker = Worker(pipeline, "worker-sink-down")
+    arrivals = Arrivals(pipeline)
+    forgotten_before = worker.metric("zapstream_jobs_forgotten_total")
+    keys = enqueue_conversations(pipeline.dsn, uuid.uuid4().hex[:8], messages=50, conversations=5)
+    arrivals.wait_for(keys, timeout_s=120)
+    # Without the sink, the newest state PostgreSQL is known to hold ages on the partitions
+    # that got the 50 jobs (the others stay current: the sink has all of them). Once it
+    # is past horizon + margin + a few scans, an unguarded horizon would have forgotten them.
+    wait_until(
+        lambda: max(
+            worker.metric("zapstream_dedup_sink_durable_age_seconds", partition=str(p))
+            for p in range(4)
+        )
+        > 8,
+        60,
+        "the sink's known progress to fall behind the horizon",
+    )
+    table = worker.metric("zapstream_jobs_table_size")
+    forgotten = worker.metric("zapstream_jobs_forgotten_total") - forgotten_before
+    print(f"\nsink down: table {table:.0f}, forgotten {forgotten:.0f} of 50 sent")
+    assert forgotten == 0
+    assert table >= 50
+
+    pipeline.start_sink()
+    wait_for_status(pipeline.dsn, keys, "ACCEPTED", 120)
+    wait_until(
+        lambda: worker.metric("zapstream_jobs_forgotten_total") - forgotten_before >= 50,
+        60,
+        "the 50 jobs forgotten once the sink wrote them",
+    )
+    assert worker.process.terminate(timeout_s=60) == 0, worker.process.log_tail()
 
 
 async def test_postgres_job_history_answers_and_classifies_outages(outbox_db: str) -> None:

@@ -153,3 +153,21 @@ async def test_a_key_that_moved_on_since_the_snapshot_is_judged_by_its_current_s
     del table.data[b"2"]
     assert await horizon.tick() == 0
     assert list(table.data) == [b"3"]
+
+
+async def test_only_jobs_the_state_sink_has_written_are_forgotten() -> None:
+    table, changelog = FakeTable(), FakeChangelog()
+    for job_id, age in [(1, 500), (2, 300), (3, 200)]:
+        _put(table, _state(job_id, S.ACCEPTED, age, conversation="alice"))
+    partition = default_partition(conversation_partition_key("inst", "alice"), PARTITIONS)
+    written: dict[int, dt.datetime] = {}
+    horizon = _horizon(table, changelog, durable_until=written.get)
+
+    # The sink has not committed on the partition: PostgreSQL may not know any of them.
+    assert await horizon.tick() == 0
+    # It wrote every state changed before 250 s ago: jobs 1 and 2, not 3.
+    written[partition] = NOW - dt.timedelta(seconds=250)
+    assert await horizon.tick() == 2
+    assert sorted(int(k) for k in table.data) == [3]
+    written[partition] = NOW
+    assert await horizon.tick() == 1
