@@ -20,8 +20,9 @@ from streams.failure_log import FailureLog
 from streams.instance_pauses import InstancePauses
 from streams.job_history import JobHistory, LateRedeliveries
 from streams.job_processor import JobProcessor, RetryPolicy
+from streams.parking import ParkingLot
 from streams.ports import Gateway
-from streams.stores import FaustJobStore, FaustPublisher, ParkingLot
+from streams.stores import FaustJobStore, FaustPublisher
 from streams.tables import register_tables
 from streams.topics import register_topics
 from streams.worker_settings import WorkerSettings
@@ -77,10 +78,7 @@ def build_worker_app(
         parking = dispatcher.parking
 
         def referenced() -> set[int]:
-            held = set(dispatcher.active_jobs)
-            for _, parked in parking.items():
-                held.update(i.job_id for i in (parked.head, *parked.waiting))
-            return held
+            return set(dispatcher.active_jobs) | set(parking.job_ids())
 
         horizon = DedupHorizon(
             jobs,
