@@ -10,6 +10,7 @@ inside a timing window.
 from __future__ import annotations
 
 import asyncio
+import signal
 import uuid
 from collections.abc import Iterator
 
@@ -287,7 +288,8 @@ def _parked_records(pipeline: LocalPipeline, conversation: bytes) -> tuple[dict[
 def test_a_long_backlog_parks_as_small_records_and_goes_out_in_order_exactly_once(
     pipeline: LocalPipeline,
 ) -> None:
-    """Issue 8: 300 messages behind a failing head; no parked record grows with the backlog."""
+    """Issue 8: 300 messages behind a failing head; no parked record grows with the backlog,
+    and a restarted worker recovers the backlog from the changelog."""
     pipeline.sim_config(callback_url=None)
     run = uuid.uuid4().hex[:8]
     to = "5511900000500"
@@ -327,6 +329,15 @@ def test_a_long_backlog_parks_as_small_records_and_goes_out_in_order_exactly_onc
     assert sum(1 for k, v in latest.items() if k != conversation and v) == 300
     assert (orjson.loads(head)["first"], orjson.loads(head)["next"]) == (0, 300)
     assert not [m for m in arrivals.refresh() if run in str(m["text"])]
+
+    # The worker dies; its successor rebuilds the conversation from the changelog.
+    worker = next(p for p in pipeline.processes if p.name == "worker" and p.is_running)
+    worker.kill(signal.SIGKILL)
+    worker.wait(timeout_s=10)
+    worker = pipeline.start_worker("worker")
+    worker.wait_for_log(
+        r"parking: 1 conversations with 300 messages parked after recovery", timeout_s=60
+    )
 
     pipeline.sim_config(fail_recipients={})
     report = arrivals.wait_for(keys, timeout_s=120)
