@@ -130,8 +130,12 @@ class Dispatcher:
     async def fire_due_retries(self) -> None:
         """Timer: submit every due parked conversation of our partitions to its lane.
 
-        Reads the parking lot's index of conversations: nothing is decoded.
+        Reads the parking lot's index of conversations: nothing is decoded. Does
+        nothing while Faust rebalances or recovers tables: the parked conversations
+        and the job states they are checked against are not whole yet.
         """
+        if self.app.rebalancing or self.app.in_recovery:
+            return
         now = time.time()
         assigned = self.app.consumer.assignment()
         pauses = self.processor.pauses

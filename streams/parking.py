@@ -49,11 +49,16 @@ a write is acknowledged only after its last write.
 - *Take the head* after it was settled: a tombstone for its message only; the
   conversation record is rewritten only when a head parks again (its new
   ``due``, its ``first``). Recovery skips tombstoned messages at the front.
+  Cut before the tombstone: the settled head runs again and the jobs table
+  recognises it (a parked job is never forgotten by the dedup horizon).
 - *Unpark*: the last message's tombstone, then the conversation's. Cut between:
   an empty conversation, which the timer unparks at once.
 
 Nothing else can be found; a message record outside its conversation's range
 would be a bug, and recovery drops it with a tombstone.
+
+Upgrading: a conversation stored in the layout before issue 8 (one value with
+the head and a ``waiting`` list) is rewritten in this one when recovery finds it.
 
 Memory
 ------
@@ -63,7 +68,9 @@ parked job ids and the count per instance, so the retry timer, the pause log
 lines and the dedup horizon never decode the table. It is rebuilt from the
 table after each recovery (Faust calls the table's recover callbacks once
 recovered keys are in and revoked partitions' keys are out), the only time the
-table changes other than through the lot.
+table changes other than through the lot. The lot records the partition of each
+key it writes where Faust's memory store keeps those of recovered keys, so the
+store drops them too when their partition goes to another worker.
 """
 
 from __future__ import annotations
@@ -130,7 +137,10 @@ class ParkedConversation:
 
     @classmethod
     def loads(cls, raw: bytes) -> ParkedConversation:
-        data: dict[str, Any] = orjson.loads(raw)
+        return cls.from_dict(orjson.loads(raw))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ParkedConversation:
         return cls(
             partition=int(data["partition"]),
             due=float(data["due"]),
@@ -269,31 +279,40 @@ class ParkingLot:
     # --- recovery ------------------------------------------------------------------------
 
     async def on_recovered(self) -> None:
-        """Faust recovered the table: rebuild the index, drop records no conversation owns."""
-        stray = self.rebuild()
-        for key, _ in stray:
-            self._delete(key)
-        for key, partition in stray:
-            await self._send(key, None, partition)
+        """Faust recovered the table: rebuild the index, then send what the rebuild owes Kafka."""
+        for key, value, partition in self.rebuild():
+            await self._send(key, value, partition)
 
-    def rebuild(self) -> list[tuple[bytes, int]]:
-        """Rebuild the index from the table; returns the stray records (key, partition).
+    def rebuild(self) -> list[tuple[bytes, bytes | None, int]]:
+        """Rebuild the index from the table; returns the records owed to the changelog.
 
         Decodes every conversation record and message once. Adopts what a crash
-        between two writes left (see the module docstring).
+        between two writes left (see the module docstring); removes stray message
+        records from the store (owed: their tombstones); rewrites conversations
+        stored in the layout before issue 8 (one value holding the head and a
+        ``waiting`` list) as message records and a conversation record (owed: those
+        records, messages first).
         """
         conversations: dict[bytes, ParkedConversation] = {}
         messages: dict[bytes, dict[int, bytes]] = collections.defaultdict(dict)
+        legacy: dict[bytes, dict[str, Any]] = {}
         for key, raw in list(self.store.items()):
             split = split_message_key(key)
-            if split is None:
-                conversations[key] = ParkedConversation.loads(raw)
-            else:
+            if split is not None:
                 messages[split[0]][split[1]] = raw
+                continue
+            data: dict[str, Any] = orjson.loads(raw)
+            if "waiting" in data:
+                legacy[key] = data
+            else:
+                conversations[key] = ParkedConversation.from_dict(data)
+        owed: list[tuple[bytes, bytes | None, int]] = []
+        for key, data in legacy.items():
+            conversations[key] = self._migrate(key, data, messages[key], owed)
         index: dict[bytes, ParkedConversation] = {}
         jobs: collections.Counter[int] = collections.Counter()
         per_instance: collections.Counter[str] = collections.Counter()
-        stray: list[tuple[bytes, int]] = []
+        stray: list[tuple[bytes, bytes | None, int]] = []
         adopted = 0
         for key in conversations.keys() | messages.keys():
             seqs = messages.get(key, {})
@@ -311,7 +330,7 @@ class ParkingLot:
             adopted += end - parked.next
             live = sorted(s for s in seqs if parked.first <= s < end)
             for seq in seqs.keys() - set(live):
-                stray.append((message_key(key, seq), parked.partition))
+                stray.append((message_key(key, seq), None, parked.partition))
             first = live[0] if live else end
             if len(live) != end - first:
                 log.error("parking: a parked conversation's messages have gaps; skipping them")
@@ -320,18 +339,48 @@ class ParkingLot:
             per_instance[parked.instance] += parked.messages
             for seq in live:
                 jobs[IntentCaptured.loads(seqs[seq]).job_id] += 1
+        for key, _, _ in stray:
+            self._delete(key)
         self._index, self._jobs, self._per_instance = index, jobs, per_instance
         self._built = True
         if index or stray:
             log.info(
                 "parking: %d conversations with %d messages parked after recovery "
-                "(%d messages adopted from interrupted writes, %d stray records dropped)",
+                "(%d messages adopted from interrupted writes, %d stray records dropped, "
+                "%d conversations rewritten from the old layout)",
                 len(index),
                 sum(jobs.values()),
                 adopted,
                 len(stray),
+                len(legacy),
             )
-        return stray
+        return owed + stray
+
+    def _migrate(
+        self,
+        key: bytes,
+        data: dict[str, Any],
+        messages: dict[int, bytes],
+        owed: list[tuple[bytes, bytes | None, int]],
+    ) -> ParkedConversation:
+        """A conversation in the old layout, rewritten in the store as records of the new one.
+
+        Its conversation record is written last, so a migration cut short is done
+        again from the old value at the next recovery (rewriting the same messages).
+        """
+        intents = [IntentCaptured.from_dict(i) for i in (data["head"], *data["waiting"])]
+        parked = ParkedConversation(
+            int(data["partition"]), float(data["due"]), intents[0].instance_id, 0, len(intents)
+        )
+        for seq, intent in enumerate(intents):
+            raw = compact(intent.dumps())
+            messages[seq] = raw
+            self._store_put(message_key(key, seq), raw, parked.partition)
+            owed.append((message_key(key, seq), raw, parked.partition))
+        value = compact(parked.dumps())
+        self._store_put(key, value, parked.partition)
+        owed.append((key, value, parked.partition))
+        return parked
 
     # --- the store, the index, the changelog ---------------------------------------------------
 

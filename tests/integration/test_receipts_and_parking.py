@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -340,7 +341,9 @@ def test_a_long_backlog_parks_as_small_records_and_goes_out_in_order_exactly_onc
     )
 
     pipeline.sim_config(fail_recipients={})
+    lifted = time.monotonic()
     report = arrivals.wait_for(keys, timeout_s=120)
+    print(f"parked backlog of 300: all at the gateway {time.monotonic() - lifted:.1f}s after")
     assert report.duplicate_count == 0, list(report.duplicates)[:5]
     assert report.order_violations == ()
     wait_for_status(pipeline.dsn, keys, "ACCEPTED", 60)

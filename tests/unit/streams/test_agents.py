@@ -86,6 +86,8 @@ def dispatcher() -> tuple[Dispatcher, Processor, ParkingLot, Changelog]:
     app = types.SimpleNamespace(
         consumer=types.SimpleNamespace(assignment=lambda: {TP(INTENTS, PARTITION)}),
         _crash=lambda exc: (_ for _ in ()).throw(exc),
+        rebalancing=False,
+        in_recovery=False,
     )
     d = Dispatcher(app, None, processor, lot, max_in_flight=64)  # type: ignore[arg-type]
     return d, processor, lot, changelog
@@ -168,6 +170,22 @@ async def test_an_empty_conversation_left_by_a_crash_is_unparked_by_the_timer() 
     await d2.fire_due_retries()
     assert await d2.lanes.join(5)
     assert lot2.get(intent(0).partition_key) is None and processor2.attempts == []
+
+
+async def test_nothing_is_retried_while_faust_recovers_tables() -> None:
+    d, processor, lot, _ = dispatcher()
+    processor.failing.add("alice")
+    await d.consume(Stream([Event(intent(0), 0)]))
+    assert await d.lanes.join(5)
+    processor.failing.clear()
+    d.app.in_recovery = True
+    await d.fire_due_retries()
+    assert await d.lanes.join(5)
+    assert processor.sent == [] and lot.get(intent(0).partition_key) is not None
+    d.app.in_recovery = False
+    await d.fire_due_retries()
+    assert await d.lanes.join(5)
+    assert processor.sent == [0]
 
 
 def _gauge(name: str) -> float | None:

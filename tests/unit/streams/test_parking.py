@@ -12,11 +12,11 @@ import types
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import orjson
 import pytest
 from faust.stores.memory import Store
 from faust.types import TP
 
-from streams import parking as parking_module
 from streams.contract import PARKED, IntentCaptured, conversation_partition_key
 from streams.parking import ParkedConversation, ParkingLot, message_key, split_message_key
 
@@ -204,8 +204,13 @@ async def test_reading_the_index_decodes_nothing(monkeypatch: pytest.MonkeyPatch
     def refuse(*args: object) -> None:
         raise AssertionError("decoded")
 
-    monkeypatch.setattr(parking_module.ParkedConversation, "loads", refuse)
-    monkeypatch.setattr(parking_module.IntentCaptured, "loads", refuse)
+    for cls, name in (
+        (ParkedConversation, "loads"),
+        (ParkedConversation, "from_dict"),
+        (IntentCaptured, "loads"),
+        (IntentCaptured, "from_dict"),
+    ):
+        monkeypatch.setattr(cls, name, refuse)
     for _ in range(3):  # timer ticks
         assert [p.due for _, p in lot.items()] and len(lot) == 2
         assert lot.waiting("shop") == 8 and lot.holds(20) and 20 in lot.job_ids()
@@ -300,3 +305,31 @@ async def test_a_stray_message_record_is_dropped_with_a_tombstone() -> None:
     assert queue(new) == [1] and not new.holds(9)
     assert message_key(KEY, 9) not in table.data
     assert new_changelog.sent == [(message_key(KEY, 9), None, 0)]
+
+
+def _old_layout(partition: int, due: float, intents: list[IntentCaptured]) -> bytes:
+    """A conversation as the worker stored it before issue 8: one value, a growing list."""
+    return orjson.dumps(
+        {
+            "partition": partition,
+            "due": due,
+            "head": intents[0].to_dict(),
+            "waiting": [i.to_dict() for i in intents[1:]],
+        }
+    )
+
+
+async def test_a_conversation_in_the_old_layout_is_rewritten_in_the_new_one() -> None:
+    old = [(KEY, _old_layout(1, NOW + 30, [intent(n) for n in range(5)]), 1)]
+    lot, table, changelog = new_lot()
+    await table.recover(old, {1})
+    assert lot.get(KEY) == ParkedConversation(1, NOW + 30, "shop", 0, 5)
+    assert queue(lot) == [0, 1, 2, 3, 4] and lot.waiting("shop") == 5 and lot.holds(4)
+    # Owed to the changelog: the messages, then the conversation record that replaces the value.
+    assert [k for k, _, _ in changelog.sent] == [*(message_key(KEY, n) for n in range(5)), KEY]
+    assert max(len(v or b"") for _, v, _ in changelog.sent) < len(old[0][1])
+    assert (await recovered(old + changelog.sent)).items() == lot.items()
+    # Cut short after three messages: the next recovery does it again from the old value.
+    again, table, resent = new_lot()
+    await table.recover(old + changelog.sent[:3], {1})
+    assert queue(again) == [0, 1, 2, 3, 4] and [k for k, _, _ in resent.sent][-1] == KEY
