@@ -15,11 +15,11 @@ Two things do not wait in the lane:
   ``zapstream.dead`` with the reason and is acknowledged.
 
 A transient failure parks the conversation (:mod:`streams.parking`); a timer
-re-submits due heads to their lanes, from the parking lot's index (nothing is
-decoded per tick). While an instance is paused (the gateway
-refused its credentials, :mod:`streams.instance_pauses`) its conversations stay
-parked whatever their due time, except one *probe* per interval; when the
-instance resumes, the conversations parked for the pause are released at once.
+re-submits due heads to their lanes, reading the parking lot's in-memory index
+(nothing is decoded per tick). While an instance is paused (the gateway refused
+its credentials, :mod:`streams.instance_pauses`) its conversations stay parked
+whatever their due time, except one *probe* per interval; when the instance
+resumes, the conversations parked for the pause are released at once.
 """
 
 from __future__ import annotations
