@@ -15,10 +15,11 @@ Two things do not wait in the lane:
   ``zapstream.dead`` with the reason and is acknowledged.
 
 A transient failure parks the conversation (:mod:`streams.parking`); a timer
-re-submits due heads to their lanes. While an instance is paused (the gateway
-refused its credentials, :mod:`streams.instance_pauses`) its conversations stay
-parked whatever their due time, except one *probe* per interval; when the
-instance resumes, the conversations parked for the pause are released at once.
+re-submits due heads to their lanes, reading the parking lot's in-memory index
+(nothing is decoded per tick). While an instance is paused (the gateway refused
+its credentials, :mod:`streams.instance_pauses`) its conversations stay parked
+whatever their due time, except one *probe* per interval; when the instance
+resumes, the conversations parked for the pause are released at once.
 """
 
 from __future__ import annotations
@@ -44,8 +45,7 @@ from streams.contract import (
 )
 from streams.job_processor import Done, JobProcessor, Outcome, Park
 from streams.lanes import ConversationLanes
-from streams.parking import ParkedConversation
-from streams.stores import ParkingLot
+from streams.parking import ParkingLot
 from streams.topics import Topics
 
 log = logging.getLogger(__name__)
@@ -94,7 +94,10 @@ class Dispatcher:
         self.lanes: ConversationLanes[_EventItem | _RetryDue] = ConversationLanes(
             self._handle, max_in_flight=max_in_flight, on_error=self._crash
         )
-        processor.pauses.waiting = self._waiting_jobs
+        processor.pauses.waiting = parking.waiting
+        # Read when scraped: no bookkeeping per event, and 0 when idle.
+        metrics.IN_FLIGHT.set_function(lambda: self.lanes.in_flight)
+        metrics.PARKED.set_function(lambda: len(self.parking))
 
     def _crash(self, exc: BaseException) -> None:
         self.app._crash(exc)
@@ -123,10 +126,16 @@ class Dispatcher:
                 event.ack()
                 continue
             await self.lanes.submit(record.partition_key, item)
-            metrics.IN_FLIGHT.set(self.lanes.in_flight)
 
     async def fire_due_retries(self) -> None:
-        """Timer: submit every due parked conversation of our partitions to its lane."""
+        """Timer: submit every due parked conversation of our partitions to its lane.
+
+        Reads the parking lot's index of conversations: nothing is decoded. Does
+        nothing while Faust rebalances or recovers tables: the parked conversations
+        and the job states they are checked against are not whole yet.
+        """
+        if self.app.rebalancing or self.app.in_recovery:
+            return
         now = time.time()
         assigned = self.app.consumer.assignment()
         pauses = self.processor.pauses
@@ -136,7 +145,7 @@ class Dispatcher:
                 continue
             if TP(INTENTS, parked.partition) not in assigned:
                 continue
-            instance = parked.head.instance_id
+            instance = parked.instance
             probe = release = False
             if pauses.paused(instance):
                 # Held whatever its due time; one conversation per interval probes.
@@ -152,13 +161,6 @@ class Dispatcher:
             await self.lanes.submit(
                 key, _RetryDue(key, parked.partition, probe=probe, release=release)
             )
-        metrics.PARKED.set(len(self.parking.table.data))
-
-    def _waiting_jobs(self, instance: str) -> int:
-        """Jobs of ``instance`` parked on this worker (heads and those queued behind)."""
-        return sum(
-            1 + len(p.waiting) for _, p in self.parking.items() if p.head.instance_id == instance
-        )
 
     async def drain(self) -> None:
         """After Faust stopped the flow and waited for acks: cancel any lane still busy, loudly.
@@ -193,52 +195,58 @@ class Dispatcher:
             intent = IntentCaptured.from_dict(record.intent)
             outcome = await self._run(intent, partition, reprocess=record)
             if isinstance(outcome, Park):
-                parked = self.parking.get(intent.partition_key)
-                if parked is None:
-                    await self.parking.park(
-                        intent.partition_key, ParkedConversation(partition, outcome.due, intent)
-                    )
-                else:
-                    await self.parking.park(intent.partition_key, parked.behind(intent))
+                await self._park(intent, partition, outcome.due)
         else:
             log.error("command %r for job %d not understood", record.command, record.job_id)
         item.event.ack()
-        metrics.IN_FLIGHT.set(self.lanes.in_flight)
 
     async def _intent(self, intent: IntentCaptured, partition: int) -> None:
         key = intent.partition_key
-        parked = self.parking.get(key)
-        if parked is not None:
+        if self.parking.get(key) is not None:
             current = self.processor.store.get(intent.job_id)
-            if not parked.holds(intent.job_id) and (current is None or current.status == "PENDING"):
+            if not self.parking.holds(intent.job_id) and (
+                current is None or current.status == "PENDING"
+            ):
                 # Behind the parked head, in order, durably; the event can be acknowledged.
-                await self.parking.park(key, parked.behind(intent))
+                await self.parking.append(key, intent)
                 metrics.INTENTS.labels("parked").inc()
             return
         outcome = await self._run(intent, partition)
         if isinstance(outcome, Park):
-            await self.parking.park(key, ParkedConversation(partition, outcome.due, intent))
+            await self._park(intent, partition, outcome.due)
+
+    async def _park(self, intent: IntentCaptured, partition: int, due: float) -> None:
+        key = intent.partition_key
+        if self.parking.get(key) is None:
+            await self.parking.park(key, intent, partition=partition, due=due)
+        else:
+            await self.parking.append(key, intent)
 
     async def _retry(self, due: _RetryDue) -> None:
+        """Run the head, then the messages behind it in order, until one parks or none is left."""
         parked = self.parking.get(due.key)
         if parked is None:
             return
         if parked.due > time.time() and not (due.probe or due.release):
             return
-        outcome = await self._run(parked.head, due.partition, probe=due.probe)
-        if isinstance(outcome, Park):
-            await self.parking.park(due.key, dataclasses.replace(parked, due=outcome.due))
-            return
-        waiting = list(parked.waiting)
-        while waiting:
-            intent = waiting.pop(0)
-            outcome = await self._run(intent, due.partition)
-            if isinstance(outcome, Park):
-                await self.parking.park(
-                    due.key, ParkedConversation(due.partition, outcome.due, intent, tuple(waiting))
-                )
+        probe = due.probe
+        while (intent := self.parking.head(due.key)) is not None:
+            first = self.parking.get(due.key)
+            outcome = await self._run(intent, parked.partition, probe=probe)
+            probe = False
+            if self.parking.get(due.key) != first:
+                # The partition was revoked meanwhile (Faust dropped its keys): its new
+                # owner runs the conversation.
                 return
-        await self.parking.unpark(due.key, due.partition)
+            if isinstance(outcome, Park):
+                await self.parking.postpone(due.key, outcome.due)
+                return
+            if not await self.parking.pop(due.key, intent.job_id):
+                return
+        if self.parking.get(due.key) is not None:
+            # Nothing left but the conversation record: what a crash during the last
+            # pop leaves behind.
+            await self.parking.unpark(due.key)
 
     async def _run(
         self,

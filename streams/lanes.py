@@ -40,12 +40,14 @@ class ConversationLanes(Generic[T]):
         self._on_error = on_error
         self._slots = asyncio.Semaphore(max_in_flight)
         self._queues: dict[Hashable, collections.deque[T]] = {}
+        self._in_flight = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._failed: BaseException | None = None
 
     @property
     def in_flight(self) -> int:
-        return sum(len(q) for q in self._queues.values())
+        """Items submitted and not finished (queued or running), across all lanes."""
+        return self._in_flight
 
     @property
     def lanes(self) -> int:
@@ -56,12 +58,14 @@ class ConversationLanes(Generic[T]):
         if self._failed is not None:
             raise RuntimeError("a lane failed; no new work is taken") from self._failed
         await self._slots.acquire()
+        self._in_flight += 1
         queue = self._queues.get(key)
         if queue is not None:
             queue.append(item)
             return
         self._queues[key] = collections.deque([item])
-        task = asyncio.create_task(self._run(key), name=f"lane-{key!r}")
+        # No key in the task's name or in logs: keys hold phone numbers.
+        task = asyncio.create_task(self._run(key), name="conversation-lane")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -71,6 +75,7 @@ class ConversationLanes(Generic[T]):
             while queue:
                 await self._handler(queue[0])
                 queue.popleft()
+                self._in_flight -= 1
                 self._slots.release()
         except asyncio.CancelledError:
             raise
@@ -78,11 +83,15 @@ class ConversationLanes(Generic[T]):
             # A handler error is a bug (gateway errors are classified and handled
             # inside it). Stop taking work and let the supervisor restart us.
             self._failed = exc
-            log.exception("lane %r failed", key)
+            log.exception("a conversation lane failed")
             self._on_error(exc)
         finally:
             if self._queues.get(key) is queue:
                 del self._queues[key]
+            # Cancelled or failed with items left: they are not in flight any more (their
+            # slots stay taken: this object takes no more work).
+            self._in_flight -= len(queue)
+            queue.clear()
 
     async def join(self, timeout_s: float) -> bool:
         """Wait until every lane is idle or ``timeout_s`` passed; True if idle."""

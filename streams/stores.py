@@ -1,8 +1,8 @@
-"""The worker's Faust-backed stores: job states, parked conversations, published outcomes.
+"""The worker's Faust-backed stores: job states and published outcomes.
 
 Each implements a port of :mod:`streams.job_processor` (``JobStore``, ``Publisher``)
-or the parking the dispatcher agent needs, and makes every write durable in Kafka
-before it returns.
+and makes every write durable in Kafka before it returns. The parked
+conversations' store is :class:`streams.parking.ParkingLot`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from streams.contract import (
     job_state_key,
 )
 from streams.metrics import ATTEMPTS, STATES
-from streams.parking import ParkedConversation
 
 
 def compact(raw: bytes) -> bytes:
@@ -85,31 +84,6 @@ class FaustJobStore:
         ack = await self.writer.send(self.topic, key, value, partition)
         STATES.labels(state.status).inc()
         return ack
-
-
-class ParkingLot:
-    """The ``parked`` table, written durably like :class:`FaustJobStore`."""
-
-    def __init__(self, table: Any, changelog: Any) -> None:
-        self.table = table
-        self.changelog = changelog
-
-    def get(self, key: bytes) -> ParkedConversation | None:
-        raw = self.table.data.get(key)
-        return ParkedConversation.loads(raw) if raw is not None else None
-
-    def items(self) -> list[tuple[bytes, ParkedConversation]]:
-        return [(k, ParkedConversation.loads(v)) for k, v in list(self.table.data.items())]
-
-    async def park(self, key: bytes, parked: ParkedConversation) -> None:
-        value = compact(parked.dumps())
-        self.table.data[key] = value
-        await (await self.changelog.send(key=key, value=value, partition=parked.partition))
-
-    async def unpark(self, key: bytes, partition: int) -> None:
-        self.table.data.pop(key, None)
-        # A tombstone: recovery deletes the key, compaction drops it.
-        await (await self.changelog.send(key=key, value=None, partition=partition))
 
 
 class FaustPublisher:

@@ -8,8 +8,9 @@
   after the dedup horizon (:mod:`streams.dedup_horizon`), with a tombstone on the
   changelog; a later intent for one is checked against PostgreSQL
   (:mod:`streams.job_history`). Values are encoded bytes, one per job, never objects.
-- ``parked``: conversations waiting for a retry (:mod:`streams.parking`), keyed by
-  conversation, changelog ``zapstream.parked``.
+- ``parked``: conversations waiting for a retry (:mod:`streams.parking`): one small
+  record per conversation, keyed by conversation, and one record per waiting
+  message under a key derived from it; changelog ``zapstream.parked``.
 
 Writes go to the partition of the conversation being processed, never to one
 chosen by the key's hash, which keeps both tables co-partitioned with intents.

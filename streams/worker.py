@@ -20,9 +20,10 @@ from streams.faust_monitor import setup_lean_prometheus
 from streams.instance_pauses import InstancePauses
 from streams.job_history import JobHistory, LateRedeliveries
 from streams.job_processor import JobProcessor, RetryPolicy
+from streams.parking import ParkingLot
 from streams.ports import Gateway
 from streams.sink_progress import SinkProgress
-from streams.stores import FaustJobStore, FaustPublisher, KafkaWriter, ParkingLot
+from streams.stores import FaustJobStore, FaustPublisher, KafkaWriter
 from streams.tables import register_tables
 from streams.topics import register_topics
 from streams.worker_settings import WorkerSettings
@@ -87,10 +88,7 @@ def build_worker_app(
         parking = dispatcher.parking
 
         def referenced() -> set[int]:
-            held = set(dispatcher.active_jobs)
-            for _, parked in parking.items():
-                held.update(i.job_id for i in (parked.head, *parked.waiting))
-            return held
+            return set(dispatcher.active_jobs) | set(parking.job_ids())
 
         def owns(partition: int) -> bool:
             return TP(INTENTS, partition) in app.consumer.assignment()

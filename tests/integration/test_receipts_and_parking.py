@@ -1,4 +1,4 @@
-"""Receipts through the signed webhook; retries without head-of-line blocking (issue 3).
+"""Receipts through the signed webhook; retries without head-of-line blocking (issues 3, 8).
 
 The simulator's configuration is reset after every test by a fixture, so one
 failing test leaves the next one the defaults; assertions are on facts that
@@ -10,10 +10,13 @@ inside a timing window.
 from __future__ import annotations
 
 import asyncio
+import signal
+import time
 import uuid
 from collections.abc import Iterator
 
 import httpx
+import orjson
 import psycopg
 import pytest
 from aiokafka import TopicPartition
@@ -23,8 +26,9 @@ from aiokafka.partitioner import DefaultPartitioner
 from connectors.outbox.enqueue import enqueue
 from connectors.webhook.signature import sign
 from devtools.local_pipeline import WEBHOOK_SECRET, LocalPipeline
-from streams.contract import INTENTS, conversation_partition_key
+from streams.contract import INTENTS, PARKED, conversation_partition_key
 from tests.integration.support import Arrivals, count_rows, wait_for_status, wait_until
+from tests.integration.topic_reader import read_topic
 
 pytestmark = pytest.mark.integration
 PARTITIONS = 4
@@ -268,3 +272,94 @@ def test_a_failing_conversation_waits_without_blocking_its_partition(
     # Its followers waited behind it and went out once each, first time.
     for key in blocked[1:]:
         assert _history(pipeline.dsn, key) == ["ATTEMPTING", "ACCEPTED"]
+
+
+def _parked_records(pipeline: LocalPipeline, conversation: bytes) -> tuple[dict[bytes, bytes], int]:
+    """(latest value of each key of ``conversation`` on the parked changelog, the largest
+    value of any record on it)."""
+    records = read_topic(pipeline.kafka.bootstrap, PARKED)
+    latest = {
+        r.key: r.value
+        for r in records
+        if r.key is not None and (r.key == conversation or r.key.startswith(conversation + b"\x00"))
+    }
+    return latest, max((len(r.value) for r in records), default=0)
+
+
+def test_a_long_backlog_parks_as_small_records_and_goes_out_in_order_exactly_once(
+    pipeline: LocalPipeline,
+) -> None:
+    """Issue 8: 300 messages behind a failing head; no parked record grows with the backlog,
+    and a restarted worker recovers the backlog from the changelog."""
+    pipeline.sim_config(callback_url=None)
+    run = uuid.uuid4().hex[:8]
+    to = "5511900000500"
+    conversation = conversation_partition_key("shop", to)
+    pipeline.sim_config(fail_recipients={to: 1_000_000})
+    partition = _partition("shop", to)
+    _, start = asyncio.run(_committed_and_end(pipeline.kafka.bootstrap, partition))
+    keys = [f"{run}:shop:{to}:{seq}" for seq in range(300)]
+    with psycopg.connect(pipeline.dsn) as conn:
+        for key in keys:
+            enqueue(
+                conn,
+                instance_id="shop",
+                to=to,
+                text=f"p [{key}]",
+                idempotency_key=key,
+                max_attempts=100,
+            )
+        conn.commit()
+    arrivals = Arrivals(pipeline)
+    arrivals.refresh()
+
+    # Every intent acknowledged (committed), so parked durably behind the failing head.
+    wait_until(
+        lambda: (lambda c, e: c == e >= start + 300)(
+            *asyncio.run(_committed_and_end(pipeline.kafka.bootstrap, partition))
+        ),
+        90,
+        "the committed offset to pass the parked backlog",
+        interval_s=1,
+    )
+    latest, largest = _parked_records(pipeline, conversation)
+    head = latest[conversation]
+    print(f"\nparked backlog of 300: largest parked record {largest} B, head {len(head)} B")
+    # One intent per record, whatever the backlog (one value of 300 intents before).
+    assert largest <= 1_024
+    assert sum(1 for k, v in latest.items() if k != conversation and v) == 300
+    assert (orjson.loads(head)["first"], orjson.loads(head)["next"]) == (0, 300)
+    assert not [m for m in arrivals.refresh() if run in str(m["text"])]
+
+    # The worker dies; its successor rebuilds the conversation from the changelog.
+    worker = next(p for p in pipeline.processes if p.name == "worker" and p.is_running)
+    worker.kill(signal.SIGKILL)
+    worker.wait(timeout_s=10)
+    worker = pipeline.start_worker("worker")
+    worker.wait_for_log(
+        r"parking: 1 conversations with 300 messages parked after recovery", timeout_s=60
+    )
+
+    pipeline.sim_config(fail_recipients={})
+    lifted = time.monotonic()
+    report = arrivals.wait_for(keys, timeout_s=120)
+    print(f"parked backlog of 300: all at the gateway {time.monotonic() - lifted:.1f}s after")
+    assert report.duplicate_count == 0, list(report.duplicates)[:5]
+    assert report.order_violations == ()
+    wait_for_status(pipeline.dsn, keys, "ACCEPTED", 60)
+    with psycopg.connect(pipeline.dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT j.idempotency_key, array_agg(e.to_status ORDER BY e.version) "
+            "FROM outbox_jobs j JOIN outbox_job_events e ON e.job_id = j.id "
+            "WHERE j.idempotency_key = ANY(%s) GROUP BY j.idempotency_key",
+            (keys[1:],),
+        ).fetchall()
+    # The followers waited behind the head and went out once each, first time.
+    assert len(rows) == 299 and all(list(h) == ["ATTEMPTING", "ACCEPTED"] for _, h in rows)
+    # Everything of the conversation is tombstoned on the changelog: nothing left parked.
+    wait_until(
+        lambda: not any(_parked_records(pipeline, conversation)[0].values()),
+        30,
+        "the conversation's parked records to be tombstoned",
+        interval_s=1,
+    )

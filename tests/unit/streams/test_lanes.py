@@ -68,3 +68,45 @@ async def test_handler_error_is_reported_and_stops_intake() -> None:
     assert len(errors) == 1
     with pytest.raises(RuntimeError, match="lane failed"):
         await lanes.submit("b", 2)
+
+
+async def test_in_flight_counts_queued_and_running_items_and_drops_to_zero() -> None:
+    gate = asyncio.Event()
+    seen: list[int] = []
+
+    async def handler(item: int) -> None:
+        await gate.wait()
+        seen.append(lanes.in_flight)
+
+    lanes: ConversationLanes[int] = ConversationLanes(
+        handler, max_in_flight=100, on_error=lambda e: None
+    )
+    for n in range(6):
+        await lanes.submit(n % 2, n)
+    assert lanes.in_flight == 6 and lanes.lanes == 2
+    gate.set()
+    assert await lanes.join(1)
+    # Each handler still counts itself while it runs; nothing is left once idle.
+    assert sorted(seen, reverse=True) == seen and seen[-1] >= 1
+    assert lanes.in_flight == 0 and lanes.lanes == 0
+
+
+async def test_in_flight_forgets_the_items_of_cancelled_or_failed_lanes() -> None:
+    never = asyncio.Event()
+
+    async def handler(item: int) -> None:
+        if item < 0:
+            raise RuntimeError("bug")
+        await never.wait()
+
+    lanes: ConversationLanes[int] = ConversationLanes(
+        handler, max_in_flight=100, on_error=lambda e: None
+    )
+    for n in range(4):
+        await lanes.submit("a", n)
+    await lanes.submit("b", -1)
+    await lanes.submit("b", 5)
+    await asyncio.sleep(0)
+    assert lanes.in_flight == 4  # lane b failed with its two items
+    await lanes.cancel_all()
+    assert lanes.in_flight == 0
