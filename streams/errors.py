@@ -12,6 +12,8 @@ of transport errors:
 - :class:`UncertainGatewayError`: may have taken effect (read timeout after the
   request was written, connection reset mid-response, a proxy's 502/504 on a
   send). Never counted as success or failure; reconciled.
+- :class:`RateLimitedError` (transient): a rate of the instance or of the recipient
+  pair was exceeded (429, Meta 130429/131056); nothing was sent, no attempt spent.
 - :class:`InstanceUnavailableError` (a transient error with ``scope = "instance"``):
   the gateway refused the *instance*, not the message (401/403 bad credentials,
   404 unknown instance). Certainly not sent; the worker pauses the instance and
@@ -67,6 +69,31 @@ class InstanceUnavailableError(TransientGatewayError):
 
     retriable = True
     scope = "instance"
+
+
+class RateLimitedError(TransientGatewayError):
+    """The gateway refused because a rate was exceeded: nothing was sent.
+
+    ``limit`` says whose rate: ``"instance"`` (the number's throughput: HTTP 429 from
+    a gateway, Meta's 130429) or ``"recipient"`` (the business-number/user pair:
+    Meta's 131056). The worker slows the instance or the conversation down and sends
+    again after ``retry_after_s`` (or its own backoff), without spending an attempt.
+    """
+
+    retriable = True
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        limit: str = "instance",
+        status_code: int | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(message, status_code=status_code, retry_after_s=retry_after_s)
+        if limit not in ("instance", "recipient"):
+            raise ValueError(f"unknown rate limit {limit!r}")
+        self.limit = limit
 
 
 class ListingUnreadable(GatewayError):
