@@ -37,7 +37,7 @@ import dataclasses
 import datetime as dt
 import logging
 import random
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Protocol
 
 from streams.contract import (
@@ -55,6 +55,7 @@ from streams.errors import (
     GatewayError,
     InstanceUnavailableError,
     PermanentGatewayError,
+    RateLimitedError,
     TransientGatewayError,
     UncertainGatewayError,
 )
@@ -62,6 +63,7 @@ from streams.failure_log import FailureLog
 from streams.instance_pauses import InstancePauses
 from streams.job_history import LateRedeliveries, LateVerdict
 from streams.metrics import RECEIPTS_IGNORED
+from streams.pacing import OPERATIONAL, Pacer
 from streams.ports import CancelOutcome, Gateway, ListedJob, SendAccepted, TextMessage
 from streams.receipts import ignored_because, remember_event
 from streams.reconcile import Verdict, reconcile
@@ -203,8 +205,15 @@ class JobProcessor:
         pauses: InstancePauses | None = None,
         failures: FailureLog | None = None,
         late: LateRedeliveries | None = None,
+        pacer: Pacer | None = None,
+        pacing_wait_s: Mapping[str, float] | None = None,
     ) -> None:
         self.gateway = gateway
+        self.pacer = pacer or Pacer()
+        """Token buckets per instance and recipient (:mod:`streams.pacing`)."""
+        self.pacing_wait_s = dict(pacing_wait_s or {OPERATIONAL: 1.0})
+        """How long a send may wait for its token in the lane, by priority (default: the
+        operational bound); a longer wait parks the conversation until the token is due."""
         self.late = late
         """Checks intents for jobs the table forgot (None: the table never forgets)."""
         self.pauses = pauses or InstancePauses()
@@ -283,6 +292,18 @@ class JobProcessor:
             current = self.store.get(intent.job_id)
 
         while True:
+            if not probe:
+                wait = await self.pacer.acquire(
+                    intent.instance_id,
+                    intent.conversation_key,
+                    intent.priority,
+                    max_wait_s=self.pacing_wait_s.get(
+                        intent.priority, self.pacing_wait_s[OPERATIONAL]
+                    ),
+                )
+                if wait > 0:
+                    # Paced: the job waits unchanged, its conversation parked until due.
+                    return Park(self._ts() + wait, current)
             if intent.expires_at is not None:
                 if dt.datetime.fromisoformat(intent.expires_at) <= self.now():
                     ack = await self._attempt(intent, 0, AttemptOutcome.EXPIRED, error="expired")
@@ -323,6 +344,33 @@ class JobProcessor:
                 return await self._hold_for_instance(
                     intent, ref, current, partition, exc, probe=probe, attempts=attempts - 1
                 )
+            except RateLimitedError as exc:
+                # Nothing was sent: the attempt is given back, and the message waits for
+                # what the limit asks (Retry-After, or the pacer's backoff), not the schedule.
+                delay = self.pacer.on_rate_limited(
+                    intent.instance_id,
+                    intent.conversation_key,
+                    exc.limit,
+                    exc.retry_after_s,
+                    self.pacer.clock(),
+                )
+                ack = await self._attempt(
+                    intent, seq, AttemptOutcome.TRANSIENT, started, error=str(exc)
+                )
+                due = self.now() + dt.timedelta(seconds=delay)
+                waiting = await self._put(
+                    transition(
+                        ref,
+                        current,
+                        S.RETRY_WAIT,
+                        reason=f"rate limited ({exc.limit}): {exc}",
+                        attempts=attempts - 1,
+                        next_retry_at=due.isoformat(),
+                    ),
+                    partition,
+                )
+                await ack
+                return Park(due=due.timestamp(), state=waiting)
             except PermanentGatewayError as exc:
                 self.failures.record(intent.instance_id, exc, self._ts())
                 self._gateway_answered(intent.instance_id)
@@ -367,6 +415,7 @@ class JobProcessor:
                 raise TypeError(f"unclassified gateway error {type(exc).__name__}") from exc
             self._gateway_answered(intent.instance_id)
             self.failures.record_success(intent.instance_id, self._ts())
+            self.pacer.on_sent(intent.instance_id, intent.conversation_key, self.pacer.clock())
             review = accepted.status is S.REVIEW
             # The attempt's outcome and the job's new state go out together (one produce
             # request) and are awaited together.
@@ -673,8 +722,10 @@ class JobProcessor:
         return self.now().timestamp()
 
     def _gateway_answered(self, instance_id: str) -> None:
-        """The gateway got past the instance's credentials: a paused instance resumes."""
-        self.pauses.resume(instance_id, self._ts())
+        """The gateway got past the instance's credentials: a paused instance resumes,
+        slowly (:meth:`streams.pacing.Pacer.slow_start`)."""
+        if self.pauses.resume(instance_id, self._ts()):
+            self.pacer.slow_start(instance_id, self.pacer.clock())
 
     async def _hold_for_instance(
         self,

@@ -7,19 +7,22 @@ imports ``connectors``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
 
 from faust.types import TP
 
 from streams.agents import Dispatcher
 from streams.app import Resource, WorkerApp, build_app
-from streams.contract import INTENTS
+from streams.contract import INTENTS, Priority
 from streams.dedup_horizon import DedupHorizon
 from streams.failure_log import FailureLog
 from streams.faust_monitor import setup_lean_prometheus
 from streams.instance_pauses import InstancePauses
 from streams.job_history import JobHistory, LateRedeliveries
 from streams.job_processor import JobProcessor, RetryPolicy
+from streams.pacing import Limit, Pacer
 from streams.parking import ParkingLot
 from streams.ports import Gateway
 from streams.sink_progress import SinkProgress
@@ -27,6 +30,49 @@ from streams.stores import FaustJobStore, FaustPublisher, KafkaWriter
 from streams.tables import register_tables
 from streams.topics import register_topics
 from streams.worker_settings import WorkerSettings
+
+RECIPIENT_INTERVAL_S: dict[str, float] = {"meta": 6.0}
+"""Per-recipient pacing by gateway when ``ZAPSTREAM_WORKER_RECIPIENT_INTERVAL_S`` is unset:
+Meta documents about one message per 6 s per business-number/user pair."""
+
+
+class PartitionShare:
+    """The share of ``zapstream.intents`` partitions this worker owns, read at most once a second.
+
+    An instance's conversations hash over every partition, so this is also the share
+    of each instance's traffic the worker sees, and of its rate it may use.
+    """
+
+    def __init__(
+        self, assignment: Callable[[], Collection[Any]], partitions: int, ttl_s: float = 1.0
+    ) -> None:
+        self.assignment = assignment
+        self.partitions = partitions
+        self.ttl_s = ttl_s
+        self._value = 1.0
+        self._read_at = float("-inf")
+
+    def __call__(self) -> float:
+        now = time.monotonic()
+        if now - self._read_at >= self.ttl_s:
+            self._read_at = now
+            owned = sum(1 for tp in self.assignment() if tp.topic == INTENTS)
+            self._value = max(owned, 1) / self.partitions
+        return self._value
+
+
+def build_pacer(settings: WorkerSettings, share: Callable[[], float]) -> Pacer:
+    interval = settings.recipient_interval_s
+    if interval is None:
+        interval = RECIPIENT_INTERVAL_S.get(str(settings.gateway.kind), 0.0)
+    return Pacer(
+        Limit(settings.instance_rate_per_s, settings.instance_burst),
+        {k: Limit(v.rate_per_s, v.burst) for k, v in settings.instance_rates.items()},
+        share=share,
+        min_block_s=settings.rate_limit_min_block_s,
+        recipient_interval_s=interval,
+        recipient_burst=settings.recipient_burst,
+    )
 
 
 def build_worker_app(
@@ -60,6 +106,7 @@ def build_worker_app(
     topics = register_topics(app, partitions)
     jobs, parked = register_tables(app, topics, partitions)
     writer = KafkaWriter(app)
+    share = PartitionShare(lambda: app.consumer.assignment(), partitions)
     processor = JobProcessor(
         gateway,
         FaustJobStore(jobs, writer),
@@ -69,6 +116,11 @@ def build_worker_app(
         pauses=InstancePauses(settings.instance_probe_s),
         failures=FailureLog(summary_interval_s=settings.failure_summary_interval_s),
         late=late,
+        pacer=build_pacer(settings, share),
+        pacing_wait_s={
+            Priority.OPERATIONAL: settings.pacing_wait_operational_s,
+            Priority.BULK: settings.pacing_wait_bulk_s,
+        },
     )
     dispatcher = Dispatcher(
         app,

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import BaseModel, Field
 from pydantic_settings import SettingsConfigDict
 
 from streams.settings import GatewaySettings, KafkaSettings, PostgresSettings, SettingsBase
+
+
+class InstanceLimit(BaseModel):
+    """One instance's configured send rate (``ZAPSTREAM_WORKER_INSTANCE_RATES``)."""
+
+    rate_per_s: float = Field(ge=0)
+    burst: float = Field(default=5.0, ge=1)
 
 
 class WorkerSettings(SettingsBase):
@@ -60,6 +67,24 @@ class WorkerSettings(SettingsBase):
     between workers)."""
     dedup_sink_check_s: float = Field(default=5.0, gt=0)
     """How often the sink group's committed offsets are read."""
+
+    instance_rate_per_s: float = Field(default=0.0, ge=0)
+    """Sends per second allowed per WhatsApp instance, shared by all workers (each takes
+    the share of its partitions); 0: only the gateway's own limits (learnt from 429s)."""
+    instance_burst: float = Field(default=5.0, ge=1)
+    """Sends an instance may make at once above its rate."""
+    instance_rates: dict[str, InstanceLimit] = Field(default_factory=dict)
+    """Per-instance overrides, JSON: ``{"inst-1": {"rate_per_s": 20, "burst": 5}}``."""
+    recipient_interval_s: float | None = Field(default=None, ge=0)
+    """At most one message per this many seconds per conversation (business number/user
+    pair), with ``recipient_burst``. None: the gateway's default (Meta 6 s, others none)."""
+    recipient_burst: float = Field(default=3.0, ge=1)
+    pacing_wait_operational_s: float = Field(default=1.0, ge=0)
+    """An operational send waits this long in its lane for a token; longer, it parks."""
+    pacing_wait_bulk_s: float = Field(default=30.0, ge=0)
+    """A bulk send waits this long in its lane for a token; longer, it parks."""
+    rate_limit_min_block_s: float = Field(default=1.0, gt=0)
+    """After a rate limit without ``Retry-After``, the instance waits at least this long."""
 
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)

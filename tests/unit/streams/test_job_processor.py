@@ -20,11 +20,13 @@ from streams.contract import (
 from streams.errors import (
     InstanceUnavailableError,
     PermanentGatewayError,
+    RateLimitedError,
     TransientGatewayError,
     UncertainGatewayError,
 )
 from streams.instance_pauses import InstancePauses
 from streams.job_processor import Done, JobProcessor, Park, RetryPolicy
+from streams.pacing import Pacer
 from streams.ports import CancelOutcome, ListedJob, SendAccepted, TextMessage
 
 NOW = dt.datetime(2026, 11, 29, 12, 0, tzinfo=dt.UTC)
@@ -172,6 +174,53 @@ async def test_transient_parks_on_the_schedule_honouring_retry_after() -> None:
     again = await p.on_intent(_intent(), 0)
     assert isinstance(again, Done) and again.state and again.state.status == "ACCEPTED"
     assert [m.reference for m in gw.sent] == ["7-1", "7-2"]
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_a_rate_limit_waits_retry_after_and_spends_no_attempt() -> None:
+    limited = [RateLimitedError("429", retry_after_s=2) for _ in range(5)]
+    gw = ScriptedGateway(*limited, OK)
+    p, store, pub = _processor(gw)
+    clock = _Clock()
+    p.pacer = Pacer(clock=clock)
+    for n in range(5):
+        outcome = await p.on_intent(_intent(), 0)
+        assert isinstance(outcome, Park), n
+        # Retry-After, not the schedule's 60 s; the attempt is given back every time.
+        assert outcome.due == (NOW + dt.timedelta(seconds=2)).timestamp()
+        assert outcome.state is not None and outcome.state.status == "RETRY_WAIT"
+        assert outcome.state.attempts == 0
+        # Before the wait is over the instance sends nothing: the job parks unchanged.
+        held = await p.on_intent(_intent(), 0)
+        assert isinstance(held, Park) and held.state == outcome.state
+        clock.now += 2.0
+    done = await p.on_intent(_intent(), 0)  # max_attempts is 3: five limits spent none
+    assert isinstance(done, Done) and done.state and done.state.status == "ACCEPTED"
+    assert [m.reference for m in gw.sent] == [f"7-{n}" for n in range(1, 7)]
+    assert pub.dead == []
+
+
+async def test_a_recipient_limit_backs_off_four_to_the_n() -> None:
+    gw = ScriptedGateway(*[RateLimitedError("131056", limit="recipient") for _ in range(2)], OK)
+    p, _, _ = _processor(gw)
+    clock = _Clock()
+    p.pacer = Pacer(clock=clock)
+    dues = []
+    for _ in range(2):
+        outcome = await p.on_intent(_intent(), 0)
+        assert isinstance(outcome, Park)
+        dues.append(outcome.due - NOW.timestamp())
+        clock.now += dues[-1]
+    assert dues == [4.0, 16.0]
+    other = await p.on_intent(_intent(job_id=8, conversation_key="d", idempotency_key="k8"), 0)
+    assert isinstance(other, Done)  # another recipient of the instance is not held
 
 
 async def test_exhausted_retries_end_dead_with_every_error_on_the_dead_topic() -> None:

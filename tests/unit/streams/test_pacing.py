@@ -1,0 +1,154 @@
+"""Pacing: token buckets per instance and recipient, shares, rate limits, priority (no I/O)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from streams.pacing import OPERATIONAL, Limit, Pacer, TokenBucket
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _sent_in(pacer: Pacer, clock: Clock, seconds: float, step: float = 0.001) -> int:
+    """Greedy sender on one instance: how many sends the pacer allows in ``seconds``."""
+    sent = 0
+    end = clock.now + seconds
+    while clock.now < end:
+        if pacer.wait_s("inst", "c", OPERATIONAL, clock.now) == 0:
+            pacer.take("inst", "c", clock.now)
+            sent += 1
+        else:
+            clock.now += step
+    return sent
+
+
+def test_bucket_gives_its_rate_after_its_burst() -> None:
+    bucket = TokenBucket(rate=10, burst=3, now=0.0)
+    for _ in range(3):
+        assert bucket.wait_s(0.0) == 0
+        bucket.take(0.0)
+    assert bucket.wait_s(0.0) == pytest.approx(0.1)
+    assert bucket.wait_s(0.05) == pytest.approx(0.05)
+
+
+def test_a_configured_rate_holds_over_any_second() -> None:
+    clock = Clock()
+    pacer = Pacer(Limit(20, 5), clock=clock)
+    first = _sent_in(pacer, clock, 1.0)
+    assert first <= 20 + 5
+    assert _sent_in(pacer, clock, 1.0) == pytest.approx(20, abs=1)
+
+
+def test_each_worker_takes_the_share_of_its_partitions() -> None:
+    clock = Clock()
+    half = Pacer(Limit(20, 4), clock=clock, share=lambda: 0.5)
+    _sent_in(half, clock, 1.0)  # spend the burst
+    assert _sent_in(half, clock, 2.0) == pytest.approx(20, abs=1)  # 10/s: half of 20
+
+
+def test_an_override_is_per_instance() -> None:
+    clock = Clock()
+    pacer = Pacer(Limit(0), {"slow": Limit(1, 1)}, clock=clock)
+    assert pacer.wait_s("slow", "c", OPERATIONAL, clock.now) == 0
+    pacer.take("slow", "c", clock.now)
+    assert pacer.wait_s("slow", "c", OPERATIONAL, clock.now) == pytest.approx(1.0)
+    for _ in range(100):
+        assert pacer.wait_s("fast", "c", OPERATIONAL, clock.now) == 0
+        pacer.take("fast", "c", clock.now)
+
+
+def test_a_rate_limit_blocks_for_retry_after_then_halves_and_grows_back() -> None:
+    clock = Clock()
+    pacer = Pacer(Limit(0), clock=clock, min_rate_per_s=0.5)
+    for _ in range(40):  # unlimited: 40 sends in the last second
+        pacer.take("inst", "c", clock.now)
+        clock.now += 0.025
+    delay = pacer.on_rate_limited("inst", "c", "instance", 2.0, clock.now)
+    assert delay == 2.0
+    assert pacer.wait_s("inst", "c", OPERATIONAL, clock.now) == pytest.approx(2.0)
+    clock.now += 2.0
+    # One token after the block (no burst), then half the rate it ran at: 20/s.
+    assert pacer.wait_s("inst", "c", OPERATIONAL, clock.now) == 0
+    pacer.take("inst", "c", clock.now)
+    assert pacer.wait_s("inst", "c", OPERATIONAL, clock.now) == pytest.approx(1 / 20)
+    # Doubling each second: past 40/s the reduction ends and the instance is unlimited.
+    clock.now += 1.0
+    assert pacer.wait_s("inst", "c", OPERATIONAL, clock.now) == 0
+    pacer.take("inst", "c", clock.now)
+    for _ in range(100):
+        assert pacer.wait_s("inst", "c", OPERATIONAL, clock.now) == 0
+        pacer.take("inst", "c", clock.now)
+
+
+def test_limits_in_a_row_keep_halving_down_to_the_floor() -> None:
+    clock = Clock()
+    pacer = Pacer(Limit(8, 1), clock=clock, min_rate_per_s=0.5)
+    rates = []
+    for _ in range(6):
+        pacer.on_rate_limited("inst", "c", "instance", None, clock.now)
+        bucket = pacer._instances["inst"].bucket
+        assert bucket is not None
+        rates.append(bucket.rate)
+    assert rates == [4.0, 2.0, 1.0, 0.5, 0.5, 0.5]
+
+
+def test_a_recipient_limit_backs_the_pair_off_four_to_the_n() -> None:
+    clock = Clock()
+    pacer = Pacer(Limit(0), clock=clock)
+    assert pacer.on_rate_limited("inst", "alice", "recipient", None, clock.now) == 4
+    assert pacer.on_rate_limited("inst", "alice", "recipient", None, clock.now) == 16
+    assert pacer.wait_s("inst", "alice", OPERATIONAL, clock.now) == pytest.approx(16)
+    assert pacer.wait_s("inst", "bob", OPERATIONAL, clock.now) == 0  # only the pair waits
+    pacer.on_sent("inst", "alice", clock.now)
+    assert pacer.on_rate_limited("inst", "alice", "recipient", 1.0, clock.now) == 4
+
+
+def test_recipient_interval_paces_each_conversation_alone() -> None:
+    clock = Clock()
+    pacer = Pacer(Limit(0), clock=clock, recipient_interval_s=6.0, recipient_burst=2)
+    for _ in range(2):
+        assert pacer.wait_s("inst", "alice", OPERATIONAL, clock.now) == 0
+        pacer.take("inst", "alice", clock.now)
+    assert pacer.wait_s("inst", "alice", OPERATIONAL, clock.now) == pytest.approx(6.0)
+    assert pacer.wait_s("inst", "bob", OPERATIONAL, clock.now) == 0
+
+
+def test_idle_recipients_are_forgotten() -> None:
+    clock = Clock()
+    pacer = Pacer(Limit(0), clock=clock, recipient_interval_s=1.0)
+    for i in range(1000):
+        pacer.take("inst", f"c{i}", clock.now)
+    clock.now += 120
+    pacer.take("inst", "late", clock.now)
+    assert len(pacer._recipients) == 1
+
+
+async def test_operational_sends_take_the_instance_tokens_before_bulk() -> None:
+    pacer = Pacer(Limit(50, 1))
+    order: list[str] = []
+
+    async def send(priority: str, name: str) -> None:
+        assert await pacer.acquire("inst", name, priority, max_wait_s=5) == 0
+        order.append(priority)
+
+    pacer.take("inst", "x", pacer.clock())  # the bucket is empty: everyone waits
+    bulk = [asyncio.create_task(send("bulk", f"b{i}")) for i in range(5)]
+    await asyncio.sleep(0)
+    operational = [asyncio.create_task(send(OPERATIONAL, f"o{i}")) for i in range(3)]
+    await asyncio.gather(*bulk, *operational)
+    assert order[:3] == [OPERATIONAL] * 3
+
+
+async def test_a_wait_longer_than_allowed_is_handed_back() -> None:
+    clock = Clock()
+    pacer = Pacer(Limit(0), clock=clock)
+    pacer.on_rate_limited("inst", "c", "instance", 30.0, clock.now)
+    assert await pacer.acquire("inst", "c", OPERATIONAL, max_wait_s=1.0) == pytest.approx(30.0)
