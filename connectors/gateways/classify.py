@@ -40,9 +40,11 @@ HTTP answers:
   **instance unavailable** (transient, ``scope="instance"``). Nothing was sent;
   every other message of the instance would fail the same way, so the worker
   pauses the instance and probes it until an operator fixes the key.
-- 429 and 503 are **transient** and carry ``Retry-After`` (delay-seconds,
-  fractional accepted, or an HTTP date); 408 is **transient** (the gateway gave
-  up reading the request).
+- 429 is **rate limited** (transient, ``limit="instance"``): the instance's
+  throughput; the worker slows the instance down instead of spending the
+  message's attempts. 429 and 503 carry ``Retry-After`` (delay-seconds,
+  fractional accepted, or an HTTP date); 503 and 408 (the gateway gave up reading
+  the request) are **transient**.
 - 500 is **transient**: it is the gateway application's own answer, and the
   gateways we speak to answer it only when they did not enqueue the message.
 - 502, 504 and every other 5xx on a send are **uncertain**: they come from a
@@ -79,6 +81,7 @@ from streams.errors import (
     GatewayError,
     InstanceUnavailableError,
     PermanentGatewayError,
+    RateLimitedError,
     TransientGatewayError,
     UncertainGatewayError,
 )
@@ -233,7 +236,12 @@ def error_for_response(
         what = "unknown instance" if status == 404 else "gateway refused credentials"
         return InstanceUnavailableError(f"{message} ({what})", status_code=status)
     retry_after_s = parse_retry_after(response.headers.get("Retry-After"), now=now)
-    if status in (429, 503, 408):
+    if status == 429:
+        # The instance's throughput: the worker slows the instance down (streams.pacing).
+        return RateLimitedError(
+            message, limit="instance", status_code=status, retry_after_s=retry_after_s
+        )
+    if status in (503, 408):
         return TransientGatewayError(message, status_code=status, retry_after_s=retry_after_s)
     if status >= 500:
         if is_safe_method(method) or status in _TRANSIENT_5XX_ON_SEND:

@@ -27,6 +27,7 @@ from connectors.outbox.recipients import mask_phone
 from streams.errors import (
     InstanceUnavailableError,
     PermanentGatewayError,
+    RateLimitedError,
     TransientGatewayError,
     UncertainGatewayError,
 )
@@ -251,6 +252,13 @@ def test_429_without_retry_after() -> None:
     err = error_for_response(response(429), gateway="g")
     assert isinstance(err, TransientGatewayError)
     assert err.retry_after_s is None
+
+
+def test_429_is_the_instance_rate_limit_and_503_is_not() -> None:
+    limited = error_for_response(response(429, headers={"Retry-After": "2"}), gateway="g")
+    assert isinstance(limited, RateLimitedError) and limited.limit == "instance"
+    unavailable = error_for_response(response(503, headers={"Retry-After": "2"}), gateway="g")
+    assert not isinstance(unavailable, RateLimitedError)
 
 
 @pytest.mark.parametrize(
