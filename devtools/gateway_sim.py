@@ -169,6 +169,13 @@ class SimConfig:
     accept_then_502_rate: float = 0.0
     """Fraction of sends recorded (accepted) and then answered 502, like a proxy whose
     upstream accepted the message and timed out or broke on the way back."""
+    rate_limited_instances: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Instance -> epoch seconds until which every request on it answers 429 with
+    ``Retry-After: retry_after_s`` (a rate-limit storm on one number). Set through
+    ``/_sim/config`` as ``{"rate_limited_instances": {"inst": seconds}}``; 0 ends it."""
+    disconnected_instances: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Instance -> epoch seconds until which every request on it answers 503 "instance
+    disconnected" (the phone lost its WhatsApp session). Set like ``rate_limited_instances``."""
     listing_fields: dict[str, str] = dataclasses.field(default_factory=dict)
     """StackZap listing key -> the name the answer uses instead (``items``, ``id``,
     ``reference``, ``to``, ``text``, ``status``, ``created_at``, ``page``,
@@ -223,6 +230,8 @@ def _updated_config(current: SimConfig, changes: Mapping[str, Any]) -> SimConfig
         reject_keys_for_instances=list(current.reject_keys_for_instances),
         invalid_recipients=list(current.invalid_recipients),
         listing_fields=dict(current.listing_fields),
+        rate_limited_instances=dict(current.rate_limited_instances),
+        disconnected_instances=dict(current.disconnected_instances),
     )
     for key, value in changes.items():
         if key in ("error_rate", "rate_limit_rate", "drop_response_rate", "accept_then_502_rate"):
@@ -254,6 +263,17 @@ def _updated_config(current: SimConfig, changes: Mapping[str, Any]) -> SimConfig
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                 raise SimConfigError(f"{key} must be a list of strings")
             setattr(cfg, key, list(value))
+        elif key in ("rate_limited_instances", "disconnected_instances"):
+            if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+                raise SimConfigError(f"{key} must map instance names to seconds")
+            until = dict(getattr(cfg, key))
+            for instance, seconds in value.items():
+                span = _non_negative(key, seconds)
+                if span > 0:
+                    until[instance] = time.time() + span
+                else:
+                    until.pop(instance, None)
+            setattr(cfg, key, until)
         elif key == "id_field":
             if value not in _ID_FIELDS:
                 raise SimConfigError(f"id_field must be one of {sorted(_ID_FIELDS)}")
@@ -599,6 +619,19 @@ class GatewaySimulator:
         if not authorized or request.match_info["instance"] in cfg.reject_keys_for_instances:
             self._outcomes["unauthorized"] += 1
             return self._error(api, 401, "unauthorized"), decision
+        instance = request.match_info["instance"]
+        now = time.time()
+        if cfg.disconnected_instances.get(instance, 0.0) > now:
+            self._outcomes["disconnected"] += 1
+            return self._error(api, 503, "instance disconnected"), decision
+        if cfg.rate_limited_instances.get(instance, 0.0) > now:
+            self._outcomes["rate_limited"] += 1
+            return (
+                self._error(
+                    api, 429, "rate limited", {"Retry-After": _seconds_header(cfg.retry_after_s)}
+                ),
+                decision,
+            )
         if decision.rate_limited:
             self._outcomes["rate_limited"] += 1
             return (

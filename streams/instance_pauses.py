@@ -157,4 +157,8 @@ def _why(error: GatewayError) -> str:
         return f"gateway refused credentials ({code})"
     if code == 404:
         return "gateway does not know the instance (404)"
+    if "disconnected" in str(error):
+        return f"gateway says the instance is disconnected ({code})"
+    if error.scope != "instance":
+        return f"failing in a row, last: {error}"
     return f"gateway refused the instance ({code or type(error).__name__})"

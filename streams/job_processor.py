@@ -207,8 +207,12 @@ class JobProcessor:
         late: LateRedeliveries | None = None,
         pacer: Pacer | None = None,
         pacing_wait_s: Mapping[str, float] | None = None,
+        breaker_failures: int = 5,
     ) -> None:
         self.gateway = gateway
+        self.breaker_failures = breaker_failures
+        """Transient failures in a row after which an instance is paused (0: never)."""
+        self._failing: dict[str, int] = {}
         self.pacer = pacer or Pacer()
         """Token buckets per instance and recipient (:mod:`streams.pacing`)."""
         self.pacing_wait_s = dict(pacing_wait_s or {OPERATIONAL: 1.0})
@@ -403,6 +407,7 @@ class JobProcessor:
                 )
             except TransientGatewayError as exc:
                 self.failures.record(intent.instance_id, exc, self._ts())
+                self._trip_if_failing(intent.instance_id, exc)
                 ack = await self._attempt(
                     intent, seq, AttemptOutcome.TRANSIENT, started, error=str(exc)
                 )
@@ -415,6 +420,7 @@ class JobProcessor:
                 raise TypeError(f"unclassified gateway error {type(exc).__name__}") from exc
             self._gateway_answered(intent.instance_id)
             self.failures.record_success(intent.instance_id, self._ts())
+            self._failing.pop(intent.instance_id, None)
             self.pacer.on_sent(intent.instance_id, intent.conversation_key, self.pacer.clock())
             review = accepted.status is S.REVIEW
             # The attempt's outcome and the job's new state go out together (one produce
@@ -720,6 +726,17 @@ class JobProcessor:
 
     def _ts(self) -> float:
         return self.now().timestamp()
+
+    def _trip_if_failing(self, instance_id: str, exc: TransientGatewayError) -> None:
+        """The instance breaker: after ``breaker_failures`` transient failures in a row the
+        instance is paused like a refused one (its intents wait durably, one probe per
+        interval, a slow start when a probe gets through)."""
+        failing = self._failing.get(instance_id, 0) + 1
+        self._failing[instance_id] = failing
+        if self.breaker_failures and failing >= self.breaker_failures:
+            if not self.pauses.paused(instance_id):
+                self.pauses.pause(instance_id, exc, self._ts(), parked=True)
+            self._failing.pop(instance_id, None)
 
     def _gateway_answered(self, instance_id: str) -> None:
         """The gateway got past the instance's credentials: a paused instance resumes,

@@ -114,6 +114,9 @@ class _Instance:
         """Send times of the last second: the rate the instance actually ran at."""
         self.operational_waiting = 0
         self.exported_rate = 0.0
+        self.busy_rate = 0.0
+        """Sends in the second before this worker's latest send: the rate the instance ran
+        at before a pause or a rate limit (kept while nothing is sent)."""
 
 
 class _Recipient:
@@ -181,6 +184,7 @@ class Pacer:
         state.sent.append(now)
         while state.sent and state.sent[0] < now - 1.0:
             state.sent.popleft()
+        state.busy_rate = float(len(state.sent))
         pair = self._recipient(instance, recipient, now)
         if pair is not None:
             pair.bucket.take(now)
@@ -266,7 +270,7 @@ class Pacer:
         current = (
             state.reduced
             if state.reduced is not None
-            else configured or (len(state.sent) / share) or self.min_rate_per_s * 2
+            else configured or (state.busy_rate / share) or self.min_rate_per_s * 2
         )
         if state.reduced is None:
             state.ceiling = configured or current

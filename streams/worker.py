@@ -117,6 +117,7 @@ def build_worker_app(
         failures=FailureLog(summary_interval_s=settings.failure_summary_interval_s),
         late=late,
         pacer=build_pacer(settings, share),
+        breaker_failures=settings.breaker_failures,
         pacing_wait_s={
             Priority.OPERATIONAL: settings.pacing_wait_operational_s,
             Priority.BULK: settings.pacing_wait_bulk_s,

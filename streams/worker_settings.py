@@ -36,6 +36,9 @@ class WorkerSettings(SettingsBase):
     """Each delay is drawn from [delay * (1 - jitter), delay]."""
     retry_scan_interval_s: float = Field(default=0.5, gt=0)
     """How often parked conversations are checked for due retries."""
+    breaker_failures: int = Field(default=5, ge=0)
+    """Transient gateway failures of one instance in a row after which the instance is
+    paused like a refused one (probed every ``instance_probe_s``); 0 switches it off."""
     instance_probe_s: float = Field(default=30.0, gt=0)
     """While the gateway refuses an instance (401/403, unknown instance) its messages
     wait, and one of them is sent this often to find out whether it was fixed."""

@@ -40,6 +40,9 @@ HTTP answers:
   **instance unavailable** (transient, ``scope="instance"``). Nothing was sent;
   every other message of the instance would fail the same way, so the worker
   pauses the instance and probes it until an operator fixes the key.
+- an answer saying the instance is disconnected (400/409/503 whose message says
+  "disconnected", "not connected" or "no session": the phone lost its WhatsApp
+  session) is **instance unavailable** too: paused and probed, nothing spent.
 - 429 is **rate limited** (transient, ``limit="instance"``): the instance's
   throughput; the worker slows the instance down instead of spending the
   message's attempts. 429 and 503 carry ``Retry-After`` (delay-seconds,
@@ -213,6 +216,14 @@ def _unknown_instance(status: int, reason: str) -> bool:
     return status == 404 and "instance" in reason.lower()
 
 
+_DISCONNECTED = re.compile(r"disconnected|not connected|no session", re.IGNORECASE)
+
+
+def _disconnected(status: int, reason: str) -> bool:
+    """The gateway says the instance's phone lost its WhatsApp session: nothing was sent."""
+    return status in (400, 409, 503) and bool(_DISCONNECTED.search(reason))
+
+
 def error_for_response(
     response: GatewayResponse,
     *,
@@ -235,6 +246,8 @@ def error_for_response(
     if status in _INSTANCE_STATUSES or _unknown_instance(status, reason):
         what = "unknown instance" if status == 404 else "gateway refused credentials"
         return InstanceUnavailableError(f"{message} ({what})", status_code=status)
+    if _disconnected(status, reason):
+        return InstanceUnavailableError(f"{message} (instance disconnected)", status_code=status)
     retry_after_s = parse_retry_after(response.headers.get("Retry-After"), now=now)
     if status == 429:
         # The instance's throughput: the worker slows the instance down (streams.pacing).

@@ -544,3 +544,22 @@ async def test_reprocess_of_a_paused_instance_is_not_dropped() -> None:
     assert isinstance(outcome, Park) and outcome.state and outcome.state.status == "RETRY_WAIT"
     probed = await p.on_intent(_intent(max_attempts=3), 0, probe=True)
     assert isinstance(probed, Done) and probed.state and probed.state.status == "ACCEPTED"
+
+
+async def test_failures_in_a_row_trip_the_instance_breaker() -> None:
+    gw = ScriptedGateway(*[TransientGatewayError(f"503 #{n}") for n in range(3)], OK)
+    p, _, _ = _processor(gw)
+    p.breaker_failures = 3
+    for n in range(3):
+        outcome = await p.on_intent(
+            _intent(job_id=10 + n, conversation_key=f"c{n}", idempotency_key=f"k{n}"), 0
+        )
+        assert isinstance(outcome, Park) and outcome.state and outcome.state.status == "RETRY_WAIT"
+    assert p.pauses.paused("i")
+    held = await p.on_intent(_intent(job_id=20, conversation_key="d", idempotency_key="k20"), 0)
+    assert isinstance(held, Park) and held.state is None  # waits unchanged, nothing sent
+    assert len(gw.sent) == 3
+    probe = await p.on_intent(
+        _intent(job_id=20, conversation_key="d", idempotency_key="k20"), 0, probe=True
+    )
+    assert isinstance(probe, Done) and not p.pauses.paused("i")

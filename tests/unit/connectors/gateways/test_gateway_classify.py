@@ -389,3 +389,22 @@ async def test_send_request_classifies_answers_with_their_body() -> None:
     assert info.value.status_code == 429
     assert info.value.retry_after_s == 2.0
     assert "slow down 5511*****4321" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("status", "body"),
+    [
+        (503, b'{"error":"instance disconnected"}'),
+        (400, b'{"message":"You are not connected.","code":400}'),
+        (409, b'{"error":"no session for this instance"}'),
+    ],
+)
+def test_a_disconnected_instance_is_the_instance_not_the_message(status: int, body: bytes) -> None:
+    err = error_for_response(response(status, body), gateway="g")
+    assert isinstance(err, InstanceUnavailableError) and err.scope == "instance"
+    assert "disconnected" in str(err)
+
+
+def test_a_plain_503_is_still_transient_for_the_message() -> None:
+    err = error_for_response(response(503, b'{"error":"service unavailable"}'), gateway="g")
+    assert type(err) is TransientGatewayError
