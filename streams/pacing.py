@@ -13,10 +13,13 @@ sends from one token bucket per instance in this worker (:class:`Pacer`):
 - **Rate limited** (HTTP 429, Meta 130429): the instance waits for ``Retry-After``
   (or ``min_block_s``), its bucket empties to a single token and its rate is
   halved (from the configured rate, or from the rate it was actually sending at
-  when none is configured); every second without another limit it grows back by
+  when none is configured), unless it was sending at under half its reduced rate
+  (the single probe after a block meeting the same refusal: only the wait
+  repeats); every second without another limit it grows back by
   ``increase_factor`` (2: doubling, as TCP's slow start), and once it reaches the
-  ceiling (the configured rate, or the rate before the limit) the reduction ends:
-  an instance without a configured rate is unlimited again. A short
+  ceiling (the configured rate, or ``unlimited_after`` times the rate it ran at
+  before) the reduction ends: an instance without a configured rate is unlimited
+  again. A short
   ``Retry-After`` is a short wait, never the failure schedule.
 - **Slow start** after an instance comes back from a pause (:mod:`streams.instance_pauses`):
   the same reduced rate, growing back, so a backlog does not hit the gateway at once.
@@ -138,6 +141,7 @@ class Pacer:
         min_rate_per_s: float = 0.5,
         min_block_s: float = 1.0,
         increase_factor: float = 2.0,
+        unlimited_after: float = 4.0,
         recipient_interval_s: float = 0.0,
         recipient_burst: float = 1.0,
         recipient_backoff_cap_s: float = 256.0,
@@ -149,6 +153,7 @@ class Pacer:
         self.min_rate_per_s = min_rate_per_s
         self.min_block_s = min_block_s
         self.increase_factor = increase_factor
+        self.unlimited_after = unlimited_after
         self.recipient_interval_s = recipient_interval_s
         self.recipient_burst = recipient_burst
         self.recipient_backoff_cap_s = recipient_backoff_cap_s
@@ -214,7 +219,12 @@ class Pacer:
         state = self._state(instance, now)
         delay = max(retry_after_s or 0.0, self.min_block_s)
         state.blocked_until = max(state.blocked_until, now + delay)
-        self._reduce(instance, state, now)
+        if state.reduced is None or state.busy_rate >= 0.5 * state.reduced * self.share():
+            self._reduce(instance, state, now)
+        else:
+            # A limit while we send below the reduced rate (the probe after a block) says
+            # the gateway still refuses, not that we are too fast: wait, keep the rate.
+            self._apply(instance, state, now, empty=True)
         return delay
 
     def slow_start(self, instance: str, now: float) -> None:
@@ -273,7 +283,9 @@ class Pacer:
             else configured or (state.busy_rate / share) or self.min_rate_per_s * 2
         )
         if state.reduced is None:
-            state.ceiling = configured or current
+            # Without a configured rate, the reduction ends at 4x the rate we ran at: the
+            # ramp stays visible to the gateway, and a backlog is not held at the old rate.
+            state.ceiling = configured or current * self.unlimited_after
         state.reduced = max(self.min_rate_per_s, current / 2)
         state.grown_at = now
         self._apply(instance, state, now, empty=True)
@@ -332,4 +344,3 @@ class Pacer:
             interval = self.recipient_interval_s or 1.0
             pair = self._recipients[key] = _Recipient(interval, self.recipient_burst, now)
         return pair
-

@@ -79,7 +79,11 @@ def test_a_rate_limit_blocks_for_retry_after_then_halves_and_grows_back() -> Non
     assert pacer.wait_s("inst", "c", OPERATIONAL, clock.now) == 0
     pacer.take("inst", "c", clock.now)
     assert pacer.wait_s("inst", "c", OPERATIONAL, clock.now) == pytest.approx(1 / 20)
-    # Doubling each second: past 40/s the reduction ends and the instance is unlimited.
+    # Doubling each second (40, 80, 160): at 4x the rate it ran at, it is unlimited again.
+    clock.now += 2.0
+    assert pacer.wait_s("inst", "c", OPERATIONAL, clock.now) == 0
+    pacer.take("inst", "c", clock.now)
+    assert pacer.wait_s("inst", "c", OPERATIONAL, clock.now) == pytest.approx(1 / 80)
     clock.now += 1.0
     assert pacer.wait_s("inst", "c", OPERATIONAL, clock.now) == 0
     pacer.take("inst", "c", clock.now)
@@ -88,16 +92,40 @@ def test_a_rate_limit_blocks_for_retry_after_then_halves_and_grows_back() -> Non
         pacer.take("inst", "c", clock.now)
 
 
-def test_limits_in_a_row_keep_halving_down_to_the_floor() -> None:
+def _rate(pacer: Pacer) -> float:
+    bucket = pacer._instances["inst"].bucket
+    assert bucket is not None
+    return bucket.rate
+
+
+def test_a_limit_at_the_reduced_rate_halves_again_down_to_the_floor() -> None:
     clock = Clock()
     pacer = Pacer(Limit(8, 1), clock=clock, min_rate_per_s=0.5)
     rates = []
-    for _ in range(6):
-        pacer.on_rate_limited("inst", "c", "instance", None, clock.now)
-        bucket = pacer._instances["inst"].bucket
-        assert bucket is not None
-        rates.append(bucket.rate)
-    assert rates == [4.0, 2.0, 1.0, 0.5, 0.5, 0.5]
+    for _ in range(5):
+        pacer.on_rate_limited("inst", "c", "instance", 0.5, clock.now)
+        rates.append(_rate(pacer))
+        # Send at the reduced rate for most of a second (no growth yet), then the next limit.
+        clock.now += 0.5
+        end = clock.now + 0.9
+        while clock.now < end:
+            wait = pacer.wait_s("inst", "c", OPERATIONAL, clock.now)
+            if wait == 0:
+                pacer.take("inst", "c", clock.now)
+            clock.now += max(wait, 0.001)
+    assert rates[:3] == [4.0, 2.0, 1.0]
+    assert min(rates) >= 0.5
+
+
+def test_the_probe_after_a_block_meeting_the_same_refusal_keeps_the_rate() -> None:
+    clock = Clock()
+    pacer = Pacer(Limit(8, 1), clock=clock)
+    pacer.on_rate_limited("inst", "c", "instance", 2.0, clock.now)
+    for _ in range(5):
+        clock.now += pacer.wait_s("inst", "c", OPERATIONAL, clock.now)
+        pacer.take("inst", "c", clock.now)  # the one probe
+        assert pacer.on_rate_limited("inst", "c", "instance", 2.0, clock.now) == 2.0
+        assert _rate(pacer) == 4.0
 
 
 def test_a_recipient_limit_backs_the_pair_off_four_to_the_n() -> None:
