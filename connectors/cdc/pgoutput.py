@@ -25,11 +25,11 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TypeAlias
 
 from connectors.cdc.lsn import Lsn
-from connectors.cdc.replication_messages import from_pg_timestamp
+from connectors.cdc.replication_messages import from_pg_timestamp, to_pg_timestamp
 
 _U8 = struct.Struct(">B")
 _I16 = struct.Struct(">h")
@@ -79,8 +79,13 @@ class Begin:
 
     final_lsn: Lsn
     """LSN of the transaction's commit record (equals ``Commit.commit_lsn``)."""
-    commit_ts: datetime
+    commit_ts_us: int
+    """Commit time as on the wire: microseconds since 2000-01-01 UTC (see :attr:`commit_ts`)."""
     xid: int
+
+    @property
+    def commit_ts(self) -> datetime:
+        return from_pg_timestamp(self.commit_ts_us)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +97,12 @@ class Commit:
     commit_lsn: Lsn
     end_lsn: Lsn
     """End of the commit record: the LSN to confirm once the transaction is durable downstream."""
-    commit_ts: datetime
+    commit_ts_us: int
+    """Commit time as on the wire: microseconds since 2000-01-01 UTC (see :attr:`commit_ts`)."""
+
+    @property
+    def commit_ts(self) -> datetime:
+        return from_pg_timestamp(self.commit_ts_us)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,9 +137,13 @@ class TypeMessage:
     name: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Insert:
-    """A new row."""
+    """A new row.
+
+    Not frozen: the relay decodes one per row, and a frozen dataclass sets each
+    field through ``object.__setattr__`` (several times slower). Treat it as read-only.
+    """
 
     relation: Relation
     new: TupleValues
@@ -194,6 +208,17 @@ PgOutputMessage: TypeAlias = (
     | Truncate
     | LogicalMessage
 )
+
+
+_MIN_TS_US = to_pg_timestamp(datetime.min.replace(tzinfo=UTC))
+_MAX_TS_US = to_pg_timestamp(datetime.max.replace(tzinfo=UTC))
+
+
+def _check_timestamp(microseconds: int) -> None:
+    # The timestamp stays an int (no datetime per transaction), but one that no
+    # datetime can hold means we parsed the bytes wrong: refuse it here, as before.
+    if not _MIN_TS_US <= microseconds <= _MAX_TS_US:
+        raise PgOutputError(f"commit timestamp out of range: {microseconds} µs since 2000-01-01")
 
 
 def _cstring(buf: bytes, pos: int) -> tuple[str, int]:
@@ -278,17 +303,16 @@ class PgOutputDecoder:
         # 'B' | Int64 final_lsn | Int64 commit_ts (µs since 2000-01-01 UTC) | Int32 xid
         _, final_lsn, ts, xid = _BEGIN.unpack_from(buf)
         self._end(buf, _BEGIN.size)
-        return Begin(final_lsn=Lsn(final_lsn), commit_ts=from_pg_timestamp(ts), xid=xid)
+        _check_timestamp(ts)
+        return Begin(final_lsn=Lsn(final_lsn), commit_ts_us=ts, xid=xid)
 
     def _commit(self, buf: bytes) -> Commit:
         # 'C' | Int8 flags (0) | Int64 commit_lsn | Int64 end_lsn | Int64 commit_ts
         _, flags, commit_lsn, end_lsn, ts = _COMMIT.unpack_from(buf)
         self._end(buf, _COMMIT.size)
+        _check_timestamp(ts)
         return Commit(
-            flags=flags,
-            commit_lsn=Lsn(commit_lsn),
-            end_lsn=Lsn(end_lsn),
-            commit_ts=from_pg_timestamp(ts),
+            flags=flags, commit_lsn=Lsn(commit_lsn), end_lsn=Lsn(end_lsn), commit_ts_us=ts
         )
 
     def _origin(self, buf: bytes) -> Origin:

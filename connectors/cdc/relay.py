@@ -75,6 +75,15 @@ from connectors.cdc.failures import (
     classify_exception,
 )
 from connectors.cdc.lsn import Lsn
+from connectors.cdc.metrics import (
+    ACKED,
+    CONFIRMED_LSN,
+    INVALID_ROWS,
+    ROWS,
+    TRANSACTIONS,
+    LatencyWindow,
+    MetricsServer,
+)
 from connectors.cdc.outbox_rows import (
     command_row_to_record,
     minimal_rejection,
@@ -91,7 +100,7 @@ from connectors.cdc.provisioning import (
     ProvisioningError,
     ensure_replication,
 )
-from connectors.cdc.replication_messages import PrimaryKeepalive, XLogData
+from connectors.cdc.replication_messages import PrimaryKeepalive, XLogData, pg_timestamp_to_unix
 from connectors.cdc.replication_stream import (
     ReplicationError,
     ReplicationStream,
@@ -125,6 +134,10 @@ _SCHEMA_HEADERS: dict[type[Record], bytes] = {
     cls: cls.SCHEMA.encode() for cls in (IntentCaptured, CommandRequested, IntentRejected)
 }
 """The ``zapstream-schema`` header value of each record type the relay produces."""
+
+_INVALID_RULE = INVALID_ROWS.labels(reason="rule")
+_INVALID_TOO_LARGE = INVALID_ROWS.labels(reason="too_large")
+_INVALID_REFUSED = INVALID_ROWS.labels(reason="refused")
 
 _BATCH_LINGER_S = 0.002
 """How long batches wait for more WAL once the source has none at hand (cf. linger.ms)."""
@@ -233,8 +246,14 @@ class OutboxRelay:
         *,
         source_factory: Callable[[], ReplicationSource] | None = None,
         provision: Callable[[], Awaitable[Lsn]] | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
+        self._clock = clock
+        self._latency = LatencyWindow()
+        self._metrics = MetricsServer(
+            settings.metrics_port, bind_local=settings.metrics_bind_local, log=log
+        )
         self._producer = producer or build_producer(settings)
         self._new_source = source_factory or self._replication_stream
         self._provision = provision or self._ensure_replication
@@ -272,6 +291,11 @@ class OutboxRelay:
     def confirmed(self) -> Lsn:
         return self._reported
 
+    @property
+    def commit_to_ack(self) -> LatencyWindow:
+        """Commit->Kafka-ack latencies of recent transactions (:mod:`connectors.cdc.metrics`)."""
+        return self._latency
+
     async def __aenter__(self) -> OutboxRelay:
         await self.start()
         return self
@@ -283,6 +307,13 @@ class OutboxRelay:
         """Start the Kafka producer, retrying with backoff while the brokers are unreachable."""
         if self._started:
             return
+        try:
+            self._metrics.start()
+        except OSError as exc:
+            raise RelayConfigError(
+                f"cannot serve metrics on port {self.settings.metrics_port} ({exc}): set "
+                "ZAPSTREAM_RELAY_METRICS_PORT to a free port, or 0 to switch metrics off"
+            ) from exc
         # A producer without the batch methods (a test's fake) gets one send per record.
         producer = self._producer
         self._batching = all(
@@ -325,8 +356,11 @@ class OutboxRelay:
             return
         self._stopped = True
         self.request_stop()
-        if self._started:
-            await self._producer.stop()
+        try:
+            if self._started:
+                await self._producer.stop()
+        finally:
+            await asyncio.to_thread(self._metrics.stop)
 
     def _replication_stream(self) -> ReplicationSource:
         s = self.settings
@@ -450,21 +484,29 @@ class OutboxRelay:
     def _log_summary(self) -> None:
         log.info(
             "relay stopped: %d transactions, %d intents, %d rejected (%d reduced), "
-            "confirmed %s, %.1fs",
+            "confirmed %s, %.1fs; %s",
             self._stats.transactions,
             self._stats.intents,
             self._stats.rejected,
             self._stats.reduced,
             self._reported,
             time.monotonic() - self._stats.started,
+            self._latency.summary(),
         )
+
+    def _on_acknowledged(self, commit_ts_us: int, acked_at: float) -> None:
+        """A transaction's last record was acknowledged: observe its commit->ack latency."""
+        self._latency.observe(acked_at - pg_timestamp_to_unix(commit_ts_us))
 
     async def _stream(self, source: ReplicationSource, confirmed: Lsn) -> Lsn:
         s = self.settings
-        tracker = AckTracker(confirmed)
+        tracker = AckTracker(confirmed, on_acknowledged=self._on_acknowledged, clock=self._clock)
         self._tracker = tracker
         self._reported = max(self._reported, confirmed)
         decoder = PgOutputDecoder()
+        decode = decoder.decode
+        stats = self._stats
+        rows_counted = stats.intents + stats.rejected
         # Batches of an earlier connection were never sent: their rows are streamed again.
         self._batches.clear()
         self._batched = 0
@@ -488,20 +530,28 @@ class OutboxRelay:
                     continue
             else:
                 message = await source.read(timeout_s=s.status_interval_s)
-            if isinstance(message, XLogData):
-                decoded = decoder.decode(message.payload)
-                if isinstance(decoded, Begin):
-                    txn = tracker.begin()
+            if type(message) is XLogData:
+                decoded = decode(message.payload)
+                kind = type(decoded)
+                if kind is Insert:
+                    assert isinstance(decoded, Insert)
+                    table = decoded.relation.name
+                    if table in PUBLISHED_TABLES:
+                        await self._produce(txn, table, decoded.new, lsn_text, committed_at)
+                elif kind is Begin:
+                    assert isinstance(decoded, Begin)
+                    txn = tracker.begin(decoded.commit_ts_us)
+                    # One datetime per transaction, for the records' committed_at.
                     committed_at = decoded.commit_ts.isoformat()
                     lsn_text = str(decoded.final_lsn)
-                elif isinstance(decoded, Insert):
-                    if decoded.relation.name in PUBLISHED_TABLES:
-                        await self._produce(
-                            txn, decoded.relation.name, decoded.new, lsn_text, committed_at
-                        )
-                elif isinstance(decoded, Commit):
+                elif kind is Commit:
+                    assert isinstance(decoded, Commit)
                     tracker.commit(txn, decoded.end_lsn)
-                    self._stats.transactions += 1
+                    stats.transactions += 1
+                    TRANSACTIONS.inc()
+                    rows = stats.intents + stats.rejected
+                    ROWS.inc(rows - rows_counted)
+                    rows_counted = rows
                     txn = None
             elif isinstance(message, PrimaryKeepalive):
                 tracker.keepalive(message.wal_end)
@@ -536,11 +586,11 @@ class OutboxRelay:
                 continue
             self._room.clear()
             await self._room.wait()
-        record, value = self._producible(
-            _CONVERTERS[table](row, lsn=lsn, committed_at=committed_at), row
-        )
+        converted = _CONVERTERS[table](row, lsn=lsn, committed_at=committed_at)
+        record, value = self._producible(converted, row)
         if type(record) is IntentRejected:
             self._stats.rejected += 1
+            (_INVALID_RULE if type(converted) is IntentRejected else _INVALID_TOO_LARGE).inc()
             log.warning("%s row for job %s rejected: %s", table, record.job_id, record.reason)
         else:
             self._stats.intents += 1
@@ -597,6 +647,8 @@ class OutboxRelay:
 
     def _minimal(self, record: Record, exc: BaseException) -> IntentRejected:
         self._stats.reduced += 1
+        if not isinstance(record, IntentRejected):
+            _INVALID_REFUSED.inc()
         job_id = getattr(record, "job_id", None)
         log.warning("Kafka refused the record for job %s (%r); sending its reference", job_id, exc)
         if isinstance(record, IntentRejected):
@@ -732,7 +784,9 @@ class OutboxRelay:
         self, future: asyncio.Future[Any], tracker: AckTracker, txn: Any, record: Record
     ) -> None:
         self._in_flight.discard(future)
+        acked = self._stats.acked
         self._settle(_outcome(future), tracker, txn, record)
+        ACKED.inc(self._stats.acked - acked)
 
     def _on_batch_ack(self, future: asyncio.Future[Any], batch: _Batch) -> None:
         self._in_flight.discard(future)
@@ -749,8 +803,10 @@ class OutboxRelay:
             self._replacements.add(task)
             task.add_done_callback(self._replacements.discard)
             return
+        acked = self._stats.acked
         for txn, record in batch.entries:
             self._settle(failure, batch.tracker, txn, record)
+        ACKED.inc(self._stats.acked - acked)
 
     async def _send_each(self, batch: _Batch) -> None:
         for txn, record in batch.entries:
@@ -814,6 +870,7 @@ class OutboxRelay:
         if confirmed > self._reported or force:
             await source.send_status(flush=confirmed)
             self._reported = confirmed
+            CONFIRMED_LSN.set(confirmed.value)
 
     async def _drain(self, source: ReplicationSource) -> None:
         """Wait (bounded) for Kafka to acknowledge what is in flight, then confirm it."""

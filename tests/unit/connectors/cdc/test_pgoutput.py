@@ -24,6 +24,7 @@ from connectors.cdc.pgoutput import (
     TypeMessage,
     Update,
 )
+from connectors.cdc.replication_messages import to_pg_timestamp
 from tests.unit.connectors.cdc.data.pgoutput_capture import PAYLOADS
 
 OUTBOX_OID = 16390
@@ -66,13 +67,17 @@ def test_message_kinds_in_stream_order(decoded: list[PgOutputMessage]) -> None:
 
 def test_begin_and_commit(decoded: list[PgOutputMessage]) -> None:
     commit_ts = datetime(2026, 11, 29, 16, 2, 0, 880564, tzinfo=UTC)
-    assert decoded[0] == Begin(final_lsn=Lsn.parse("0/154AF08"), commit_ts=commit_ts, xid=732)
+    commit_ts_us = to_pg_timestamp(commit_ts)
+    assert decoded[0] == Begin(final_lsn=Lsn.parse("0/154AF08"), commit_ts_us=commit_ts_us, xid=732)
     assert decoded[4] == Commit(
         flags=0,
         commit_lsn=Lsn.parse("0/154AF08"),
         end_lsn=Lsn.parse("0/154AF38"),
-        commit_ts=commit_ts,
+        commit_ts_us=commit_ts_us,
     )
+    # The wire integer is kept; the datetime is made only when asked for.
+    assert decoded[0].commit_ts == commit_ts
+    assert decoded[4].commit_ts == commit_ts
     begins = [m for m in decoded if isinstance(m, Begin)]
     commits = [m for m in decoded if isinstance(m, Commit)]
     assert [b.xid for b in begins] == list(range(732, 743))

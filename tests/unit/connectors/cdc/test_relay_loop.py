@@ -118,7 +118,7 @@ OUTBOX = _outbox_relation()
 
 
 def _xlog(payload: bytes, at: Lsn) -> XLogData:
-    return XLogData(wal_start=at, wal_end=at, send_time=COMMIT_TS, payload=payload)
+    return XLogData.of(at, at, COMMIT_TS, payload)
 
 
 def keepalive(wal_end: Lsn, *, reply_requested: bool = True) -> PrimaryKeepalive:
