@@ -289,7 +289,9 @@ class FakeProducer:
 class Harness:
     """One relay wired to fakes; ``sources`` are handed out one per connection attempt."""
 
-    def __init__(self, *, sources: int = 1, **settings: Any) -> None:
+    def __init__(
+        self, *, sources: int = 1, clock: Callable[[], float] | None = None, **settings: Any
+    ) -> None:
         self.events: list[Event] = []
         self.producer = FakeProducer(self.events)
         self.sources = [FakeSource(self.events) for _ in range(sources)]
@@ -305,6 +307,7 @@ class Harness:
             self.producer,
             source_factory=self._next_source,
             provision=self._provision,
+            **({} if clock is None else {"clock": clock}),
         )
 
     @property
