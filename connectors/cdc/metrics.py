@@ -6,9 +6,14 @@ server's clock), to the moment Kafka acknowledged the transaction's last record
 (the relay's clock): one observation per transaction that produced records.
 Across hosts it includes the clock offset between them.
 
-Besides the histogram, :class:`LatencyWindow` keeps the exact latencies of the
+``zapstream_relay_commit_to_read_seconds`` runs from the same commit timestamp
+to the relay reading the transaction's Begin: the share of PostgreSQL (decoding,
+walsender), which is large e.g. right after a restart, when the walsender decodes
+again from the slot's restart_lsn.
+
+Besides the histograms, :class:`LatencyWindow` keeps the exact latencies of the
 last transactions (bounded) for the relay's closing summary line, which states
-exact p50/p99 where the histogram only gives bucket bounds.
+exact p50/p99 where a histogram only gives bucket bounds.
 """
 
 from __future__ import annotations
@@ -45,6 +50,13 @@ COMMIT_TO_ACK = Histogram(
     "acknowledgement of its last record, per transaction that produced records",
     buckets=COMMIT_TO_ACK_BUCKETS,
 )
+COMMIT_TO_READ = Histogram(
+    "zapstream_relay_commit_to_read_seconds",
+    "From the outbox transaction's commit (PostgreSQL's commit timestamp) to the relay "
+    "reading its Begin: PostgreSQL's decoding and delivery, the part of commit->ack "
+    "before the relay",
+    buckets=COMMIT_TO_ACK_BUCKETS,
+)
 ROWS = Counter(
     "zapstream_relay_rows_total",
     "Rows of the published tables produced to Kafka (intents, commands and rejections)",
@@ -65,15 +77,19 @@ TRANSACTIONS = Counter("zapstream_relay_transactions_total", "Transactions read 
 
 
 class LatencyWindow:
-    """The last ``size`` commit->ack latencies, exactly, for the summary line."""
+    """The last ``size`` latencies, exactly, for the summary line (each also to ``histogram``)."""
 
-    def __init__(self, size: int = 100_000) -> None:
+    def __init__(
+        self, name: str = "commit->ack", histogram: Histogram = COMMIT_TO_ACK, size: int = 100_000
+    ) -> None:
+        self.name = name
+        self._histogram = histogram
         self._samples: collections.deque[float] = collections.deque(maxlen=size)
         self.count = 0
         """Latencies observed in all (the window holds the last ``size``)."""
 
     def observe(self, seconds: float) -> None:
-        COMMIT_TO_ACK.observe(seconds)
+        self._histogram.observe(seconds)
         self._samples.append(seconds)
         self.count += 1
 
@@ -89,10 +105,10 @@ class LatencyWindow:
         """``commit->ack p50 1.2 ms p99 3.4 ms max 5.6 ms over the last N transactions``."""
         found = self.quantiles(0.5, 0.99, 1.0)
         if found is None:
-            return "commit->ack: no transaction acknowledged"
+            return f"{self.name}: no transaction"
         p50, p99, top = (f"{v * 1000:.2f} ms" for v in found)
         return (
-            f"commit->ack p50 {p50} p99 {p99} max {top} over the last "
+            f"{self.name} p50 {p50} p99 {p99} max {top} over the last "
             f"{len(self._samples)} of {self.count} transactions"
         )
 

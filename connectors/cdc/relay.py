@@ -77,6 +77,7 @@ from connectors.cdc.failures import (
 from connectors.cdc.lsn import Lsn
 from connectors.cdc.metrics import (
     ACKED,
+    COMMIT_TO_READ,
     CONFIRMED_LSN,
     INVALID_ROWS,
     ROWS,
@@ -251,6 +252,7 @@ class OutboxRelay:
         self.settings = settings
         self._clock = clock
         self._latency = LatencyWindow()
+        self._read_lag = LatencyWindow("commit->read", COMMIT_TO_READ)
         self._metrics = MetricsServer(
             settings.metrics_port, bind_local=settings.metrics_bind_local, log=log
         )
@@ -295,6 +297,11 @@ class OutboxRelay:
     def commit_to_ack(self) -> LatencyWindow:
         """Commit->Kafka-ack latencies of recent transactions (:mod:`connectors.cdc.metrics`)."""
         return self._latency
+
+    @property
+    def commit_to_read(self) -> LatencyWindow:
+        """Commit->Begin-read latencies (PostgreSQL's share of commit->ack)."""
+        return self._read_lag
 
     async def __aenter__(self) -> OutboxRelay:
         await self.start()
@@ -484,7 +491,7 @@ class OutboxRelay:
     def _log_summary(self) -> None:
         log.info(
             "relay stopped: %d transactions, %d intents, %d rejected (%d reduced), "
-            "confirmed %s, %.1fs; %s",
+            "confirmed %s, %.1fs; %s; %s",
             self._stats.transactions,
             self._stats.intents,
             self._stats.rejected,
@@ -492,6 +499,7 @@ class OutboxRelay:
             self._reported,
             time.monotonic() - self._stats.started,
             self._latency.summary(),
+            self._read_lag.summary(),
         )
 
     def _on_acknowledged(self, commit_ts_us: int, acked_at: float) -> None:
@@ -516,6 +524,9 @@ class OutboxRelay:
         committed_at: str | None = None
         lsn_text = str(confirmed)
         next_status = time.monotonic() + s.status_interval_s
+        # When the batches must go at the latest: the first moment the source ran
+        # dry with batches waiting, plus the linger. None while nothing lingers.
+        linger_until: float | None = None
         while not self._stopping.is_set() and self._failure is None:
             if self._batches:
                 # Batches fill while WAL is already at hand; once the source has
@@ -523,12 +534,21 @@ class OutboxRelay:
                 message = await source.read(timeout_s=0)
                 if message is None and self._batched < _BATCH_FULL_RECORDS:
                     # A moment's linger: under load more WAL is on its way and fills
-                    # the batches further (fewer, larger produce requests).
-                    message = await source.read(timeout_s=_BATCH_LINGER_S)
+                    # the batches further (fewer, larger produce requests). Bounded
+                    # from the first dry read, not from each message: WAL trickling
+                    # in every millisecond (small transactions) must not hold the
+                    # batches back until they fill.
+                    now = time.monotonic()
+                    if linger_until is None:
+                        linger_until = now + _BATCH_LINGER_S
+                    if now < linger_until:
+                        message = await source.read(timeout_s=linger_until - now)
                 if message is None:
                     await self._send_batches()
+                    linger_until = None
                     continue
             else:
+                linger_until = None
                 message = await source.read(timeout_s=s.status_interval_s)
             if type(message) is XLogData:
                 decoded = decode(message.payload)
@@ -540,7 +560,9 @@ class OutboxRelay:
                         await self._produce(txn, table, decoded.new, lsn_text, committed_at)
                 elif kind is Begin:
                     assert isinstance(decoded, Begin)
-                    txn = tracker.begin(decoded.commit_ts_us)
+                    commit_ts_us = decoded.commit_ts_us
+                    txn = tracker.begin(commit_ts_us)
+                    self._read_lag.observe(self._clock() - pg_timestamp_to_unix(commit_ts_us))
                     # One datetime per transaction, for the records' committed_at.
                     committed_at = decoded.commit_ts.isoformat()
                     lsn_text = str(decoded.final_lsn)
