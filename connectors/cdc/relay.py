@@ -54,7 +54,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeAlias
 
 import psycopg
 from aiokafka import AIOKafkaProducer
@@ -86,11 +86,12 @@ from connectors.cdc.metrics import (
     MetricsServer,
 )
 from connectors.cdc.outbox_rows import (
+    CapturedIntent,
     command_row_to_record,
     minimal_rejection,
     reduced_rejection,
     replay_row_to_record,
-    row_to_record,
+    row_to_intent,
 )
 from connectors.cdc.pgoutput import Begin, Commit, Insert, PgOutputDecoder
 from connectors.cdc.provisioning import (
@@ -125,14 +126,19 @@ from streams.contract import (
 
 log = logging.getLogger(__name__)
 
-_CONVERTERS = {
-    OUTBOX_TABLE: row_to_record,
+Outgoing: TypeAlias = Record | CapturedIntent
+"""What the relay produces: a contract record, or an intent already in its JSON form."""
+Converted: TypeAlias = CapturedIntent | IntentCaptured | CommandRequested | IntentRejected
+
+_CONVERTERS: dict[str, Callable[..., Converted]] = {
+    OUTBOX_TABLE: row_to_intent,
     COMMANDS_TABLE: command_row_to_record,
     REPLAYS_TABLE: replay_row_to_record,
 }
 
-_SCHEMA_HEADERS: dict[type[Record], bytes] = {
-    cls: cls.SCHEMA.encode() for cls in (IntentCaptured, CommandRequested, IntentRejected)
+_SCHEMA_HEADERS: dict[type, bytes] = {
+    cls: cls.SCHEMA.encode()
+    for cls in (IntentCaptured, CommandRequested, IntentRejected, CapturedIntent)
 }
 """The ``zapstream-schema`` header value of each record type the relay produces."""
 
@@ -621,7 +627,7 @@ class OutboxRelay:
             return
         try:
             future = await self._send(record, value)
-            watched: Record = record
+            watched: Outgoing = record
         except PER_RECORD_ERRORS as exc:
             # Refused before it left (e.g. over max_request_size): send the minimal form.
             try:
@@ -638,9 +644,7 @@ class OutboxRelay:
             return
         self._watch(future, tracker, txn, watched)
 
-    def _producible(
-        self, record: IntentCaptured | CommandRequested | IntentRejected, row: dict[str, str | None]
-    ) -> tuple[IntentCaptured | CommandRequested | IntentRejected, bytes]:
+    def _producible(self, record: Converted, row: dict[str, str | None]) -> tuple[Converted, bytes]:
         """The record and its encoding, or a reduced rejection if it is over ``max_record_bytes``.
 
         The record is encoded once, here: the bytes measured are the bytes produced.
@@ -667,8 +671,10 @@ class OutboxRelay:
         )
         return reduced, reduced.dumps()
 
-    def _minimal(self, record: Record, exc: BaseException) -> IntentRejected:
+    def _minimal(self, record: Outgoing, exc: BaseException) -> IntentRejected:
         self._stats.reduced += 1
+        if isinstance(record, CapturedIntent):
+            record = record.record()
         if not isinstance(record, IntentRejected):
             _INVALID_REFUSED.inc()
         job_id = getattr(record, "job_id", None)
@@ -692,14 +698,14 @@ class OutboxRelay:
         )
 
     @staticmethod
-    def _route(record: Record) -> tuple[str, bytes]:
+    def _route(record: Outgoing) -> tuple[str, bytes]:
         """Topic and key of a record: intents by conversation, rejections by job id."""
-        if isinstance(record, IntentCaptured | CommandRequested):
+        if isinstance(record, CapturedIntent | IntentCaptured | CommandRequested):
             return INTENTS, record.partition_key
         assert isinstance(record, IntentRejected)
         return INVALID, str(record.job_id).encode()
 
-    def _headers(self, record: Record) -> list[tuple[str, bytes]]:
+    def _headers(self, record: Outgoing) -> list[tuple[str, bytes]]:
         lsn: str = getattr(record, "lsn", "0/0")
         if lsn != self._lsn_text:
             # Every record of a transaction carries the same LSN: encode it once.
@@ -710,7 +716,7 @@ class OutboxRelay:
             (HEADER_JOB_ID, str(getattr(record, "job_id", None)).encode()),
         ]
 
-    async def _send(self, record: Record, value: bytes | None = None) -> asyncio.Future[Any]:
+    async def _send(self, record: Outgoing, value: bytes | None = None) -> asyncio.Future[Any]:
         """Hand one record to the producer; ``value`` is its encoding when already made."""
         topic, key = self._route(record)
         future: asyncio.Future[Any] = await self._producer.send(
@@ -721,7 +727,7 @@ class OutboxRelay:
         )
         return future
 
-    async def _append(self, tracker: AckTracker, txn: Any, record: Record, value: bytes) -> bool:
+    async def _append(self, tracker: AckTracker, txn: Any, record: Outgoing, value: bytes) -> bool:
         """Add a record to its partition's batch; False if it must go alone (:meth:`_send`).
 
         The partition is the one aiokafka's (Faust's, Java's) murmur2 partitioner
@@ -786,14 +792,16 @@ class OutboxRelay:
             await self._send_batch(next(iter(self._batches.values())))
 
     def _watch(
-        self, future: asyncio.Future[Any], tracker: AckTracker, txn: Any, record: Record
+        self, future: asyncio.Future[Any], tracker: AckTracker, txn: Any, record: Outgoing
     ) -> None:
         self._in_flight.add(future)
         # Bind this connection's tracker: after a reconnect, late acks of the old
         # connection's records must not count against the new tracker.
         future.add_done_callback(lambda f: self._on_ack(f, tracker, txn, record))
 
-    async def _replace(self, tracker: AckTracker, txn: Any, record: Record, exc: Exception) -> None:
+    async def _replace(
+        self, tracker: AckTracker, txn: Any, record: Outgoing, exc: Exception
+    ) -> None:
         try:
             future = await self._send(self._minimal(record, exc))
         except KafkaError as failure:
@@ -803,7 +811,7 @@ class OutboxRelay:
         self._watch(future, tracker, txn, _MINIMAL)
 
     def _on_ack(
-        self, future: asyncio.Future[Any], tracker: AckTracker, txn: Any, record: Record
+        self, future: asyncio.Future[Any], tracker: AckTracker, txn: Any, record: Outgoing
     ) -> None:
         self._in_flight.discard(future)
         acked = self._stats.acked
@@ -843,7 +851,7 @@ class OutboxRelay:
             self._watch(future, batch.tracker, txn, record)
 
     def _settle(
-        self, failure: BaseException | None, tracker: AckTracker, txn: Any, record: Record
+        self, failure: BaseException | None, tracker: AckTracker, txn: Any, record: Outgoing
     ) -> None:
         """Account for Kafka's answer (``failure`` None: acknowledged) about one record."""
         if (
@@ -937,5 +945,5 @@ class _Batch:
     """An aiokafka ``BatchBuilder`` (``producer.create_batch()``)."""
     tracker: AckTracker
     """The tracker of the connection the records came from (late acks must not cross)."""
-    entries: list[tuple[Any, Record]] = dataclasses.field(default_factory=list)
+    entries: list[tuple[Any, Outgoing]] = dataclasses.field(default_factory=list)
     """(transaction, record) of every record in the batch, for the acknowledgement."""
