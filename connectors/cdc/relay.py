@@ -146,6 +146,13 @@ _INVALID_RULE = INVALID_ROWS.labels(reason="rule")
 _INVALID_TOO_LARGE = INVALID_ROWS.labels(reason="too_large")
 _INVALID_REFUSED = INVALID_ROWS.labels(reason="refused")
 
+
+class _NotConverted:
+    """The row was not converted yet (see :meth:`OutboxRelay._append_intent`)."""
+
+
+_NOT_CONVERTED = _NotConverted()
+
 _BATCH_LINGER_S = 0.002
 """How long batches wait for more WAL once the source has none at hand (cf. linger.ms)."""
 _BATCH_FULL_RECORDS = 2_000
@@ -537,7 +544,7 @@ class OutboxRelay:
             if self._batches:
                 # Batches fill while WAL is already at hand; once the source has
                 # nothing buffered they are sent, before waiting for more.
-                message = await source.read(timeout_s=0)
+                message = source.read_nowait()
                 if message is None and self._batched < _BATCH_FULL_RECORDS:
                     # A moment's linger: under load more WAL is on its way and fills
                     # the batches further (fewer, larger produce requests). Bounded
@@ -562,7 +569,14 @@ class OutboxRelay:
                 if kind is Insert:
                     assert isinstance(decoded, Insert)
                     table = decoded.relation.name
-                    if table in PUBLISHED_TABLES:
+                    if table == OUTBOX_TABLE:
+                        # The common case first, without a coroutine (see _append_intent).
+                        converted = self._append_intent(txn, decoded.new, lsn_text, committed_at)
+                        if converted is not None:
+                            await self._produce(
+                                txn, table, decoded.new, lsn_text, committed_at, converted
+                            )
+                    elif table in PUBLISHED_TABLES:
                         await self._produce(txn, table, decoded.new, lsn_text, committed_at)
                 elif kind is Begin:
                     assert isinstance(decoded, Begin)
@@ -592,6 +606,44 @@ class OutboxRelay:
         await self._drain(source)
         return tracker.confirmed
 
+    def _append_intent(
+        self, txn: Any, row: dict[str, str | None], lsn: str, committed_at: str | None
+    ) -> Converted | _NotConverted | None:
+        """Produce an ``outbox_jobs`` row synchronously if nothing special applies; None if done.
+
+        Done only when: batching, room under ``max_in_flight``, no failure, the
+        row a valid intent within ``max_record_bytes``, and its partition's
+        batch open with room for it. Otherwise nothing happened yet: the caller
+        goes the general way (:meth:`_produce`) with what is returned (the
+        converted row, or ``_NOT_CONVERTED``). Same accounting and order as there.
+        """
+        tracker = self._tracker
+        assert tracker is not None
+        if (
+            not self._batching
+            or tracker.records_outstanding >= self.settings.max_in_flight
+            or self._failure is not None
+        ):
+            return _NOT_CONVERTED
+        intent = row_to_intent(row, lsn=lsn, committed_at=committed_at)
+        if type(intent) is not CapturedIntent:
+            return intent
+        value = intent.dumps()
+        partitions = self._partitions.get(INTENTS)
+        if len(value) > self.settings.max_record_bytes or partitions is None:
+            return intent
+        key = intent.partition_key
+        batch = self._batches.get((INTENTS, self._partitioner(key, partitions, partitions)))
+        if batch is None or not batch.builder.append(
+            timestamp=None, key=key, value=value, headers=self._headers(intent)
+        ):
+            return intent
+        self._stats.intents += 1
+        tracker.record_sent(txn)
+        batch.entries.append((txn, intent))
+        self._batched += 1
+        return None
+
     async def _produce(
         self,
         txn: Any,
@@ -599,6 +651,7 @@ class OutboxRelay:
         row: dict[str, str | None],
         lsn: str,
         committed_at: str | None,
+        converted: Converted | _NotConverted = _NOT_CONVERTED,
     ) -> None:
         tracker = self._tracker
         assert tracker is not None
@@ -614,7 +667,8 @@ class OutboxRelay:
                 continue
             self._room.clear()
             await self._room.wait()
-        converted = _CONVERTERS[table](row, lsn=lsn, committed_at=committed_at)
+        if isinstance(converted, _NotConverted):
+            converted = _CONVERTERS[table](row, lsn=lsn, committed_at=committed_at)
         record, value = self._producible(converted, row)
         if type(record) is IntentRejected:
             self._stats.rejected += 1

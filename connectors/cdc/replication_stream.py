@@ -300,6 +300,24 @@ class ReplicationStream:
         finally:
             self._reading = False
 
+    def read_nowait(self) -> XLogData | PrimaryKeepalive | None:
+        """The next message libpq already received, or None; never waits (``read(0)``, sync).
+
+        Raises :class:`ReplicationStreamClosed` like :meth:`read` once the stream ended.
+        """
+        buffer = self._buffer
+        if buffer:
+            return buffer.popleft()
+        if self._reading:
+            raise RuntimeError("another task is already reading this ReplicationStream")
+        pgconn, _ = self._streaming()
+        self._drain(pgconn)
+        if buffer:
+            return buffer.popleft()
+        if self._ended is not None:
+            raise self._ended
+        return None
+
     async def send_status(self, *, flush: Lsn, reply_requested: bool = False) -> None:
         """Confirm that everything up to ``flush`` is durable downstream (write=flush=apply).
 

@@ -213,6 +213,16 @@ class FakeSource:
             raise item
         return item
 
+    def read_nowait(self) -> XLogData | PrimaryKeepalive | None:
+        self.reads += 1
+        try:
+            item = self.inbox.get_nowait()
+        except asyncio.QueueEmpty:
+            return None
+        if isinstance(item, Exception):
+            raise item
+        return item
+
     async def send_status(self, *, flush: Lsn, reply_requested: bool = False) -> None:
         # Like ReplicationStream: confirming less than before is a bug.
         if self.flushes and flush < self.flushes[-1]:
