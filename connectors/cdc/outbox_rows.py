@@ -140,6 +140,24 @@ def row_to_record(
 
 _INTENT_SCHEMA = IntentCaptured.SCHEMA
 
+INTENT_COLUMNS = frozenset(
+    (
+        "id",
+        "instance_id",
+        "idempotency_key",
+        "payload",
+        "priority",
+        "max_attempts",
+        "conversation_key",
+        "purpose",
+        "expires_at",
+        "created_at",
+    )
+)
+"""The ``outbox_jobs`` columns :func:`row_to_intent` reads. The relay decodes only
+these (``PgOutputDecoder(columns=...)``) and the whole row again for a rejection,
+which carries every column; a unit test checks no other column is read."""
+
 
 def row_to_intent(
     row: Mapping[str, str | None], *, lsn: str, committed_at: str | None

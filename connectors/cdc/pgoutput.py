@@ -23,7 +23,7 @@ for columns it ignores.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TypeAlias
@@ -147,6 +147,9 @@ class Insert:
 
     relation: Relation
     new: TupleValues
+    complete: bool = True
+    """False when the decoder keeps only some of this table's columns (see
+    :class:`PgOutputDecoder`): :attr:`new` then lacks the others."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,13 +240,21 @@ class PgOutputDecoder:
     decoder must see every payload of the stream in order. A row change for an
     OID it has not seen described is an error, never a guess. One decoder per
     replication connection: after a reconnect the server resends Relations.
+
+    ``columns`` (table name -> column names) makes INSERTs of those tables
+    carry only the columns named (``Insert.complete`` False): the others are
+    stepped over, not decoded. :meth:`decode_complete` decodes a payload again
+    with every column, for the rare row that needs them all.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, columns: Mapping[str, Collection[str]] | None = None) -> None:
         self._relations: dict[int, Relation] = {}
         # Column names per OID, cached apart from Relation so the row hot path
         # does not rebuild them for every tuple.
         self._names: dict[int, tuple[str, ...]] = {}
+        self._columns = {table: frozenset(names) for table, names in (columns or {}).items()}
+        # Per OID of a table in ``columns``: for each column, whether to keep it.
+        self._keep: dict[int, tuple[bool, ...]] = {}
         self._parsers: dict[int, Callable[[bytes], PgOutputMessage]] = {
             ord("B"): self._begin,
             ord("C"): self._commit,
@@ -350,6 +361,11 @@ class PgOutputDecoder:
         )
         self._relations[oid] = relation
         self._names[oid] = tuple(c.name for c in columns)
+        wanted = self._columns.get(name)
+        if wanted is None:
+            self._keep.pop(oid, None)
+        else:
+            self._keep[oid] = tuple(c.name in wanted for c in columns)
         return relation
 
     def _type(self, buf: bytes) -> TypeMessage:
@@ -370,8 +386,13 @@ class PgOutputDecoder:
                 "mid-stream?)"
             ) from None
 
-    def _tuple(self, buf: bytes, pos: int, oid: int) -> tuple[TupleValues, frozenset[str], int]:
-        """Parse TupleData at ``pos``; return (values, unchanged TOAST columns, end)."""
+    def _tuple(
+        self, buf: bytes, pos: int, oid: int, keep: tuple[bool, ...] | None = None
+    ) -> tuple[TupleValues, frozenset[str], int]:
+        """Parse TupleData at ``pos``; return (values, unchanged TOAST columns, end).
+
+        With ``keep`` (one flag per column) only the kept columns are decoded.
+        """
         # TupleData: Int16 ncolumns, then per column one of
         #   'n'                       NULL
         #   'u'                       unchanged TOASTed value (UPDATE only; not sent)
@@ -388,6 +409,12 @@ class PgOutputDecoder:
         values: TupleValues = {}
         unchanged: frozenset[str] = _EMPTY_NAMES
         unpack_i32 = _I32.unpack_from
+        if keep is not None:
+            some = self._some(buf, pos, names, keep)
+            if some is not None:
+                return some[0], unchanged, some[1]
+            # A value kind the filtered path does not handle: the complete parse below
+            # decodes it or raises the precise error.
         for name in names:
             kind = buf[pos]
             if kind == 0x74:  # 't'
@@ -417,6 +444,45 @@ class PgOutputDecoder:
                 )
         return values, unchanged, pos
 
+    @staticmethod
+    def _some(
+        buf: bytes, pos: int, names: tuple[str, ...], keep: tuple[bool, ...]
+    ) -> tuple[TupleValues, int] | None:
+        """The kept columns' values and the end; None at a value other than text or NULL."""
+        size = len(buf)
+        values: TupleValues = {}
+        unpack_i32 = _I32.unpack_from
+        for name, kept in zip(names, keep, strict=True):
+            kind = buf[pos]
+            if kind == 0x74:  # 't'
+                (length,) = unpack_i32(buf, pos + 1)
+                start = pos + 5
+                pos = start + length
+                if length < 0 or pos > size:
+                    raise PgOutputError(
+                        f"text value of column {name!r} claims {length} bytes, {size - start} left"
+                    )
+                if kept:
+                    values[name] = buf[start:pos].decode()
+            elif kind == 0x6E:  # 'n'
+                if kept:
+                    values[name] = None
+                pos += 1
+            else:
+                return None
+        return values, pos
+
+    def decode_complete(self, payload: bytes) -> PgOutputMessage:
+        """:meth:`decode`, with every column of an INSERT whatever ``columns`` said."""
+        if payload[:1] != b"I":
+            return self.decode(payload)
+        keep = self._keep
+        self._keep = {}
+        try:
+            return self.decode(payload)
+        finally:
+            self._keep = keep
+
     def _insert(self, buf: bytes) -> Insert:
         # 'I' | Int32 oid | Byte1 'N' | TupleData new
         # The relay's hot path (one call per outbox row): checks are inlined.
@@ -426,12 +492,13 @@ class PgOutputDecoder:
             relation = self._lookup(buf, oid)  # raises
         if buf[5] != 0x4E:  # 'N'
             raise PgOutputError(f"INSERT: expected 'N' at offset 5, got {buf[5:6]!r}")
-        new, unchanged, pos = self._tuple(buf, 6, oid)
+        keep = self._keep.get(oid)
+        new, unchanged, pos = self._tuple(buf, 6, oid, keep)
         if unchanged:
             raise PgOutputError(f"INSERT with unchanged TOAST columns {sorted(unchanged)}")
         if pos != len(buf):
             self._end(buf, pos)  # raises
-        return Insert(relation=relation, new=new)
+        return Insert(relation=relation, new=new, complete=keep is None)
 
     def _update(self, buf: bytes) -> Update:
         # 'U' | Int32 oid | [Byte1 'K' | TupleData old key] or [Byte1 'O' | TupleData old row]

@@ -86,6 +86,7 @@ from connectors.cdc.metrics import (
     MetricsServer,
 )
 from connectors.cdc.outbox_rows import (
+    INTENT_COLUMNS,
     CapturedIntent,
     command_row_to_record,
     minimal_rejection,
@@ -524,7 +525,9 @@ class OutboxRelay:
         tracker = AckTracker(confirmed, on_acknowledged=self._on_acknowledged, clock=self._clock)
         self._tracker = tracker
         self._reported = max(self._reported, confirmed)
-        decoder = PgOutputDecoder()
+        # outbox_jobs rows carry only the columns an intent is made of (the rest are
+        # stepped over); a row that needs them all is decoded again (see below).
+        decoder = PgOutputDecoder(columns={OUTBOX_TABLE: INTENT_COLUMNS})
         decode = decoder.decode
         stats = self._stats
         rows_counted = stats.intents + stats.rejected
@@ -571,11 +574,17 @@ class OutboxRelay:
                     table = decoded.relation.name
                     if table == OUTBOX_TABLE:
                         # The common case first, without a coroutine (see _append_intent).
-                        converted = self._append_intent(txn, decoded.new, lsn_text, committed_at)
+                        row = decoded.new
+                        converted = self._append_intent(txn, row, lsn_text, committed_at)
                         if converted is not None:
-                            await self._produce(
-                                txn, table, decoded.new, lsn_text, committed_at, converted
-                            )
+                            if not decoded.complete:
+                                # A rejection carries (and a reduction cuts) every column.
+                                full = decoder.decode_complete(message.payload)
+                                assert isinstance(full, Insert)
+                                row = full.new
+                                if not isinstance(converted, CapturedIntent):
+                                    converted = _NOT_CONVERTED  # rejected: again, whole row
+                            await self._produce(txn, table, row, lsn_text, committed_at, converted)
                     elif table in PUBLISHED_TABLES:
                         await self._produce(txn, table, decoded.new, lsn_text, committed_at)
                 elif kind is Begin:

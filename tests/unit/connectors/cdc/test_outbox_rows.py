@@ -3,7 +3,7 @@
 import orjson
 import pytest
 
-from connectors.cdc.outbox_rows import CapturedIntent, row_to_intent, row_to_record
+from connectors.cdc.outbox_rows import INTENT_COLUMNS, CapturedIntent, row_to_intent, row_to_record
 from streams.contract import IntentCaptured, IntentRejected
 
 
@@ -144,3 +144,45 @@ def test_row_to_intent_rejects_like_row_to_record() -> None:
     fast = row_to_intent(row, lsn="0/1", committed_at=None)
     assert isinstance(fast, IntentRejected)
     assert fast == row_to_record(row, lsn="0/1", committed_at=None)
+
+
+class _Recording(dict[str, str | None]):
+    """A row that remembers which columns were read."""
+
+    def __init__(self, row: dict[str, str | None]) -> None:
+        super().__init__(row)
+        self.read: set[str] = set()
+
+    def get(self, key: str, default: object = None) -> object:  # type: ignore[override]
+        self.read.add(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key: str) -> str | None:
+        self.read.add(key)
+        return super().__getitem__(key)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"conversation_key": "vip", "purpose": "x", "priority": None, "max_attempts": None},
+        {"payload": "[1, 2]"},
+        {"priority": "urgent"},
+        {"id": None},
+    ],
+)
+def test_row_to_intent_reads_only_the_intent_columns(overrides: dict[str, str | None]) -> None:
+    # Every outbox_jobs column present, as pgoutput sends them.
+    extra = {"status": "PENDING", "attempts": "0", "last_error": None, "sent_at": None}
+    row = _Recording(_row(**overrides) | extra)
+    row_to_intent(row, lsn="0/1", committed_at=None)
+    assert row.read <= INTENT_COLUMNS
+    # So the intent made from the intent columns alone is the same.
+    partial = {k: v for k, v in row.items() if k in INTENT_COLUMNS}
+    fast = row_to_intent(partial, lsn="0/1", committed_at=None)
+    whole = row_to_intent(dict(row), lsn="0/1", committed_at=None)
+    if isinstance(whole, IntentRejected):
+        assert isinstance(fast, IntentRejected) and fast.reason == whole.reason
+    else:
+        assert isinstance(fast, CapturedIntent) and fast.dumps() == whole.dumps()

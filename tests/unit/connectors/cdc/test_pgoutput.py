@@ -327,3 +327,41 @@ def test_bad_markers_are_errors() -> None:
         decoder.decode(b"D" + oid + b"N\x00\x00")
     with pytest.raises(PgOutputError, match="TRUNCATE claims"):
         decoder.decode(b"T\xff\xff\xff\xff\x00")
+
+
+def _filtered_decoder(keep: set[str]) -> PgOutputDecoder:
+    """Like decoder_after(28), keeping only ``keep`` of the audit table's INSERT columns."""
+    name = decoder_after(28).relations[AUDIT_OID].name
+    decoder = PgOutputDecoder(columns={name: keep})
+    for payload in PAYLOADS[:28]:
+        decoder.decode(payload)
+    return decoder
+
+
+def test_columns_filter_keeps_only_the_named_columns_and_decode_complete_all() -> None:
+    decoder = _filtered_decoder({"what"})
+    payload = _insert_audit(b"\x00\x02" + b"t\x00\x00\x00\x017" + b"t\x00\x00\x00\x02ok")
+    some = decoder.decode(payload)
+    assert isinstance(some, Insert)
+    assert some.new == {"what": "ok"} and some.complete is False
+    full = decoder.decode_complete(payload)
+    assert full == Insert(
+        relation=decoder.relations[AUDIT_OID], new={"at_id": "7", "what": "ok"}, complete=True
+    )
+    # The filter applies again after decode_complete; NULLs are kept or skipped alike.
+    nulls = decoder.decode(_insert_audit(b"\x00\x02" + b"nn"))
+    assert isinstance(nulls, Insert) and nulls.new == {"what": None}
+    # Other tables are decoded whole.
+    assert decoder_after(28).decode(payload) == full
+
+
+def test_columns_filter_still_checks_skipped_values() -> None:
+    decoder = _filtered_decoder({"what"})
+    with pytest.raises(PgOutputError, match="binary value for column 'at_id'"):
+        decoder.decode(_insert_audit(b"\x00\x02" + b"b\x00\x00\x00\x04\x00\x00\x00\x07" + b"n"))
+    with pytest.raises(PgOutputError, match="claims 9 bytes"):
+        decoder.decode(_insert_audit(b"\x00\x02" + b"t\x00\x00\x00\x097" + b"n"))
+    with pytest.raises(PgOutputError, match="unchanged TOAST"):
+        decoder.decode(_insert_audit(b"\x00\x02" + b"u" + b"n"))
+    with pytest.raises(PgOutputError, match="trailing bytes"):
+        decoder.decode(_insert_audit(b"\x00\x02" + b"nn" + b"x"))

@@ -84,7 +84,7 @@ async def test_latency_runs_from_commit_timestamp_to_the_last_ack_of_the_transac
     assert window.summary().startswith("commit->ack p50 7.00 ms p99 12.00 ms max 12.00 ms")
     # PostgreSQL's share: from the commit timestamp to the relay reading the Begin.
     assert h.relay.commit_to_read.count == 2
-    assert h.relay.commit_to_read.quantiles(1.0) == [pytest.approx(0.001, abs=1e-6)]
+    assert h.relay.commit_to_read.quantiles(1.0) == pytest.approx([0.001], abs=1e-6)
 
 
 async def test_rejected_rows_are_counted_by_reason_and_still_timed() -> None:
@@ -104,7 +104,7 @@ async def test_rejected_rows_are_counted_by_reason_and_still_timed() -> None:
         h.relay.request_stop()
         await asyncio.wait_for(task, DEADLINE_S)
     assert _sample("zapstream_relay_invalid_rows_total", rule) == before + 1
-    assert h.relay.commit_to_ack.quantiles(0.5) == [pytest.approx(0.25, abs=1e-6)]
+    assert h.relay.commit_to_ack.quantiles(0.5) == pytest.approx([0.25], abs=1e-6)
 
 
 async def test_transactions_without_published_rows_are_not_timed() -> None:
