@@ -253,8 +253,8 @@ class PgOutputDecoder:
         # does not rebuild them for every tuple.
         self._names: dict[int, tuple[str, ...]] = {}
         self._columns = {table: frozenset(names) for table, names in (columns or {}).items()}
-        # Per OID of a table in ``columns``: for each column, whether to keep it.
-        self._keep: dict[int, tuple[bool, ...]] = {}
+        # Per OID of a table in ``columns``: each column's name, None if not kept.
+        self._keep: dict[int, tuple[str | None, ...]] = {}
         self._parsers: dict[int, Callable[[bytes], PgOutputMessage]] = {
             ord("B"): self._begin,
             ord("C"): self._commit,
@@ -365,7 +365,7 @@ class PgOutputDecoder:
         if wanted is None:
             self._keep.pop(oid, None)
         else:
-            self._keep[oid] = tuple(c.name in wanted for c in columns)
+            self._keep[oid] = tuple(c.name if c.name in wanted else None for c in columns)
         return relation
 
     def _type(self, buf: bytes) -> TypeMessage:
@@ -387,11 +387,11 @@ class PgOutputDecoder:
             ) from None
 
     def _tuple(
-        self, buf: bytes, pos: int, oid: int, keep: tuple[bool, ...] | None = None
+        self, buf: bytes, pos: int, oid: int, keep: tuple[str | None, ...] | None = None
     ) -> tuple[TupleValues, frozenset[str], int]:
         """Parse TupleData at ``pos``; return (values, unchanged TOAST columns, end).
 
-        With ``keep`` (one flag per column) only the kept columns are decoded.
+        With ``keep`` (per column its name, None to skip it) only those are decoded.
         """
         # TupleData: Int16 ncolumns, then per column one of
         #   'n'                       NULL
@@ -410,7 +410,7 @@ class PgOutputDecoder:
         unchanged: frozenset[str] = _EMPTY_NAMES
         unpack_i32 = _I32.unpack_from
         if keep is not None:
-            some = self._some(buf, pos, names, keep)
+            some = self._some(buf, pos, keep)
             if some is not None:
                 return some[0], unchanged, some[1]
             # A value kind the filtered path does not handle: the complete parse below
@@ -445,27 +445,23 @@ class PgOutputDecoder:
         return values, unchanged, pos
 
     @staticmethod
-    def _some(
-        buf: bytes, pos: int, names: tuple[str, ...], keep: tuple[bool, ...]
-    ) -> tuple[TupleValues, int] | None:
-        """The kept columns' values and the end; None at a value other than text or NULL."""
+    def _some(buf: bytes, pos: int, keep: tuple[str | None, ...]) -> tuple[TupleValues, int] | None:
+        """The kept columns' values and the end; None at anything but a sound text or NULL."""
         size = len(buf)
         values: TupleValues = {}
         unpack_i32 = _I32.unpack_from
-        for name, kept in zip(names, keep, strict=True):
+        for name in keep:
             kind = buf[pos]
             if kind == 0x74:  # 't'
                 (length,) = unpack_i32(buf, pos + 1)
                 start = pos + 5
                 pos = start + length
                 if length < 0 or pos > size:
-                    raise PgOutputError(
-                        f"text value of column {name!r} claims {length} bytes, {size - start} left"
-                    )
-                if kept:
+                    return None  # the complete parse below names the column
+                if name is not None:
                     values[name] = buf[start:pos].decode()
             elif kind == 0x6E:  # 'n'
-                if kept:
+                if name is not None:
                     values[name] = None
                 pos += 1
             else:
