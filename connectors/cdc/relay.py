@@ -156,7 +156,11 @@ _NOT_CONVERTED = _NotConverted()
 
 _BATCH_LINGER_S = 0.002
 """How long batches wait for more WAL once the source has none at hand (cf. linger.ms)."""
-_BATCH_FULL_RECORDS = 2_000
+_BATCH_HOLD_S = 0.010
+"""How long batches may wait for Kafka to answer earlier ones (see OutboxRelay._stream)."""
+_BATCH_POLL_S = 0.0005
+"""How often a held batch looks whether Kafka answered, while no WAL comes."""
+_BATCH_FULL_RECORDS = 5_000
 """Records waiting in batches beyond which they are sent without lingering."""
 
 PER_RECORD_ERRORS: tuple[type[KafkaError], ...] = (
@@ -199,6 +203,8 @@ class RelayStats:
     rejected: int = 0
     reduced: int = 0
     acked: int = 0
+    batches: int = 0
+    """Partition batches handed to the producer (records sent alone not counted)."""
     started: float = dataclasses.field(default_factory=time.monotonic)
 
 
@@ -505,11 +511,12 @@ class OutboxRelay:
     def _log_summary(self) -> None:
         log.info(
             "relay stopped: %d transactions, %d intents, %d rejected (%d reduced), "
-            "confirmed %s, %.1fs; %s; %s",
+            "%d batches, confirmed %s, %.1fs; %s; %s",
             self._stats.transactions,
             self._stats.intents,
             self._stats.rejected,
             self._stats.reduced,
+            self._stats.batches,
             self._reported,
             time.monotonic() - self._stats.started,
             self._latency.summary(),
@@ -543,6 +550,7 @@ class OutboxRelay:
         # When the batches must go at the latest: the first moment the source ran
         # dry with batches waiting, plus the linger. None while nothing lingers.
         linger_until: float | None = None
+        hold_until = 0.0
         while not self._stopping.is_set() and self._failure is None:
             if self._batches:
                 # Batches fill while WAL is already at hand; once the source has
@@ -557,7 +565,16 @@ class OutboxRelay:
                     now = time.monotonic()
                     if linger_until is None:
                         linger_until = now + _BATCH_LINGER_S
-                    if now < linger_until:
+                        hold_until = now + _BATCH_HOLD_S
+                    if self._in_flight and now < hold_until:
+                        # Kafka is still answering earlier batches, and aiokafka keeps
+                        # one request in flight per broker: sent now, these would only
+                        # wait behind it (and the relay with them). Keep filling them
+                        # meanwhile (bounded by _BATCH_HOLD_S): fewer, larger requests.
+                        message = await source.read(timeout_s=_BATCH_POLL_S)
+                        if message is None:
+                            continue
+                    elif now < linger_until:
                         message = await source.read(timeout_s=linger_until - now)
                 if message is None:
                     await self._send_batches()
@@ -846,6 +863,7 @@ class OutboxRelay:
             # outstanding, nothing at or past them is confirmed; resume from the slot.
             self._fail(exc)
             return
+        self._stats.batches += 1
         self._in_flight.add(future)
         future.add_done_callback(lambda f: self._on_batch_ack(f, batch))
 
