@@ -200,6 +200,7 @@ def run_relay_section(
             sec,
             f"commit->Kafka ack p50/p99 at {rate:.0f} rows/s, {latency_s:.0f} s (relay's own)",
             f"{ms(latency.get('ack_p50_s'))} / {ms(latency.get('ack_p99_s'))}",
+            f"exact over {latency.get('ack_summary_window', 0):,} txns (1 warm-up); "
             f"histogram: p50 <= {ms(latency.get('ack_hist_p50_le_s'))}, p99 <= "
             f"{ms(hist_p99)} ({latency.get('ack_hist_count', 0):,.0f} txns); "
             f"of which commit->relay read (PostgreSQL) {ms(latency.get('read_p50_s'))} / "
