@@ -87,11 +87,12 @@ class AckTracker:
         txn.records += 1
         self.records_outstanding += 1
 
-    def record_acked(self, txn: _Txn) -> None:
-        if txn.outstanding <= 0:
+    def record_acked(self, txn: _Txn, count: int = 1) -> None:
+        """Kafka acknowledged ``count`` records of ``txn`` (a batch holds several)."""
+        if count <= 0 or txn.outstanding < count:
             raise AckOrderError("more acknowledgements than records sent")
-        txn.outstanding -= 1
-        self.records_outstanding -= 1
+        txn.outstanding -= count
+        self.records_outstanding -= count
         if txn.outstanding == 0:
             txn.acked_at = self._clock()
             if txn.end_lsn is not None and self._on_acknowledged is not None:

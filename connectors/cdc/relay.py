@@ -914,10 +914,37 @@ class OutboxRelay:
             self._replacements.add(task)
             task.add_done_callback(self._replacements.discard)
             return
+        if failure is None:
+            self._settle_batch(batch)
+            return
         acked = self._stats.acked
         for txn, record in batch.entries:
             self._settle(failure, batch.tracker, txn, record)
         ACKED.inc(self._stats.acked - acked)
+
+    def _settle_batch(self, batch: _Batch) -> None:
+        """Kafka acknowledged the whole batch: :meth:`_settle` per transaction, not per record.
+
+        Entries are in WAL order, so each transaction's records are consecutive.
+        """
+        tracker, entries = batch.tracker, batch.entries
+        count, start = len(entries), 0
+        try:
+            while start < count:
+                txn = entries[start][0]
+                end = start + 1
+                while end < count and entries[end][0] is txn:
+                    end += 1
+                tracker.record_acked(txn, end - start)
+                start = end
+        except AckOrderError as exc:
+            # Never confirm past what does not add up: stop; restart from the slot.
+            self._fail(exc)
+            return
+        self._stats.acked += count
+        ACKED.inc(count)
+        if tracker.records_outstanding < self.settings.max_in_flight:
+            self._room.set()
 
     async def _send_each(self, batch: _Batch) -> None:
         for txn, record in batch.entries:

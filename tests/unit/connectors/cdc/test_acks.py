@@ -132,3 +132,19 @@ def test_transactions_without_records_are_not_reported() -> None:
     t = AckTracker(Lsn(0), on_acknowledged=lambda ts, at: seen.append((ts, at)), clock=_Clock())
     t.commit(t.begin(commit_ts_us=1), Lsn(7))
     assert seen == [] and t.confirmed == Lsn(7)
+
+
+def test_a_batch_acknowledges_several_records_of_a_transaction_at_once() -> None:
+    t = AckTracker(Lsn(0))
+    txn = t.begin()
+    for _ in range(3):
+        t.record_sent(txn)
+    t.commit(txn, Lsn(30))
+    with pytest.raises(AckOrderError):
+        t.record_acked(txn, 4)  # more than were sent
+    with pytest.raises(AckOrderError):
+        t.record_acked(txn, 0)
+    t.record_acked(txn, 2)
+    assert t.confirmed == Lsn(0) and t.records_outstanding == 1
+    t.record_acked(txn, 1)
+    assert t.confirmed == Lsn(30) and t.records_outstanding == 0
