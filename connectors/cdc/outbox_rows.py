@@ -9,6 +9,11 @@ The intent rules are :mod:`connectors.outbox.rules`, the ones
 :func:`~connectors.outbox.enqueue.enqueue` applies before the INSERT.
 An ``outbox_commands`` row becomes a :class:`~streams.contract.CommandRequested`
 (:func:`command_row_to_record`), or likewise a rejection.
+
+The relay's hot path takes :func:`row_to_intent`: the same validation, but the
+intent comes as a :class:`CapturedIntent`, its JSON object built directly (byte
+for byte ``IntentCaptured(...).dumps()``) without the frozen dataclass, whose
+construction and encoding cost more than the validation itself.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import dataclasses
 import datetime as dt
 import functools
 from collections.abc import Mapping
+from typing import Any
 
 import orjson
 
@@ -30,7 +36,14 @@ from connectors.outbox.rules import (
     require_text,
     required,
 )
-from streams.contract import Command, CommandRequested, IntentCaptured, IntentRejected, Priority
+from streams.contract import (
+    Command,
+    CommandRequested,
+    IntentCaptured,
+    IntentRejected,
+    Priority,
+    conversation_partition_key,
+)
 
 
 class _Reject(Exception):
@@ -63,18 +76,19 @@ def _cached_recipient(value: str) -> str:
     return check_recipient(value)
 
 
-@functools.lru_cache(maxsize=64)
-def _cached_priority(value: str) -> Priority:
-    return check_priority(value)
-
-
 def _recipient(value: object) -> str:
     # Cached per text (conversations repeat); a violation is raised again, never cached.
     return _cached_recipient(value) if type(value) is str else check_recipient(value)
 
 
-def _priority(value: object) -> Priority:
-    return _cached_priority(value) if type(value) is str else check_priority(value)
+@functools.lru_cache(maxsize=64)
+def _cached_priority_value(value: str) -> str:
+    return check_priority(value).value
+
+
+def _priority_value(value: object) -> str:
+    # The enum's .value is a descriptor lookup per row; the text is cached instead.
+    return _cached_priority_value(value) if type(value) is str else check_priority(value).value
 
 
 def _required(row: Mapping[str, str | None], column: str) -> str:
@@ -86,10 +100,69 @@ def _integer(text: str) -> int | str:
     return int(text) if text.isascii() and text.isdigit() else text
 
 
+class CapturedIntent:
+    """An :class:`~streams.contract.IntentCaptured` as its JSON object, for producing.
+
+    ``document`` holds every field of ``IntentCaptured`` in declaration order,
+    then ``schema``: ``orjson.dumps(document)`` is exactly ``record().dumps()``
+    (``tests/unit/connectors/cdc/test_outbox_rows.py`` proves it). The attributes
+    the relay routes and labels by are copied out once.
+    """
+
+    __slots__ = ("committed_at", "document", "job_id", "lsn", "partition_key")
+
+    SCHEMA = IntentCaptured.SCHEMA
+
+    def __init__(self, document: dict[str, Any]) -> None:
+        self.document = document
+        self.job_id: int = document["job_id"]
+        self.lsn: str = document["lsn"]
+        self.committed_at: str | None = document["committed_at"]
+        self.partition_key = conversation_partition_key(
+            document["instance_id"], document["conversation_key"]
+        )
+
+    def dumps(self) -> bytes:
+        return orjson.dumps(self.document)
+
+    def record(self) -> IntentCaptured:
+        """The dataclass (for the paths that need one: commands, refusals, tests)."""
+        return IntentCaptured.from_dict(self.document)
+
+
 def row_to_record(
     row: Mapping[str, str | None], *, lsn: str, committed_at: str | None
 ) -> IntentCaptured | IntentRejected:
     """Validate one inserted row; return the intent, or the rejection with its reason."""
+    intent = row_to_intent(row, lsn=lsn, committed_at=committed_at)
+    return intent if isinstance(intent, IntentRejected) else intent.record()
+
+
+_INTENT_SCHEMA = IntentCaptured.SCHEMA
+
+INTENT_COLUMNS = frozenset(
+    (
+        "id",
+        "instance_id",
+        "idempotency_key",
+        "payload",
+        "priority",
+        "max_attempts",
+        "conversation_key",
+        "purpose",
+        "expires_at",
+        "created_at",
+    )
+)
+"""The ``outbox_jobs`` columns :func:`row_to_intent` reads. The relay decodes only
+these (``PgOutputDecoder(columns=...)``) and the whole row again for a rejection,
+which carries every column; a unit test checks no other column is read."""
+
+
+def row_to_intent(
+    row: Mapping[str, str | None], *, lsn: str, committed_at: str | None
+) -> CapturedIntent | IntentRejected:
+    """:func:`row_to_record` for the relay: the intent as a :class:`CapturedIntent`."""
     job_id_text = row.get("id")
     job_id = int(job_id_text) if job_id_text and job_id_text.isdigit() else None
     try:
@@ -107,23 +180,27 @@ def row_to_record(
         recipient = _recipient(payload.get("to"))
         text = require_text(payload.get("text"), problem="is missing or empty")
         # NULL or empty columns take the table's defaults.
-        priority = _priority(row.get("priority") or Priority.OPERATIONAL)
+        priority = _priority_value(row.get("priority") or Priority.OPERATIONAL.value)
         max_attempts = check_max_attempts(_integer(row.get("max_attempts") or "5"))
-        return IntentCaptured(
-            job_id=job_id,
-            instance_id=instance_id,
-            conversation_key=row.get("conversation_key") or conversation_key_for(recipient),
-            idempotency_key=idempotency_key,
-            message_type=kind,
-            to=recipient,
-            text=text,
-            priority=priority.value,
-            purpose=row.get("purpose"),
-            expires_at=_timestamp(row.get("expires_at")),
-            max_attempts=max_attempts,
-            created_at=_timestamp(row.get("created_at")),
-            committed_at=committed_at,
-            lsn=lsn,
+        # IntentCaptured's fields in declaration order, then its schema (see CapturedIntent).
+        return CapturedIntent(
+            {
+                "job_id": job_id,
+                "instance_id": instance_id,
+                "conversation_key": row.get("conversation_key") or conversation_key_for(recipient),
+                "idempotency_key": idempotency_key,
+                "message_type": kind,
+                "to": recipient,
+                "text": text,
+                "priority": priority,
+                "purpose": row.get("purpose"),
+                "expires_at": _timestamp(row.get("expires_at")),
+                "max_attempts": max_attempts,
+                "created_at": _timestamp(row.get("created_at")),
+                "committed_at": committed_at,
+                "lsn": lsn,
+                "schema": _INTENT_SCHEMA,
+            }
         )
     except (_Reject, RuleViolation) as reason:
         return IntentRejected(

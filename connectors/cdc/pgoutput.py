@@ -23,13 +23,13 @@ for columns it ignores.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TypeAlias
 
 from connectors.cdc.lsn import Lsn
-from connectors.cdc.replication_messages import from_pg_timestamp
+from connectors.cdc.replication_messages import from_pg_timestamp, to_pg_timestamp
 
 _U8 = struct.Struct(">B")
 _I16 = struct.Struct(">h")
@@ -79,8 +79,13 @@ class Begin:
 
     final_lsn: Lsn
     """LSN of the transaction's commit record (equals ``Commit.commit_lsn``)."""
-    commit_ts: datetime
+    commit_ts_us: int
+    """Commit time as on the wire: microseconds since 2000-01-01 UTC (see :attr:`commit_ts`)."""
     xid: int
+
+    @property
+    def commit_ts(self) -> datetime:
+        return from_pg_timestamp(self.commit_ts_us)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +97,12 @@ class Commit:
     commit_lsn: Lsn
     end_lsn: Lsn
     """End of the commit record: the LSN to confirm once the transaction is durable downstream."""
-    commit_ts: datetime
+    commit_ts_us: int
+    """Commit time as on the wire: microseconds since 2000-01-01 UTC (see :attr:`commit_ts`)."""
+
+    @property
+    def commit_ts(self) -> datetime:
+        return from_pg_timestamp(self.commit_ts_us)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,12 +137,19 @@ class TypeMessage:
     name: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Insert:
-    """A new row."""
+    """A new row.
+
+    Not frozen: the relay decodes one per row, and a frozen dataclass sets each
+    field through ``object.__setattr__`` (several times slower). Treat it as read-only.
+    """
 
     relation: Relation
     new: TupleValues
+    complete: bool = True
+    """False when the decoder keeps only some of this table's columns (see
+    :class:`PgOutputDecoder`): :attr:`new` then lacks the others."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +213,17 @@ PgOutputMessage: TypeAlias = (
 )
 
 
+_MIN_TS_US = to_pg_timestamp(datetime.min.replace(tzinfo=UTC))
+_MAX_TS_US = to_pg_timestamp(datetime.max.replace(tzinfo=UTC))
+
+
+def _check_timestamp(microseconds: int) -> None:
+    # The timestamp stays an int (no datetime per transaction), but one that no
+    # datetime can hold means we parsed the bytes wrong: refuse it here, as before.
+    if not _MIN_TS_US <= microseconds <= _MAX_TS_US:
+        raise PgOutputError(f"commit timestamp out of range: {microseconds} µs since 2000-01-01")
+
+
 def _cstring(buf: bytes, pos: int) -> tuple[str, int]:
     """Read a NUL-terminated string at ``pos``; return it and the position after the NUL."""
     end = buf.find(0, pos)
@@ -212,13 +240,21 @@ class PgOutputDecoder:
     decoder must see every payload of the stream in order. A row change for an
     OID it has not seen described is an error, never a guess. One decoder per
     replication connection: after a reconnect the server resends Relations.
+
+    ``columns`` (table name -> column names) makes INSERTs of those tables
+    carry only the columns named (``Insert.complete`` False): the others are
+    stepped over, not decoded. :meth:`decode_complete` decodes a payload again
+    with every column, for the rare row that needs them all.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, columns: Mapping[str, Collection[str]] | None = None) -> None:
         self._relations: dict[int, Relation] = {}
         # Column names per OID, cached apart from Relation so the row hot path
         # does not rebuild them for every tuple.
         self._names: dict[int, tuple[str, ...]] = {}
+        self._columns = {table: frozenset(names) for table, names in (columns or {}).items()}
+        # Per OID of a table in ``columns``: each column's name, None if not kept.
+        self._keep: dict[int, tuple[str | None, ...]] = {}
         self._parsers: dict[int, Callable[[bytes], PgOutputMessage]] = {
             ord("B"): self._begin,
             ord("C"): self._commit,
@@ -278,17 +314,16 @@ class PgOutputDecoder:
         # 'B' | Int64 final_lsn | Int64 commit_ts (µs since 2000-01-01 UTC) | Int32 xid
         _, final_lsn, ts, xid = _BEGIN.unpack_from(buf)
         self._end(buf, _BEGIN.size)
-        return Begin(final_lsn=Lsn(final_lsn), commit_ts=from_pg_timestamp(ts), xid=xid)
+        _check_timestamp(ts)
+        return Begin(final_lsn=Lsn(final_lsn), commit_ts_us=ts, xid=xid)
 
     def _commit(self, buf: bytes) -> Commit:
         # 'C' | Int8 flags (0) | Int64 commit_lsn | Int64 end_lsn | Int64 commit_ts
         _, flags, commit_lsn, end_lsn, ts = _COMMIT.unpack_from(buf)
         self._end(buf, _COMMIT.size)
+        _check_timestamp(ts)
         return Commit(
-            flags=flags,
-            commit_lsn=Lsn(commit_lsn),
-            end_lsn=Lsn(end_lsn),
-            commit_ts=from_pg_timestamp(ts),
+            flags=flags, commit_lsn=Lsn(commit_lsn), end_lsn=Lsn(end_lsn), commit_ts_us=ts
         )
 
     def _origin(self, buf: bytes) -> Origin:
@@ -326,6 +361,11 @@ class PgOutputDecoder:
         )
         self._relations[oid] = relation
         self._names[oid] = tuple(c.name for c in columns)
+        wanted = self._columns.get(name)
+        if wanted is None:
+            self._keep.pop(oid, None)
+        else:
+            self._keep[oid] = tuple(c.name if c.name in wanted else None for c in columns)
         return relation
 
     def _type(self, buf: bytes) -> TypeMessage:
@@ -346,8 +386,13 @@ class PgOutputDecoder:
                 "mid-stream?)"
             ) from None
 
-    def _tuple(self, buf: bytes, pos: int, oid: int) -> tuple[TupleValues, frozenset[str], int]:
-        """Parse TupleData at ``pos``; return (values, unchanged TOAST columns, end)."""
+    def _tuple(
+        self, buf: bytes, pos: int, oid: int, keep: tuple[str | None, ...] | None = None
+    ) -> tuple[TupleValues, frozenset[str], int]:
+        """Parse TupleData at ``pos``; return (values, unchanged TOAST columns, end).
+
+        With ``keep`` (per column its name, None to skip it) only those are decoded.
+        """
         # TupleData: Int16 ncolumns, then per column one of
         #   'n'                       NULL
         #   'u'                       unchanged TOASTed value (UPDATE only; not sent)
@@ -364,6 +409,12 @@ class PgOutputDecoder:
         values: TupleValues = {}
         unchanged: frozenset[str] = _EMPTY_NAMES
         unpack_i32 = _I32.unpack_from
+        if keep is not None:
+            some = self._some(buf, pos, keep)
+            if some is not None:
+                return some[0], unchanged, some[1]
+            # A value kind the filtered path does not handle: the complete parse below
+            # decodes it or raises the precise error.
         for name in names:
             kind = buf[pos]
             if kind == 0x74:  # 't'
@@ -393,6 +444,41 @@ class PgOutputDecoder:
                 )
         return values, unchanged, pos
 
+    @staticmethod
+    def _some(buf: bytes, pos: int, keep: tuple[str | None, ...]) -> tuple[TupleValues, int] | None:
+        """The kept columns' values and the end; None at anything but a sound text or NULL."""
+        size = len(buf)
+        values: TupleValues = {}
+        unpack_i32 = _I32.unpack_from
+        for name in keep:
+            kind = buf[pos]
+            if kind == 0x74:  # 't'
+                (length,) = unpack_i32(buf, pos + 1)
+                start = pos + 5
+                pos = start + length
+                if length < 0 or pos > size:
+                    return None  # the complete parse below names the column
+                if name is not None:
+                    values[name] = buf[start:pos].decode()
+            elif kind == 0x6E:  # 'n'
+                if name is not None:
+                    values[name] = None
+                pos += 1
+            else:
+                return None
+        return values, pos
+
+    def decode_complete(self, payload: bytes) -> PgOutputMessage:
+        """:meth:`decode`, with every column of an INSERT whatever ``columns`` said."""
+        if payload[:1] != b"I":
+            return self.decode(payload)
+        keep = self._keep
+        self._keep = {}
+        try:
+            return self.decode(payload)
+        finally:
+            self._keep = keep
+
     def _insert(self, buf: bytes) -> Insert:
         # 'I' | Int32 oid | Byte1 'N' | TupleData new
         # The relay's hot path (one call per outbox row): checks are inlined.
@@ -402,12 +488,13 @@ class PgOutputDecoder:
             relation = self._lookup(buf, oid)  # raises
         if buf[5] != 0x4E:  # 'N'
             raise PgOutputError(f"INSERT: expected 'N' at offset 5, got {buf[5:6]!r}")
-        new, unchanged, pos = self._tuple(buf, 6, oid)
+        keep = self._keep.get(oid)
+        new, unchanged, pos = self._tuple(buf, 6, oid, keep)
         if unchanged:
             raise PgOutputError(f"INSERT with unchanged TOAST columns {sorted(unchanged)}")
         if pos != len(buf):
             self._end(buf, pos)  # raises
-        return Insert(relation=relation, new=new)
+        return Insert(relation=relation, new=new, complete=keep is None)
 
     def _update(self, buf: bytes) -> Update:
         # 'U' | Int32 oid | [Byte1 'K' | TupleData old key] or [Byte1 'O' | TupleData old row]

@@ -54,7 +54,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeAlias
 
 import psycopg
 from aiokafka import AIOKafkaProducer
@@ -75,12 +75,24 @@ from connectors.cdc.failures import (
     classify_exception,
 )
 from connectors.cdc.lsn import Lsn
+from connectors.cdc.metrics import (
+    ACKED,
+    COMMIT_TO_READ,
+    CONFIRMED_LSN,
+    INVALID_ROWS,
+    ROWS,
+    TRANSACTIONS,
+    LatencyWindow,
+    MetricsServer,
+)
 from connectors.cdc.outbox_rows import (
+    INTENT_COLUMNS,
+    CapturedIntent,
     command_row_to_record,
     minimal_rejection,
     reduced_rejection,
     replay_row_to_record,
-    row_to_record,
+    row_to_intent,
 )
 from connectors.cdc.pgoutput import Begin, Commit, Insert, PgOutputDecoder
 from connectors.cdc.provisioning import (
@@ -91,7 +103,7 @@ from connectors.cdc.provisioning import (
     ProvisioningError,
     ensure_replication,
 )
-from connectors.cdc.replication_messages import PrimaryKeepalive, XLogData
+from connectors.cdc.replication_messages import PrimaryKeepalive, XLogData, pg_timestamp_to_unix
 from connectors.cdc.replication_stream import (
     ReplicationError,
     ReplicationStream,
@@ -115,20 +127,40 @@ from streams.contract import (
 
 log = logging.getLogger(__name__)
 
-_CONVERTERS = {
-    OUTBOX_TABLE: row_to_record,
+Outgoing: TypeAlias = Record | CapturedIntent
+"""What the relay produces: a contract record, or an intent already in its JSON form."""
+Converted: TypeAlias = CapturedIntent | IntentCaptured | CommandRequested | IntentRejected
+
+_CONVERTERS: dict[str, Callable[..., Converted]] = {
+    OUTBOX_TABLE: row_to_intent,
     COMMANDS_TABLE: command_row_to_record,
     REPLAYS_TABLE: replay_row_to_record,
 }
 
-_SCHEMA_HEADERS: dict[type[Record], bytes] = {
-    cls: cls.SCHEMA.encode() for cls in (IntentCaptured, CommandRequested, IntentRejected)
+_SCHEMA_HEADERS: dict[type, bytes] = {
+    cls: cls.SCHEMA.encode()
+    for cls in (IntentCaptured, CommandRequested, IntentRejected, CapturedIntent)
 }
 """The ``zapstream-schema`` header value of each record type the relay produces."""
 
+_INVALID_RULE = INVALID_ROWS.labels(reason="rule")
+_INVALID_TOO_LARGE = INVALID_ROWS.labels(reason="too_large")
+_INVALID_REFUSED = INVALID_ROWS.labels(reason="refused")
+
+
+class _NotConverted:
+    """The row was not converted yet (see :meth:`OutboxRelay._append_intent`)."""
+
+
+_NOT_CONVERTED = _NotConverted()
+
 _BATCH_LINGER_S = 0.002
 """How long batches wait for more WAL once the source has none at hand (cf. linger.ms)."""
-_BATCH_FULL_RECORDS = 2_000
+_BATCH_HOLD_S = 0.010
+"""How long batches may wait for Kafka to answer earlier ones (see OutboxRelay._stream)."""
+_BATCH_POLL_S = 0.0005
+"""How often a held batch looks whether Kafka answered, while no WAL comes."""
+_BATCH_FULL_RECORDS = 5_000
 """Records waiting in batches beyond which they are sent without lingering."""
 
 PER_RECORD_ERRORS: tuple[type[KafkaError], ...] = (
@@ -171,6 +203,8 @@ class RelayStats:
     rejected: int = 0
     reduced: int = 0
     acked: int = 0
+    batches: int = 0
+    """Partition batches handed to the producer (records sent alone not counted)."""
     started: float = dataclasses.field(default_factory=time.monotonic)
 
 
@@ -233,8 +267,15 @@ class OutboxRelay:
         *,
         source_factory: Callable[[], ReplicationSource] | None = None,
         provision: Callable[[], Awaitable[Lsn]] | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
+        self._clock = clock
+        self._latency = LatencyWindow()
+        self._read_lag = LatencyWindow("commit->read", COMMIT_TO_READ)
+        self._metrics = MetricsServer(
+            settings.metrics_port, bind_local=settings.metrics_bind_local, log=log
+        )
         self._producer = producer or build_producer(settings)
         self._new_source = source_factory or self._replication_stream
         self._provision = provision or self._ensure_replication
@@ -272,6 +313,16 @@ class OutboxRelay:
     def confirmed(self) -> Lsn:
         return self._reported
 
+    @property
+    def commit_to_ack(self) -> LatencyWindow:
+        """Commit->Kafka-ack latencies of recent transactions (:mod:`connectors.cdc.metrics`)."""
+        return self._latency
+
+    @property
+    def commit_to_read(self) -> LatencyWindow:
+        """Commit->Begin-read latencies (PostgreSQL's share of commit->ack)."""
+        return self._read_lag
+
     async def __aenter__(self) -> OutboxRelay:
         await self.start()
         return self
@@ -283,6 +334,13 @@ class OutboxRelay:
         """Start the Kafka producer, retrying with backoff while the brokers are unreachable."""
         if self._started:
             return
+        try:
+            self._metrics.start()
+        except OSError as exc:
+            raise RelayConfigError(
+                f"cannot serve metrics on port {self.settings.metrics_port} ({exc}): set "
+                "ZAPSTREAM_RELAY_METRICS_PORT to a free port, or 0 to switch metrics off"
+            ) from exc
         # A producer without the batch methods (a test's fake) gets one send per record.
         producer = self._producer
         self._batching = all(
@@ -325,8 +383,11 @@ class OutboxRelay:
             return
         self._stopped = True
         self.request_stop()
-        if self._started:
-            await self._producer.stop()
+        try:
+            if self._started:
+                await self._producer.stop()
+        finally:
+            await asyncio.to_thread(self._metrics.stop)
 
     def _replication_stream(self) -> ReplicationSource:
         s = self.settings
@@ -450,21 +511,33 @@ class OutboxRelay:
     def _log_summary(self) -> None:
         log.info(
             "relay stopped: %d transactions, %d intents, %d rejected (%d reduced), "
-            "confirmed %s, %.1fs",
+            "%d batches, confirmed %s, %.1fs; %s; %s",
             self._stats.transactions,
             self._stats.intents,
             self._stats.rejected,
             self._stats.reduced,
+            self._stats.batches,
             self._reported,
             time.monotonic() - self._stats.started,
+            self._latency.summary(),
+            self._read_lag.summary(),
         )
+
+    def _on_acknowledged(self, commit_ts_us: int, acked_at: float) -> None:
+        """A transaction's last record was acknowledged: observe its commit->ack latency."""
+        self._latency.observe(acked_at - pg_timestamp_to_unix(commit_ts_us))
 
     async def _stream(self, source: ReplicationSource, confirmed: Lsn) -> Lsn:
         s = self.settings
-        tracker = AckTracker(confirmed)
+        tracker = AckTracker(confirmed, on_acknowledged=self._on_acknowledged, clock=self._clock)
         self._tracker = tracker
         self._reported = max(self._reported, confirmed)
-        decoder = PgOutputDecoder()
+        # outbox_jobs rows carry only the columns an intent is made of (the rest are
+        # stepped over); a row that needs them all is decoded again (see below).
+        decoder = PgOutputDecoder(columns={OUTBOX_TABLE: INTENT_COLUMNS})
+        decode = decoder.decode
+        stats = self._stats
+        rows_counted = stats.intents + stats.rejected
         # Batches of an earlier connection were never sent: their rows are streamed again.
         self._batches.clear()
         self._batched = 0
@@ -474,34 +547,79 @@ class OutboxRelay:
         committed_at: str | None = None
         lsn_text = str(confirmed)
         next_status = time.monotonic() + s.status_interval_s
+        # When the batches must go at the latest: the first moment the source ran
+        # dry with batches waiting, plus the linger. None while nothing lingers.
+        linger_until: float | None = None
+        hold_until = 0.0
         while not self._stopping.is_set() and self._failure is None:
             if self._batches:
                 # Batches fill while WAL is already at hand; once the source has
                 # nothing buffered they are sent, before waiting for more.
-                message = await source.read(timeout_s=0)
+                message = source.read_nowait()
                 if message is None and self._batched < _BATCH_FULL_RECORDS:
                     # A moment's linger: under load more WAL is on its way and fills
-                    # the batches further (fewer, larger produce requests).
-                    message = await source.read(timeout_s=_BATCH_LINGER_S)
+                    # the batches further (fewer, larger produce requests). Bounded
+                    # from the first dry read, not from each message: WAL trickling
+                    # in every millisecond (small transactions) must not hold the
+                    # batches back until they fill.
+                    now = time.monotonic()
+                    if linger_until is None:
+                        linger_until = now + _BATCH_LINGER_S
+                        hold_until = now + _BATCH_HOLD_S
+                    if self._in_flight and now < hold_until:
+                        # Kafka is still answering earlier batches, and aiokafka keeps
+                        # one request in flight per broker: sent now, these would only
+                        # wait behind it (and the relay with them). Keep filling them
+                        # meanwhile (bounded by _BATCH_HOLD_S): fewer, larger requests.
+                        message = await source.read(timeout_s=_BATCH_POLL_S)
+                        if message is None:
+                            continue
+                    elif now < linger_until:
+                        message = await source.read(timeout_s=linger_until - now)
                 if message is None:
                     await self._send_batches()
+                    linger_until = None
                     continue
             else:
+                linger_until = None
                 message = await source.read(timeout_s=s.status_interval_s)
-            if isinstance(message, XLogData):
-                decoded = decoder.decode(message.payload)
-                if isinstance(decoded, Begin):
-                    txn = tracker.begin()
+            if type(message) is XLogData:
+                decoded = decode(message.payload)
+                kind = type(decoded)
+                if kind is Insert:
+                    assert isinstance(decoded, Insert)
+                    table = decoded.relation.name
+                    if table == OUTBOX_TABLE:
+                        # The common case first, without a coroutine (see _append_intent).
+                        row = decoded.new
+                        converted = self._append_intent(txn, row, lsn_text, committed_at)
+                        if converted is not None:
+                            if not decoded.complete:
+                                # A rejection carries (and a reduction cuts) every column.
+                                full = decoder.decode_complete(message.payload)
+                                assert isinstance(full, Insert)
+                                row = full.new
+                                if not isinstance(converted, CapturedIntent):
+                                    converted = _NOT_CONVERTED  # rejected: again, whole row
+                            await self._produce(txn, table, row, lsn_text, committed_at, converted)
+                    elif table in PUBLISHED_TABLES:
+                        await self._produce(txn, table, decoded.new, lsn_text, committed_at)
+                elif kind is Begin:
+                    assert isinstance(decoded, Begin)
+                    commit_ts_us = decoded.commit_ts_us
+                    txn = tracker.begin(commit_ts_us)
+                    self._read_lag.observe(self._clock() - pg_timestamp_to_unix(commit_ts_us))
+                    # One datetime per transaction, for the records' committed_at.
                     committed_at = decoded.commit_ts.isoformat()
                     lsn_text = str(decoded.final_lsn)
-                elif isinstance(decoded, Insert):
-                    if decoded.relation.name in PUBLISHED_TABLES:
-                        await self._produce(
-                            txn, decoded.relation.name, decoded.new, lsn_text, committed_at
-                        )
-                elif isinstance(decoded, Commit):
+                elif kind is Commit:
+                    assert isinstance(decoded, Commit)
                     tracker.commit(txn, decoded.end_lsn)
-                    self._stats.transactions += 1
+                    stats.transactions += 1
+                    TRANSACTIONS.inc()
+                    rows = stats.intents + stats.rejected
+                    ROWS.inc(rows - rows_counted)
+                    rows_counted = rows
                     txn = None
             elif isinstance(message, PrimaryKeepalive):
                 tracker.keepalive(message.wal_end)
@@ -514,6 +632,44 @@ class OutboxRelay:
         await self._drain(source)
         return tracker.confirmed
 
+    def _append_intent(
+        self, txn: Any, row: dict[str, str | None], lsn: str, committed_at: str | None
+    ) -> Converted | _NotConverted | None:
+        """Produce an ``outbox_jobs`` row synchronously if nothing special applies; None if done.
+
+        Done only when: batching, room under ``max_in_flight``, no failure, the
+        row a valid intent within ``max_record_bytes``, and its partition's
+        batch open with room for it. Otherwise nothing happened yet: the caller
+        goes the general way (:meth:`_produce`) with what is returned (the
+        converted row, or ``_NOT_CONVERTED``). Same accounting and order as there.
+        """
+        tracker = self._tracker
+        assert tracker is not None
+        if (
+            not self._batching
+            or tracker.records_outstanding >= self.settings.max_in_flight
+            or self._failure is not None
+        ):
+            return _NOT_CONVERTED
+        intent = row_to_intent(row, lsn=lsn, committed_at=committed_at)
+        if type(intent) is not CapturedIntent:
+            return intent
+        value = intent.dumps()
+        partitions = self._partitions.get(INTENTS)
+        if len(value) > self.settings.max_record_bytes or partitions is None:
+            return intent
+        key = intent.partition_key
+        batch = self._batches.get((INTENTS, self._partitioner(key, partitions, partitions)))
+        if batch is None or not batch.builder.append(
+            timestamp=None, key=key, value=value, headers=self._headers(intent)
+        ):
+            return intent
+        self._stats.intents += 1
+        tracker.record_sent(txn)
+        batch.entries.append((txn, intent))
+        self._batched += 1
+        return None
+
     async def _produce(
         self,
         txn: Any,
@@ -521,6 +677,7 @@ class OutboxRelay:
         row: dict[str, str | None],
         lsn: str,
         committed_at: str | None,
+        converted: Converted | _NotConverted = _NOT_CONVERTED,
     ) -> None:
         tracker = self._tracker
         assert tracker is not None
@@ -536,11 +693,12 @@ class OutboxRelay:
                 continue
             self._room.clear()
             await self._room.wait()
-        record, value = self._producible(
-            _CONVERTERS[table](row, lsn=lsn, committed_at=committed_at), row
-        )
+        if isinstance(converted, _NotConverted):
+            converted = _CONVERTERS[table](row, lsn=lsn, committed_at=committed_at)
+        record, value = self._producible(converted, row)
         if type(record) is IntentRejected:
             self._stats.rejected += 1
+            (_INVALID_RULE if type(converted) is IntentRejected else _INVALID_TOO_LARGE).inc()
             log.warning("%s row for job %s rejected: %s", table, record.job_id, record.reason)
         else:
             self._stats.intents += 1
@@ -549,7 +707,7 @@ class OutboxRelay:
             return
         try:
             future = await self._send(record, value)
-            watched: Record = record
+            watched: Outgoing = record
         except PER_RECORD_ERRORS as exc:
             # Refused before it left (e.g. over max_request_size): send the minimal form.
             try:
@@ -566,9 +724,7 @@ class OutboxRelay:
             return
         self._watch(future, tracker, txn, watched)
 
-    def _producible(
-        self, record: IntentCaptured | CommandRequested | IntentRejected, row: dict[str, str | None]
-    ) -> tuple[IntentCaptured | CommandRequested | IntentRejected, bytes]:
+    def _producible(self, record: Converted, row: dict[str, str | None]) -> tuple[Converted, bytes]:
         """The record and its encoding, or a reduced rejection if it is over ``max_record_bytes``.
 
         The record is encoded once, here: the bytes measured are the bytes produced.
@@ -595,8 +751,12 @@ class OutboxRelay:
         )
         return reduced, reduced.dumps()
 
-    def _minimal(self, record: Record, exc: BaseException) -> IntentRejected:
+    def _minimal(self, record: Outgoing, exc: BaseException) -> IntentRejected:
         self._stats.reduced += 1
+        if isinstance(record, CapturedIntent):
+            record = record.record()
+        if not isinstance(record, IntentRejected):
+            _INVALID_REFUSED.inc()
         job_id = getattr(record, "job_id", None)
         log.warning("Kafka refused the record for job %s (%r); sending its reference", job_id, exc)
         if isinstance(record, IntentRejected):
@@ -618,14 +778,14 @@ class OutboxRelay:
         )
 
     @staticmethod
-    def _route(record: Record) -> tuple[str, bytes]:
+    def _route(record: Outgoing) -> tuple[str, bytes]:
         """Topic and key of a record: intents by conversation, rejections by job id."""
-        if isinstance(record, IntentCaptured | CommandRequested):
+        if isinstance(record, CapturedIntent | IntentCaptured | CommandRequested):
             return INTENTS, record.partition_key
         assert isinstance(record, IntentRejected)
         return INVALID, str(record.job_id).encode()
 
-    def _headers(self, record: Record) -> list[tuple[str, bytes]]:
+    def _headers(self, record: Outgoing) -> list[tuple[str, bytes]]:
         lsn: str = getattr(record, "lsn", "0/0")
         if lsn != self._lsn_text:
             # Every record of a transaction carries the same LSN: encode it once.
@@ -636,7 +796,7 @@ class OutboxRelay:
             (HEADER_JOB_ID, str(getattr(record, "job_id", None)).encode()),
         ]
 
-    async def _send(self, record: Record, value: bytes | None = None) -> asyncio.Future[Any]:
+    async def _send(self, record: Outgoing, value: bytes | None = None) -> asyncio.Future[Any]:
         """Hand one record to the producer; ``value`` is its encoding when already made."""
         topic, key = self._route(record)
         future: asyncio.Future[Any] = await self._producer.send(
@@ -647,7 +807,7 @@ class OutboxRelay:
         )
         return future
 
-    async def _append(self, tracker: AckTracker, txn: Any, record: Record, value: bytes) -> bool:
+    async def _append(self, tracker: AckTracker, txn: Any, record: Outgoing, value: bytes) -> bool:
         """Add a record to its partition's batch; False if it must go alone (:meth:`_send`).
 
         The partition is the one aiokafka's (Faust's, Java's) murmur2 partitioner
@@ -703,6 +863,7 @@ class OutboxRelay:
             # outstanding, nothing at or past them is confirmed; resume from the slot.
             self._fail(exc)
             return
+        self._stats.batches += 1
         self._in_flight.add(future)
         future.add_done_callback(lambda f: self._on_batch_ack(f, batch))
 
@@ -712,14 +873,16 @@ class OutboxRelay:
             await self._send_batch(next(iter(self._batches.values())))
 
     def _watch(
-        self, future: asyncio.Future[Any], tracker: AckTracker, txn: Any, record: Record
+        self, future: asyncio.Future[Any], tracker: AckTracker, txn: Any, record: Outgoing
     ) -> None:
         self._in_flight.add(future)
         # Bind this connection's tracker: after a reconnect, late acks of the old
         # connection's records must not count against the new tracker.
         future.add_done_callback(lambda f: self._on_ack(f, tracker, txn, record))
 
-    async def _replace(self, tracker: AckTracker, txn: Any, record: Record, exc: Exception) -> None:
+    async def _replace(
+        self, tracker: AckTracker, txn: Any, record: Outgoing, exc: Exception
+    ) -> None:
         try:
             future = await self._send(self._minimal(record, exc))
         except KafkaError as failure:
@@ -729,10 +892,12 @@ class OutboxRelay:
         self._watch(future, tracker, txn, _MINIMAL)
 
     def _on_ack(
-        self, future: asyncio.Future[Any], tracker: AckTracker, txn: Any, record: Record
+        self, future: asyncio.Future[Any], tracker: AckTracker, txn: Any, record: Outgoing
     ) -> None:
         self._in_flight.discard(future)
+        acked = self._stats.acked
         self._settle(_outcome(future), tracker, txn, record)
+        ACKED.inc(self._stats.acked - acked)
 
     def _on_batch_ack(self, future: asyncio.Future[Any], batch: _Batch) -> None:
         self._in_flight.discard(future)
@@ -749,8 +914,37 @@ class OutboxRelay:
             self._replacements.add(task)
             task.add_done_callback(self._replacements.discard)
             return
+        if failure is None:
+            self._settle_batch(batch)
+            return
+        acked = self._stats.acked
         for txn, record in batch.entries:
             self._settle(failure, batch.tracker, txn, record)
+        ACKED.inc(self._stats.acked - acked)
+
+    def _settle_batch(self, batch: _Batch) -> None:
+        """Kafka acknowledged the whole batch: :meth:`_settle` per transaction, not per record.
+
+        Entries are in WAL order, so each transaction's records are consecutive.
+        """
+        tracker, entries = batch.tracker, batch.entries
+        count, start = len(entries), 0
+        try:
+            while start < count:
+                txn = entries[start][0]
+                end = start + 1
+                while end < count and entries[end][0] is txn:
+                    end += 1
+                tracker.record_acked(txn, end - start)
+                start = end
+        except AckOrderError as exc:
+            # Never confirm past what does not add up: stop; restart from the slot.
+            self._fail(exc)
+            return
+        self._stats.acked += count
+        ACKED.inc(count)
+        if tracker.records_outstanding < self.settings.max_in_flight:
+            self._room.set()
 
     async def _send_each(self, batch: _Batch) -> None:
         for txn, record in batch.entries:
@@ -765,7 +959,7 @@ class OutboxRelay:
             self._watch(future, batch.tracker, txn, record)
 
     def _settle(
-        self, failure: BaseException | None, tracker: AckTracker, txn: Any, record: Record
+        self, failure: BaseException | None, tracker: AckTracker, txn: Any, record: Outgoing
     ) -> None:
         """Account for Kafka's answer (``failure`` None: acknowledged) about one record."""
         if (
@@ -814,6 +1008,7 @@ class OutboxRelay:
         if confirmed > self._reported or force:
             await source.send_status(flush=confirmed)
             self._reported = confirmed
+            CONFIRMED_LSN.set(confirmed.value)
 
     async def _drain(self, source: ReplicationSource) -> None:
         """Wait (bounded) for Kafka to acknowledge what is in flight, then confirm it."""
@@ -858,5 +1053,5 @@ class _Batch:
     """An aiokafka ``BatchBuilder`` (``producer.create_batch()``)."""
     tracker: AckTracker
     """The tracker of the connection the records came from (late acks must not cross)."""
-    entries: list[tuple[Any, Record]] = dataclasses.field(default_factory=list)
+    entries: list[tuple[Any, Outgoing]] = dataclasses.field(default_factory=list)
     """(transaction, record) of every record in the batch, for the acknowledgement."""

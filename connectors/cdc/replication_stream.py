@@ -115,8 +115,8 @@ class _Readiness:
     def __init__(self, loop: asyncio.AbstractEventLoop, fd: int) -> None:
         self._loop = loop
         self._fd = fd
-        self._readers: set[asyncio.Future[None]] = set()
-        self._writers: set[asyncio.Future[None]] = set()
+        self._readers: set[asyncio.Future[bool]] = set()
+        self._writers: set[asyncio.Future[bool]] = set()
         self._detached = False
 
     async def wait(self, *, write: bool, timeout_s: float | None) -> bool:
@@ -124,17 +124,21 @@ class _Readiness:
         if self._detached:
             return False
         waiters = self._writers if write else self._readers
-        future: asyncio.Future[None] = self._loop.create_future()
+        future: asyncio.Future[bool] = self._loop.create_future()
         if not waiters:
             if write:
                 self._loop.add_writer(self._fd, self._fire, self._writers)
             else:
                 self._loop.add_reader(self._fd, self._fire, self._readers)
         waiters.add(future)
+        # A timer on the future itself: asyncio.wait(timeout=) costs a waiter future,
+        # a timeout handle and callbacks per call, once per batch of WAL read.
+        timer = None if timeout_s is None else self._loop.call_later(timeout_s, _expire, future)
         try:
-            done, _ = await asyncio.wait((future,), timeout=timeout_s)
-            return bool(done) and not self._detached
+            return await future and not self._detached
         finally:
+            if timer is not None:
+                timer.cancel()
             waiters.discard(future)
             if not waiters and not self._detached:
                 if write:
@@ -159,10 +163,15 @@ class _Readiness:
         self._fire(self._writers)
 
     @staticmethod
-    def _fire(waiters: set[asyncio.Future[None]]) -> None:
+    def _fire(waiters: set[asyncio.Future[bool]]) -> None:
         for future in waiters:
             if not future.done():
-                future.set_result(None)
+                future.set_result(True)
+
+
+def _expire(future: asyncio.Future[bool]) -> None:
+    if not future.done():
+        future.set_result(False)
 
 
 class ReplicationStream:
@@ -299,6 +308,24 @@ class ReplicationStream:
                 self._consume_input(pgconn)
         finally:
             self._reading = False
+
+    def read_nowait(self) -> XLogData | PrimaryKeepalive | None:
+        """The next message libpq already received, or None; never waits (``read(0)``, sync).
+
+        Raises :class:`ReplicationStreamClosed` like :meth:`read` once the stream ended.
+        """
+        buffer = self._buffer
+        if buffer:
+            return buffer.popleft()
+        if self._reading:
+            raise RuntimeError("another task is already reading this ReplicationStream")
+        pgconn, _ = self._streaming()
+        self._drain(pgconn)
+        if buffer:
+            return buffer.popleft()
+        if self._ended is not None:
+            raise self._ended
+        return None
 
     async def send_status(self, *, flush: Lsn, reply_requested: bool = False) -> None:
         """Confirm that everything up to ``flush`` is durable downstream (write=flush=apply).

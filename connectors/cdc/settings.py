@@ -22,7 +22,10 @@ class RelaySettings(SettingsBase):
     drain_timeout_s: float = Field(default=30.0, gt=0)
     max_in_flight: int = Field(default=20_000, ge=1)
     """Records sent to Kafka and not yet acknowledged before the relay stops reading WAL."""
-    metrics_port: int = Field(default=0, ge=0)
+    metrics_port: int = Field(default=0, ge=0, le=65535)
+    """Serve Prometheus ``/metrics`` on this port (see :mod:`connectors.cdc.metrics`); 0: off."""
+    metrics_bind_local: bool = True
+    """Serve metrics on 127.0.0.1 only; false binds 0.0.0.0."""
     max_record_bytes: int = Field(default=256 * 1024, ge=4096, le=900 * 1024)
     """A record larger than this is reduced (rejections: long values cut; intents: rejected
     as too large) before it is produced; well under the producer's 1 MiB max_request_size."""

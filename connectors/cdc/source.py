@@ -40,6 +40,14 @@ class ReplicationSource(Protocol):
         """
         ...
 
+    def read_nowait(self) -> XLogData | PrimaryKeepalive | None:
+        """The next message if it was already received, else None; never waits.
+
+        What ``read(timeout_s=0)`` returns, without a coroutine per message
+        (the relay calls it once per WAL message while batches fill).
+        """
+        ...
+
     async def send_status(self, *, flush: Lsn, reply_requested: bool = False) -> None:
         """Confirm that everything up to ``flush`` is durable downstream."""
         ...

@@ -1,6 +1,7 @@
 """The relay edge under faults, on real processes (PostgreSQL, Tansu, simulator, relay, worker).
 
 - a 2 MB malformed row is reduced onto ``zapstream.invalid`` and the rows after it flow;
+  the relay's ``/metrics`` count it, the rows and their commit->ack latency;
 - rows written after ``db migrate`` but before the relay's first start are delivered;
 - rows written while the slot was dropped are delivered by ``outbox restream``;
 - PostgreSQL and Kafka each cut for 10 s through a TCP proxy mid-stream: nothing lost,
@@ -21,13 +22,14 @@ import time
 import uuid
 from collections.abc import Iterator
 
+import httpx
 import orjson
 import psycopg
 import pytest
 
 from connectors.outbox.migrate import migrate
 from devtools.delivery_audit import DeliveryReport
-from devtools.devstack import ManagedProcess, PostgresCluster
+from devtools.devstack import ManagedProcess, PostgresCluster, find_free_port
 from devtools.local_pipeline import REPO_ROOT, LocalPipeline
 from streams.contract import INTENTS, INVALID
 from tests.integration.support import (
@@ -174,7 +176,10 @@ def test_rows_written_while_the_slot_was_dropped_are_delivered_by_restream(
 def test_a_2mb_malformed_row_is_reduced_and_the_50_rows_after_it_are_delivered(
     pipeline: LocalPipeline,
 ) -> None:
-    relay = pipeline.start_relay("relay-poison")
+    metrics_port = find_free_port()
+    relay = pipeline.start_relay(
+        "relay-poison", env={"ZAPSTREAM_RELAY_METRICS_PORT": str(metrics_port)}
+    )
     run = uuid.uuid4().hex[:8]
     bad_key = f"poison-{run}"
     # Valid JSON, but text far over 4096 characters: the relay rejects it with the row.
@@ -221,7 +226,26 @@ def test_a_2mb_malformed_row_is_reduced_and_the_50_rows_after_it_are_delivered(
         60,
         f"job {bad_id} INVALID in outbox_jobs",
     )
+    # The relay's own metrics: the rejection by its reason, every row, one latency per
+    # transaction (this fresh relay saw two: the poison row's and the 50 rows') and the
+    # confirmed LSN.
+    assert _relay_metric(metrics_port, 'zapstream_relay_invalid_rows_total{reason="rule"}') == 1
+    assert _relay_metric(metrics_port, "zapstream_relay_rows_total") == 51
+    assert _relay_metric(metrics_port, "zapstream_relay_commit_to_ack_seconds_count") == 2
+    wait_until(
+        lambda: _relay_metric(metrics_port, "zapstream_relay_confirmed_lsn") > 0,
+        30,
+        "the confirmed LSN on /metrics",
+    )
     _stop_relay(relay)
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=2)
+
+
+def _relay_metric(port: int, name: str) -> float:
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    found = re.search(rf"^{re.escape(name)} ([0-9.e+]+)$", text, re.M)
+    return float(found.group(1)) if found else 0.0
 
 
 # --- 4. PostgreSQL and Kafka cut mid-stream ---------------------------------------------------

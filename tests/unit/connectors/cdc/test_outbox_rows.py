@@ -3,7 +3,7 @@
 import orjson
 import pytest
 
-from connectors.cdc.outbox_rows import row_to_record
+from connectors.cdc.outbox_rows import INTENT_COLUMNS, CapturedIntent, row_to_intent, row_to_record
 from streams.contract import IntentCaptured, IntentRejected
 
 
@@ -55,3 +55,134 @@ def test_malformed_rows_are_rejected_with_reason_and_whole_row(
     assert reason in record.reason
     assert record.job_id == 42
     assert record.row["idempotency_key"] == "order-1"
+
+
+# --- the relay's fast form: byte for byte the record's encoding -------------------------
+
+
+def _explicit_intent(**fields: object) -> IntentCaptured:
+    """The intent built field by field, as row_to_record built it before CapturedIntent."""
+    base: dict[str, object] = {
+        "job_id": 42,
+        "instance_id": "shop-1",
+        "conversation_key": "5511987654321",
+        "idempotency_key": "order-1",
+        "message_type": "text",
+        "to": "5511987654321",
+        "text": "hi",
+        "priority": "operational",
+        "purpose": None,
+        "expires_at": "2026-11-29T15:52:57.123000+00:00",
+        "max_attempts": 5,
+        "created_at": "2026-11-29T15:50:00+00:00",
+        "committed_at": "2026-11-29T15:50:01+00:00",
+        "lsn": "0/16",
+    }
+    base.update(fields)
+    return IntentCaptured(**base)  # type: ignore[arg-type]
+
+
+_UNICODE = 'Olá "mundo" \\ 🎉 <b>&amp;</b>\n\t\u2028'
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ({}, {}),
+        (
+            {
+                "conversation_key": "vip-7",
+                "priority": "bulk",
+                "purpose": "promo",
+                "max_attempts": "9",
+                "expires_at": None,
+                "created_at": None,
+            },
+            {
+                "conversation_key": "vip-7",
+                "priority": "bulk",
+                "purpose": "promo",
+                "max_attempts": 9,
+                "expires_at": None,
+                "created_at": None,
+            },
+        ),
+        (
+            {
+                "payload": orjson.dumps(
+                    {"type": "text", "to": "120363012345678901@g.us", "text": _UNICODE}
+                ).decode(),
+                "priority": None,
+                "max_attempts": None,
+            },
+            {
+                "to": "120363012345678901@g.us",
+                "conversation_key": "120363012345678901@g.us",
+                "text": _UNICODE,
+            },
+        ),
+    ],
+)
+def test_captured_intent_encodes_exactly_as_the_record(
+    overrides: dict[str, str | None], expected: dict[str, object]
+) -> None:
+    intent = row_to_intent(_row(**overrides), lsn="0/16", committed_at="2026-11-29T15:50:01+00:00")
+    assert isinstance(intent, CapturedIntent)
+    reference = _explicit_intent(**expected)
+    value = intent.dumps()
+    # The contract's own encodings of the same intent, and its dict form (asdict + schema).
+    assert value == reference.dumps()
+    assert value == orjson.dumps(reference.to_dict())
+    assert intent.record() == reference
+    assert IntentCaptured.loads(value) == reference
+    assert intent.partition_key == reference.partition_key
+    assert (intent.job_id, intent.lsn, intent.committed_at) == (42, "0/16", reference.committed_at)
+
+
+def test_row_to_intent_rejects_like_row_to_record() -> None:
+    row = _row(payload="[1, 2]")
+    fast = row_to_intent(row, lsn="0/1", committed_at=None)
+    assert isinstance(fast, IntentRejected)
+    assert fast == row_to_record(row, lsn="0/1", committed_at=None)
+
+
+class _Recording(dict[str, str | None]):
+    """A row that remembers which columns were read."""
+
+    def __init__(self, row: dict[str, str | None]) -> None:
+        super().__init__(row)
+        self.read: set[str] = set()
+
+    def get(self, key: str, default: object = None) -> object:  # type: ignore[override]
+        self.read.add(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key: str) -> str | None:
+        self.read.add(key)
+        return super().__getitem__(key)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"conversation_key": "vip", "purpose": "x", "priority": None, "max_attempts": None},
+        {"payload": "[1, 2]"},
+        {"priority": "urgent"},
+        {"id": None},
+    ],
+)
+def test_row_to_intent_reads_only_the_intent_columns(overrides: dict[str, str | None]) -> None:
+    # Every outbox_jobs column present, as pgoutput sends them.
+    extra = {"status": "PENDING", "attempts": "0", "last_error": None, "sent_at": None}
+    row = _Recording(_row(**overrides) | extra)
+    row_to_intent(row, lsn="0/1", committed_at=None)
+    assert row.read <= INTENT_COLUMNS
+    # So the intent made from the intent columns alone is the same.
+    partial = {k: v for k, v in row.items() if k in INTENT_COLUMNS}
+    fast = row_to_intent(partial, lsn="0/1", committed_at=None)
+    whole = row_to_intent(dict(row), lsn="0/1", committed_at=None)
+    if isinstance(whole, IntentRejected):
+        assert isinstance(fast, IntentRejected) and fast.reason == whole.reason
+    else:
+        assert isinstance(fast, CapturedIntent) and fast.dumps() == whole.dumps()

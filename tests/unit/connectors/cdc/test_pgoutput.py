@@ -24,6 +24,7 @@ from connectors.cdc.pgoutput import (
     TypeMessage,
     Update,
 )
+from connectors.cdc.replication_messages import to_pg_timestamp
 from tests.unit.connectors.cdc.data.pgoutput_capture import PAYLOADS
 
 OUTBOX_OID = 16390
@@ -66,13 +67,17 @@ def test_message_kinds_in_stream_order(decoded: list[PgOutputMessage]) -> None:
 
 def test_begin_and_commit(decoded: list[PgOutputMessage]) -> None:
     commit_ts = datetime(2026, 11, 29, 16, 2, 0, 880564, tzinfo=UTC)
-    assert decoded[0] == Begin(final_lsn=Lsn.parse("0/154AF08"), commit_ts=commit_ts, xid=732)
+    commit_ts_us = to_pg_timestamp(commit_ts)
+    assert decoded[0] == Begin(final_lsn=Lsn.parse("0/154AF08"), commit_ts_us=commit_ts_us, xid=732)
     assert decoded[4] == Commit(
         flags=0,
         commit_lsn=Lsn.parse("0/154AF08"),
         end_lsn=Lsn.parse("0/154AF38"),
-        commit_ts=commit_ts,
+        commit_ts_us=commit_ts_us,
     )
+    # The wire integer is kept; the datetime is made only when asked for.
+    assert decoded[0].commit_ts == commit_ts
+    assert decoded[4].commit_ts == commit_ts
     begins = [m for m in decoded if isinstance(m, Begin)]
     commits = [m for m in decoded if isinstance(m, Commit)]
     assert [b.xid for b in begins] == list(range(732, 743))
@@ -322,3 +327,41 @@ def test_bad_markers_are_errors() -> None:
         decoder.decode(b"D" + oid + b"N\x00\x00")
     with pytest.raises(PgOutputError, match="TRUNCATE claims"):
         decoder.decode(b"T\xff\xff\xff\xff\x00")
+
+
+def _filtered_decoder(keep: set[str]) -> PgOutputDecoder:
+    """Like decoder_after(28), keeping only ``keep`` of the audit table's INSERT columns."""
+    name = decoder_after(28).relations[AUDIT_OID].name
+    decoder = PgOutputDecoder(columns={name: keep})
+    for payload in PAYLOADS[:28]:
+        decoder.decode(payload)
+    return decoder
+
+
+def test_columns_filter_keeps_only_the_named_columns_and_decode_complete_all() -> None:
+    decoder = _filtered_decoder({"what"})
+    payload = _insert_audit(b"\x00\x02" + b"t\x00\x00\x00\x017" + b"t\x00\x00\x00\x02ok")
+    some = decoder.decode(payload)
+    assert isinstance(some, Insert)
+    assert some.new == {"what": "ok"} and some.complete is False
+    full = decoder.decode_complete(payload)
+    assert full == Insert(
+        relation=decoder.relations[AUDIT_OID], new={"at_id": "7", "what": "ok"}, complete=True
+    )
+    # The filter applies again after decode_complete; NULLs are kept or skipped alike.
+    nulls = decoder.decode(_insert_audit(b"\x00\x02" + b"nn"))
+    assert isinstance(nulls, Insert) and nulls.new == {"what": None}
+    # Other tables are decoded whole.
+    assert decoder_after(28).decode(payload) == full
+
+
+def test_columns_filter_still_checks_skipped_values() -> None:
+    decoder = _filtered_decoder({"what"})
+    with pytest.raises(PgOutputError, match="binary value for column 'at_id'"):
+        decoder.decode(_insert_audit(b"\x00\x02" + b"b\x00\x00\x00\x04\x00\x00\x00\x07" + b"n"))
+    with pytest.raises(PgOutputError, match="column .at_id. claims 9 bytes"):
+        decoder.decode(_insert_audit(b"\x00\x02" + b"t\x00\x00\x00\x097" + b"n"))
+    with pytest.raises(PgOutputError, match="unchanged TOAST"):
+        decoder.decode(_insert_audit(b"\x00\x02" + b"u" + b"n"))
+    with pytest.raises(PgOutputError, match="trailing bytes"):
+        decoder.decode(_insert_audit(b"\x00\x02" + b"nn" + b"x"))

@@ -118,7 +118,7 @@ OUTBOX = _outbox_relation()
 
 
 def _xlog(payload: bytes, at: Lsn) -> XLogData:
-    return XLogData(wal_start=at, wal_end=at, send_time=COMMIT_TS, payload=payload)
+    return XLogData.of(at, at, COMMIT_TS, payload)
 
 
 def keepalive(wal_end: Lsn, *, reply_requested: bool = True) -> PrimaryKeepalive:
@@ -213,6 +213,16 @@ class FakeSource:
             raise item
         return item
 
+    def read_nowait(self) -> XLogData | PrimaryKeepalive | None:
+        self.reads += 1
+        try:
+            item = self.inbox.get_nowait()
+        except asyncio.QueueEmpty:
+            return None
+        if isinstance(item, Exception):
+            raise item
+        return item
+
     async def send_status(self, *, flush: Lsn, reply_requested: bool = False) -> None:
         # Like ReplicationStream: confirming less than before is a bug.
         if self.flushes and flush < self.flushes[-1]:
@@ -289,7 +299,9 @@ class FakeProducer:
 class Harness:
     """One relay wired to fakes; ``sources`` are handed out one per connection attempt."""
 
-    def __init__(self, *, sources: int = 1, **settings: Any) -> None:
+    def __init__(
+        self, *, sources: int = 1, clock: Callable[[], float] | None = None, **settings: Any
+    ) -> None:
         self.events: list[Event] = []
         self.producer = FakeProducer(self.events)
         self.sources = [FakeSource(self.events) for _ in range(sources)]
@@ -305,6 +317,7 @@ class Harness:
             self.producer,
             source_factory=self._next_source,
             provision=self._provision,
+            **({} if clock is None else {"clock": clock}),
         )
 
     @property
