@@ -132,7 +132,8 @@ def worker_figures(
         figures.append(
             Figure(
                 sec,
-                f"worker RSS after {zero['memory_total']:,} jobs",
+                f"worker RSS after {zero['memory_total']:,} jobs "
+                f"(dedup horizon {zero.get('memory_horizon_s', 0):g} s)",
                 f"{total:.0f} MiB",
                 f"{(total - first) / (zero['memory_total'] - zero['messages']) * 1024:.1f} "
                 f"KiB per extra job",
@@ -186,7 +187,12 @@ def e2e_figures(e2e: dict[str, Any]) -> list[Figure]:
             f"commit->gateway at {e2e['offered_msg_s']:.0f} msg/s offered, gateway 0 ms",
             f"p50 {ms(e2e['p50_s'])} / p99 {ms(p99)} / p999 {ms(e2e['p999_s'])}",
             f"{e2e['delivered']}/{e2e['messages']} delivered; p50 first/last fifth of commits "
-            f"{ms(e2e.get('p50_first_fifth_s'))} / {ms(e2e.get('p50_last_fifth_s'))}",
+            f"{ms(e2e.get('p50_first_fifth_s'))} / {ms(e2e.get('p50_last_fifth_s'))}; hops "
+            f"p50/p99: commit->relay send {ms(e2e.get('commit_to_relay_send_p50_s'))}/"
+            f"{ms(e2e.get('commit_to_relay_send_p99_s'))}, relay send->worker journal "
+            f"{ms(e2e.get('relay_send_to_journal_p50_s'))}/"
+            f"{ms(e2e.get('relay_send_to_journal_p99_s'))}, journal->gateway "
+            f"{ms(e2e.get('journal_to_gateway_p50_s'))}/{ms(e2e.get('journal_to_gateway_p99_s'))}",
             "p99 <= 50 ms",
             None if p99 is None else p99 <= 0.050,
             e2e,
