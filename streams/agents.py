@@ -34,18 +34,19 @@ from faust.types import TP
 
 from streams import metrics
 from streams.contract import (
-    INTENTS,
     Command,
     CommandRequested,
     ContractError,
     IntentCaptured,
     JobDead,
+    Priority,
     ReceiptReceived,
     decode_topic_record,
+    intents_topic,
 )
 from streams.job_processor import Done, JobProcessor, Outcome, Park
 from streams.lanes import ConversationLanes
-from streams.parking import ParkingLot
+from streams.parking import BULK_SUFFIX, ParkingLot, parking_key
 from streams.topics import Topics
 
 log = logging.getLogger(__name__)
@@ -83,20 +84,27 @@ class Dispatcher:
         *,
         max_in_flight: int,
         drain_timeout_s: float = 10.0,
+        priority: str = Priority.OPERATIONAL,
+        active_jobs: set[int] | None = None,
     ) -> None:
         self.app = app
         self.topics = topics
         self.processor = processor
         self.parking = parking
         self.drain_timeout_s = drain_timeout_s
-        self.active_jobs: set[int] = set()
+        self.priority = priority
+        """Which intents this dispatcher runs: ``operational`` (``zapstream.intents``, with
+        commands and receipts) or ``bulk`` (``zapstream.intents.bulk``)."""
+        self.topic = intents_topic(priority)
+        self.active_jobs: set[int] = active_jobs if active_jobs is not None else set()
+        """Jobs being sent, shared by the dispatchers of every priority."""
         self._retries_queued: set[bytes] = set()
         self.lanes: ConversationLanes[_EventItem | _RetryDue] = ConversationLanes(
             self._handle, max_in_flight=max_in_flight, on_error=self._crash
         )
         processor.pauses.waiting = parking.waiting
         # Read when scraped: no bookkeeping per event, and 0 when idle.
-        metrics.IN_FLIGHT.set_function(lambda: self.lanes.in_flight)
+        metrics.IN_FLIGHT.labels(priority).set_function(lambda: self.lanes.in_flight)
         metrics.PARKED.set_function(lambda: len(self.parking))
 
     def _crash(self, exc: BaseException) -> None:
@@ -112,7 +120,7 @@ class Dispatcher:
                 await self._poison(event, str(exc))
                 continue
             if not isinstance(record, IntentCaptured | CommandRequested | ReceiptReceived):
-                await self._poison(event, f"unexpected record {record.SCHEMA} on {INTENTS}")
+                await self._poison(event, f"unexpected record {record.SCHEMA} on {self.topic}")
                 continue
             item = _EventItem(event, record)
             if (
@@ -140,10 +148,11 @@ class Dispatcher:
         assigned = self.app.consumer.assignment()
         pauses = self.processor.pauses
         probed: set[str] = set()
+        bulk = self.priority == Priority.BULK
         for key, parked in self.parking.items():
-            if key in self._retries_queued:
+            if key in self._retries_queued or key.endswith(BULK_SUFFIX) is not bulk:
                 continue
-            if TP(INTENTS, parked.partition) not in assigned:
+            if TP(self.topic, parked.partition) not in assigned:
                 continue
             instance = parked.instance
             probe = release = False
@@ -201,7 +210,7 @@ class Dispatcher:
         item.event.ack()
 
     async def _intent(self, intent: IntentCaptured, partition: int) -> None:
-        key = intent.partition_key
+        key = parking_key(intent.partition_key, self.priority)
         if self.parking.get(key) is not None:
             current = self.processor.store.get(intent.job_id)
             if not self.parking.holds(intent.job_id) and (
@@ -216,7 +225,7 @@ class Dispatcher:
             await self._park(intent, partition, outcome.due)
 
     async def _park(self, intent: IntentCaptured, partition: int, due: float) -> None:
-        key = intent.partition_key
+        key = parking_key(intent.partition_key, self.priority)
         if self.parking.get(key) is None:
             await self.parking.park(key, intent, partition=partition, due=due)
         else:

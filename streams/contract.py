@@ -24,6 +24,11 @@ import orjson
 
 INTENTS = "zapstream.intents"
 """New send intents (and, later, commands on them) keyed by instance and conversation."""
+BULK_INTENTS = "zapstream.intents.bulk"
+"""Intents of priority ``bulk`` (campaigns): the same key and partition count as
+:data:`INTENTS`, so the worker's tables are co-partitioned with both, but read by an
+agent of their own, so a campaign's backlog never delays an operational message.
+Commands and receipts of bulk jobs travel on :data:`INTENTS`."""
 RESULTS = "zapstream.results"
 """One :class:`AttemptFinished` per gateway attempt or decision. Append-only."""
 STATE = "zapstream.state"
@@ -386,6 +391,11 @@ class TopicSpec:
     configs: Mapping[str, str]
 
 
+def intents_topic(priority: str) -> str:
+    """The topic an intent of ``priority`` travels on."""
+    return BULK_INTENTS if priority == Priority.BULK else INTENTS
+
+
 def topic_specs(partitions: int, changelog_topics: tuple[str, ...] = ()) -> list[TopicSpec]:
     """Every topic zapstream uses, with explicit partition counts.
 
@@ -398,6 +408,7 @@ def topic_specs(partitions: int, changelog_topics: tuple[str, ...] = ()) -> list
     week = {"cleanup.policy": "delete", "retention.ms": str(7 * 24 * 3600 * 1000)}
     specs = [
         TopicSpec(INTENTS, partitions, week),
+        TopicSpec(BULK_INTENTS, partitions, week),
         TopicSpec(RESULTS, partitions, week),
         TopicSpec(STATE, partitions, compacted),
         TopicSpec(PARKED, partitions, compacted),

@@ -19,7 +19,9 @@ DEAD = Counter("zapstream_dead_total", "Records published to zapstream.dead")
 PARKED = Gauge("zapstream_parked_conversations", "Conversations waiting for a retry (this worker)")
 POISON = Counter("zapstream_poison_records_total", "Records sent to zapstream.dead", ["topic"])
 IN_FLIGHT = Gauge(
-    "zapstream_dispatch_in_flight", "Intents queued or being sent in conversation lanes"
+    "zapstream_dispatch_in_flight",
+    "Intents queued or being sent in conversation lanes, by priority",
+    ["priority"],
 )
 COMMIT_TO_GATEWAY = Histogram(
     "zapstream_commit_to_gateway_seconds",

@@ -94,6 +94,17 @@ PARKED_TABLE = "parked"
 _SEP = b"\x00"
 
 
+BULK_SUFFIX = _SEP + b"bulk"
+"""Appended to a conversation's key for its bulk messages, which park apart from its
+operational ones (they come from another topic and run in other lanes). The NUL keeps it
+from ever meeting a text key, and from looking like a message key (NUL 9 bytes from the end)."""
+
+
+def parking_key(partition_key: bytes, priority: str) -> bytes:
+    """The parked table's key of a conversation's messages of ``priority``."""
+    return partition_key + BULK_SUFFIX if priority == "bulk" else partition_key
+
+
 def message_key(conversation: bytes, seq: int) -> bytes:
     """The key of message ``seq`` of ``conversation``: ``conversation 0x00 seq(8 bytes BE)``."""
     return conversation + _SEP + seq.to_bytes(8, "big")

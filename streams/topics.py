@@ -24,6 +24,7 @@ _RAW: dict[str, Any] = {
 @dataclasses.dataclass(frozen=True, slots=True)
 class Topics:
     intents: Any
+    bulk_intents: Any
     results: Any
     state: Any
     invalid: Any
@@ -34,6 +35,7 @@ class Topics:
 def register_topics(app: faust.App, partitions: int) -> Topics:
     return Topics(
         intents=app.topic(contract.INTENTS, partitions=partitions, **_RAW),
+        bulk_intents=app.topic(contract.BULK_INTENTS, partitions=partitions, **_RAW),
         results=app.topic(contract.RESULTS, partitions=partitions, **_RAW),
         # The job table's changelog: compacted, co-partitioned with intents.
         state=app.topic(

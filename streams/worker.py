@@ -123,17 +123,31 @@ def build_worker_app(
             Priority.BULK: settings.pacing_wait_bulk_s,
         },
     )
+    parking_lot = ParkingLot(parked, topics.parked)
     dispatcher = Dispatcher(
         app,
         topics,
         processor,
-        ParkingLot(parked, topics.parked),
+        parking_lot,
         max_in_flight=settings.max_in_flight,
     )
+    # Bulk intents on their own topic and lanes: a campaign's backlog waits there (its
+    # lanes full, its topic's offsets behind) while operational intents flow.
+    bulk = Dispatcher(
+        app,
+        topics,
+        processor,
+        parking_lot,
+        max_in_flight=settings.max_in_flight_bulk,
+        priority=Priority.BULK,
+        active_jobs=dispatcher.active_jobs,
+    )
     app.agent(topics.intents, name="dispatcher", concurrency=1)(dispatcher.consume)
+    app.agent(topics.bulk_intents, name="bulk-dispatcher", concurrency=1)(bulk.consume)
 
     async def fire_due_retries() -> None:
         await dispatcher.fire_due_retries()
+        await bulk.fire_due_retries()
 
     app.timer(settings.retry_scan_interval_s, name="retries")(fire_due_retries)
 
@@ -170,5 +184,6 @@ def build_worker_app(
 
         app.timer(settings.dedup_scan_interval_s, name="dedup_horizon")(forget_settled_jobs)
     app.after_streams_stopped.append(dispatcher.drain)
+    app.after_streams_stopped.append(bulk.drain)
     setup_lean_prometheus(app)
     return app, dispatcher

@@ -26,6 +26,8 @@ class WorkerSettings(SettingsBase):
     web_bind_local: bool = True
     """Bind Faust's web server (metrics) to 127.0.0.1; set false in containers."""
     max_in_flight: int = Field(default=256, ge=1)
+    max_in_flight_bulk: int = Field(default=128, ge=1)
+    """Bulk intents queued or being sent at once; when reached, the bulk topic waits."""
     """Intents being sent at once by one worker (across conversations)."""
     retry_schedule_s: list[float] = Field(
         default_factory=lambda: [60.0, 300.0, 1800.0, 7200.0, 86400.0]

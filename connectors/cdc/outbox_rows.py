@@ -43,6 +43,7 @@ from streams.contract import (
     IntentRejected,
     Priority,
     conversation_partition_key,
+    intents_topic,
 )
 
 
@@ -109,7 +110,7 @@ class CapturedIntent:
     the relay routes and labels by are copied out once.
     """
 
-    __slots__ = ("committed_at", "document", "job_id", "lsn", "partition_key")
+    __slots__ = ("committed_at", "document", "job_id", "lsn", "partition_key", "topic")
 
     SCHEMA = IntentCaptured.SCHEMA
 
@@ -121,6 +122,7 @@ class CapturedIntent:
         self.partition_key = conversation_partition_key(
             document["instance_id"], document["conversation_key"]
         )
+        self.topic = intents_topic(document["priority"])
 
     def dumps(self) -> bytes:
         return orjson.dumps(self.document)

@@ -123,6 +123,7 @@ from streams.contract import (
     IntentCaptured,
     IntentRejected,
     Record,
+    intents_topic,
 )
 
 log = logging.getLogger(__name__)
@@ -655,11 +656,12 @@ class OutboxRelay:
         if type(intent) is not CapturedIntent:
             return intent
         value = intent.dumps()
-        partitions = self._partitions.get(INTENTS)
+        topic = intent.topic
+        partitions = self._partitions.get(topic)
         if len(value) > self.settings.max_record_bytes or partitions is None:
             return intent
         key = intent.partition_key
-        batch = self._batches.get((INTENTS, self._partitioner(key, partitions, partitions)))
+        batch = self._batches.get((topic, self._partitioner(key, partitions, partitions)))
         if batch is None or not batch.builder.append(
             timestamp=None, key=key, value=value, headers=self._headers(intent)
         ):
@@ -780,7 +782,12 @@ class OutboxRelay:
     @staticmethod
     def _route(record: Outgoing) -> tuple[str, bytes]:
         """Topic and key of a record: intents by conversation, rejections by job id."""
-        if isinstance(record, CapturedIntent | IntentCaptured | CommandRequested):
+        if isinstance(record, CapturedIntent):
+            return record.topic, record.partition_key
+        if isinstance(record, IntentCaptured):
+            # Operational and bulk intents travel apart (streams.contract.BULK_INTENTS).
+            return intents_topic(record.priority), record.partition_key
+        if isinstance(record, CommandRequested):
             return INTENTS, record.partition_key
         assert isinstance(record, IntentRejected)
         return INVALID, str(record.job_id).encode()

@@ -23,7 +23,15 @@ from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError
 
 from connectors.failures import Backoff, OutageLog
 from connectors.ops.config_errors import StartupRefused
-from streams.contract import DEAD, INTENTS, INVALID, STATE, TopicSpec, topic_specs
+from streams.contract import (
+    BULK_INTENTS,
+    DEAD,
+    INTENTS,
+    INVALID,
+    STATE,
+    TopicSpec,
+    topic_specs,
+)
 from streams.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -37,7 +45,7 @@ class TopicMismatch(StartupRefused):
 
 _NEEDS: dict[str, tuple[str, ...] | None] = {
     "worker": None,  # every topic: it reads intents, writes the rest, owns both changelogs
-    "relay": (INTENTS, INVALID),
+    "relay": (INTENTS, BULK_INTENTS, INVALID),
     "sink": (STATE, INVALID, DEAD),
     "webhook": (INTENTS, DEAD),
 }

@@ -188,8 +188,8 @@ async def test_nothing_is_retried_while_faust_recovers_tables() -> None:
     assert processor.sent == [0]
 
 
-def _gauge(name: str) -> float | None:
-    return REGISTRY.get_sample_value(name)
+def _gauge(name: str, **labels: str) -> float | None:
+    return REGISTRY.get_sample_value(name, labels)
 
 
 @pytest.mark.parametrize("failing", [False, True])
@@ -200,11 +200,11 @@ async def test_in_flight_gauge_counts_lane_work_and_reads_zero_when_idle(failing
     processor.gate = asyncio.Event()
     events = [Event(intent(n, f"c{n % 3}"), n) for n in range(7)]
     await d.consume(Stream(events))
-    assert _gauge("zapstream_dispatch_in_flight") == 7
+    assert _gauge("zapstream_dispatch_in_flight", priority="operational") == 7
     processor.gate.set()
     assert await d.lanes.join(5)
-    assert _gauge("zapstream_dispatch_in_flight") == 0
+    assert _gauge("zapstream_dispatch_in_flight", priority="operational") == 0
     assert _gauge("zapstream_parked_conversations") == (1 if failing else 0)
     await d.fire_due_retries()
     assert await d.lanes.join(5)
-    assert _gauge("zapstream_dispatch_in_flight") == 0
+    assert _gauge("zapstream_dispatch_in_flight", priority="operational") == 0

@@ -23,6 +23,7 @@ from connectors.cdc.lsn import Lsn
 from connectors.cdc.pgoutput import Column
 from connectors.cdc.relay import KeyHashPartitioner, RelayError
 from streams.contract import (
+    BULK_INTENTS,
     HEADER_JOB_ID,
     HEADER_LSN,
     HEADER_SCHEMA,
@@ -73,14 +74,14 @@ def conversations_on_distinct_partitions(count: int) -> list[int]:
     raise AssertionError("not enough partitions reachable")
 
 
-def row(job_id: int, conversation: int) -> list[str | None]:
+def row(job_id: int, conversation: int, priority: str = "operational") -> list[str | None]:
     payload = {"type": "text", "to": phone(conversation), "text": f"hi {job_id}"}
     return [
         str(job_id),
         "inst-1",
         f"key-{job_id}",
         orjson.dumps(payload).decode(),
-        "operational",
+        priority,
         "2026-11-29 16:01:59.5+00",
     ]
 
@@ -90,6 +91,8 @@ class Txn:
     number: int
     rows: list[tuple[int, int]]
     """(job id, conversation) per insert."""
+    bulk: frozenset[int] = frozenset()
+    """Job ids inserted with priority ``bulk``."""
 
     @property
     def commit_lsn(self) -> Lsn:
@@ -102,7 +105,12 @@ class Txn:
     def messages(self) -> list[Any]:
         out = [_xlog(encode_begin(self.commit_lsn, COMMIT_TS, 700 + self.number), self.commit_lsn)]
         out += [
-            _xlog(encode_insert(OUTBOX.oid, row(job, conv)), self.commit_lsn)
+            _xlog(
+                encode_insert(
+                    OUTBOX.oid, row(job, conv, "bulk" if job in self.bulk else "operational")
+                ),
+                self.commit_lsn,
+            )
             for job, conv in self.rows
         ]
         out.append(_xlog(encode_commit(self.commit_lsn, self.end_lsn, COMMIT_TS), self.end_lsn))
@@ -445,3 +453,24 @@ async def test_trickling_wal_does_not_hold_a_batch_back() -> None:
         h.relay.request_stop()
         await asyncio.wait_for(task, DEADLINE_S)
     assert trickled < 200
+
+
+async def test_bulk_intents_go_to_their_own_topic_on_the_same_partition() -> None:
+    h, producer = batch_harness()
+    bulk = frozenset(100 + i for i in range(12) if i % 2)
+    txn = Txn(1, [(100 + i, i % 6) for i in range(12)], bulk)
+    async with h.running() as task:
+        h.source.push(relation_message(), *txn.messages())
+        await until(lambda: len(producer.batched_job_ids) == 12, "every record batched")
+        for sent in producer.batches:
+            sent.future.set_result(None)
+        await until(lambda: txn.end_lsn in h.source.flushes, "confirmed")
+        h.relay.request_stop()
+        await asyncio.wait_for(task, DEADLINE_S)
+    for sent in producer.batches:
+        for key, value, _ in sent.batch.records:
+            intent = IntentCaptured.loads(value)
+            assert sent.topic == (BULK_INTENTS if intent.job_id in bulk else INTENTS)
+            assert intent.priority == ("bulk" if intent.job_id in bulk else "operational")
+            assert sent.partition == partition_of(key)  # co-partitioned with INTENTS
+    assert {s.topic for s in producer.batches} == {INTENTS, BULK_INTENTS}
