@@ -45,9 +45,10 @@ maintenance mode)             "instance"``), 60 s: every message of the number f
                               same way until Meta finishes; the worker pauses the number
                               and probes it instead of spending the messages' attempts
 190, 0 (token), 10, 200-299   :class:`InstanceUnavailableError`: the access token or its
-(permissions), 131031         permissions, or the business account locked; also any 401/403
-(account locked), 133010
-(number not registered)
+(permissions), 131031         permissions, the business account locked, the number not
+(account locked), 133010      registered, or the phone number id unknown; also any 401/403
+(number not registered),
+100 with subcode 33
 131000, 1, 2, others on 5xx   the shared HTTP classification (500/503 transient; 502/504
                               and other 5xx uncertain on a send)
 ============================  ==========================================================
@@ -110,6 +111,9 @@ MAINTENANCE_CODE = 131057
 CREDENTIAL_CODES = frozenset({0, 10, 190, 131031, 133010})
 """Token expired/invalid (0, 190), permission missing (10), account locked (131031),
 number not registered (133010); 200-299 (permissions) too."""
+UNKNOWN_OBJECT_SUBCODE = 33
+"""Code 100 with subcode 33: the phone number id in the URL does not exist (or the token
+cannot see it); every message of that instance fails the same way."""
 PERMANENT_CODES = frozenset({100, 131026, 131047, 131051, 131052, 131053, MARKETING_LIMIT_CODE})
 
 
@@ -200,6 +204,8 @@ def meta_error(
             status_code=status,
             retry_after_s=max(MAINTENANCE_WAIT_S, retry_after_s or 0.0),
         )
+    if code == 100 and error.subcode == UNKNOWN_OBJECT_SUBCODE:
+        return InstanceUnavailableError(f"{message} (unknown phone number id)", status_code=status)
     if code in CREDENTIAL_CODES or 200 <= code <= 299 or status in (401, 403):
         return InstanceUnavailableError(
             f"{message} (gateway refused credentials)", status_code=status

@@ -294,6 +294,13 @@ def test_credentials_and_account_codes_pause_the_number(status: int, code: int) 
     assert TOKEN not in str(error)
 
 
+def test_unknown_phone_number_id_pauses_the_number() -> None:
+    body = graph_error(100, "Unsupported post request. Object with ID '1' does not exist", 33)
+    error = meta_error(response(400, body))
+    assert isinstance(error, InstanceUnavailableError)
+    assert "unknown phone number id" in str(error)
+
+
 @pytest.mark.parametrize("status", [401, 403])
 def test_401_403_without_a_graph_body_pause_the_number(status: int) -> None:
     assert isinstance(meta_error(response(status, b"nope")), InstanceUnavailableError)
