@@ -49,6 +49,7 @@ maintenance mode)             "instance"``), 60 s: every message of the number f
 (account locked), 133010      registered, or the phone number id unknown; also any 401/403
 (number not registered),
 100 with subcode 33
+any other code on HTTP 429    :class:`RateLimitedError` ``limit="instance"``
 131000, 1, 2, others on 5xx   the shared HTTP classification (500/503 transient; 502/504
                               and other 5xx uncertain on a send)
 ============================  ==========================================================
@@ -169,28 +170,27 @@ def meta_error(
 ) -> GatewayError | None:
     """``None`` for a 2xx, else the error-tree class of a Cloud API answer (table above).
 
-    A Graph error code we know decides; otherwise the shared HTTP classification does.
+    A Graph error code we know decides; otherwise the shared HTTP classification does,
+    except that any 429 is the number's rate.
     """
     status = response.status_code
     if 200 <= status < 300:
         return None
     sensitive = tuple(sensitive)
+    retry_after_s = parse_retry_after(response.headers.get("Retry-After"), now=now)
     error = graph_error(response, sensitive)
     if error is None or error.code is None:
-        return error_for_response(response, gateway=NAME, sensitive=sensitive, now=now)
+        shared = error_for_response(response, gateway=NAME, sensitive=sensitive, now=now)
+        if status == 429 and shared is not None:
+            return _throughput(str(shared), status, retry_after_s)
+        return shared
     code = error.code
     where = f"code {code}" + (f"/{error.subcode}" if error.subcode is not None else "")
     message = f"{NAME}: HTTP {status}: {where}: {error.message}"
     if error.fbtrace_id:
         message += f" (fbtrace_id {error.fbtrace_id})"
-    retry_after_s = parse_retry_after(response.headers.get("Retry-After"), now=now)
     if code in THROUGHPUT_CODES:
-        return RateLimitedError(
-            message,
-            limit="instance",
-            status_code=status,
-            retry_after_s=THROUGHPUT_WAIT_S if retry_after_s is None else retry_after_s,
-        )
+        return _throughput(message, status, retry_after_s)
     if code == PAIR_RATE_CODE:
         return RateLimitedError(
             message,
@@ -212,9 +212,22 @@ def meta_error(
         )
     if code in PERMANENT_CODES and status < 500:
         return PermanentGatewayError(message, status_code=status)
+    if status == 429:
+        # A throttling edge in front of the Graph API, whatever the code says.
+        return _throughput(message, status, retry_after_s)
     # 131000 "something went wrong", 1/2 (unknown, service down), and codes we do not
     # know: how far the request got is the HTTP status's to say, in the one shared place.
     return error_for_response(response, gateway=NAME, sensitive=sensitive, now=now)
+
+
+def _throughput(message: str, status: int, retry_after_s: float | None) -> RateLimitedError:
+    """The number's messages-per-second cap: nothing sent, wait ``Retry-After`` or 1 s."""
+    return RateLimitedError(
+        message,
+        limit="instance",
+        status_code=status,
+        retry_after_s=THROUGHPUT_WAIT_S if retry_after_s is None else retry_after_s,
+    )
 
 
 def recipient_digits(to: str) -> str:

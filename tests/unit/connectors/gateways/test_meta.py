@@ -320,7 +320,6 @@ def test_unknown_code_on_401_is_about_credentials() -> None:
         (500, b"", TransientGatewayError),
         (400, graph_error(1, "Invalid request or possible server error"), PermanentGatewayError),
         (400, {"unexpected": True}, PermanentGatewayError),
-        (429, {"error": {"message": "no code"}}, TransientGatewayError),
     ],
 )
 def test_everything_else_goes_through_the_shared_classification(
@@ -329,6 +328,22 @@ def test_everything_else_goes_through_the_shared_classification(
     error = meta_error(response(status, body))
     assert type(error) is expected
     assert error is not None and error.status_code == status
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "retry_after_s"),
+    [
+        ({"error": {"message": "no code"}}, None, 1.0),
+        (b"Too Many Requests", {"Retry-After": "2"}, 2.0),
+        (graph_error(613, "Calls to this api have exceeded the rate limit"), None, 1.0),
+    ],
+)
+def test_any_429_is_the_numbers_rate(
+    body: Any, headers: dict[str, str] | None, retry_after_s: float
+) -> None:
+    error = meta_error(response(429, body, headers))
+    assert isinstance(error, RateLimitedError)
+    assert (error.limit, error.retry_after_s, error.status_code) == ("instance", retry_after_s, 429)
 
 
 def test_2xx_is_not_an_error() -> None:
