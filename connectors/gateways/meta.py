@@ -36,10 +36,9 @@ limit / ecosystem health)     to this user now and asks not to resend right away
                               schedule (seconds to minutes) would meet the same refusal,
                               so the message is FAILED with the reason and an operator
                               decides whether to send it again later
-131026 (undeliverable), 100   :class:`PermanentGatewayError`
+131026 (undeliverable), 100   :class:`PermanentGatewayError` (on a 4xx)
 (invalid parameter), 131047,
-131051, 131052, 131053,
-other 4xx codes
+131051, 131052, 131053
 131057 (account in            :class:`InstanceUnavailableError` (transient, ``scope=
 maintenance mode)             "instance"``), 60 s: every message of the number fails the
                               same way until Meta finishes; the worker pauses the number
@@ -50,8 +49,8 @@ maintenance mode)             "instance"``), 60 s: every message of the number f
 (number not registered),
 100 with subcode 33
 any other code on HTTP 429    :class:`RateLimitedError` ``limit="instance"``
-131000, 1, 2, others on 5xx   the shared HTTP classification (500/503 transient; 502/504
-                              and other 5xx uncertain on a send)
+131000, 1, 2, any other code  the shared HTTP classification (400 permanent; 500/503
+                              transient; 502/504 and other 5xx uncertain on a send)
 ============================  ==========================================================
 
 There is no listing: :meth:`MetaCloudClient.list_for_reconciliation` returns None, so

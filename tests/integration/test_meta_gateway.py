@@ -26,7 +26,7 @@ import pytest
 from connectors.outbox.enqueue import enqueue
 from connectors.webhook.signature import sign_hub
 from devtools.local_pipeline import META_APP_SECRET, META_VERIFY_TOKEN, SIM_TOKEN, LocalPipeline
-from streams.contract import INTENTS
+from streams.contract import DEAD, INTENTS
 from tests.integration.support import Arrivals, count_rows, wait_for_status, wait_until
 from tests.integration.topic_reader import read_topic
 
@@ -229,33 +229,7 @@ def test_signed_receipts_apply_and_bad_signatures_get_401(pipeline: LocalPipelin
 
     assert _emit(pipeline, wamid, "read", signed=False) == "401"
     webhook = f"{pipeline.webhook_url}/v1/webhooks/meta"  # type: ignore[attr-defined]
-    body = orjson.dumps(
-        {
-            "object": "whatsapp_business_account",
-            "entry": [
-                {
-                    "id": "waba",
-                    "changes": [
-                        {
-                            "field": "messages",
-                            "value": {
-                                "messaging_product": "whatsapp",
-                                "metadata": {"phone_number_id": PHONE_NUMBER_ID},
-                                "statuses": [
-                                    {
-                                        "id": wamid,
-                                        "status": "read",
-                                        "timestamp": "1750263773",
-                                        "biz_opaque_callback_data": f"{job_id}-1",
-                                    }
-                                ],
-                            },
-                        }
-                    ],
-                }
-            ],
-        }
-    )
+    body = _notification(wamid, "read", biz_opaque_callback_data=f"{job_id}-1")
     forged = httpx.post(
         webhook,
         content=body,
@@ -293,6 +267,52 @@ def test_failed_status_fails_the_job_with_metas_reason(pipeline: LocalPipeline) 
     mine = [r for r in receipts if r["job_id"] == job_id]
     assert [(r["gateway"], r["label"], r["status"]) for r in mine] == [("meta", "failed", "FAILED")]
     assert str(mine[0]["reason"]).startswith("131026 Message undeliverable")
+
+
+def _notification(wamid: str, status: str, **extra: object) -> bytes:
+    item = {"id": wamid, "status": status, "timestamp": "1750263773", **extra}
+    change = {
+        "field": "messages",
+        "value": {
+            "messaging_product": "whatsapp",
+            "metadata": {"phone_number_id": PHONE_NUMBER_ID},
+            "statuses": [item],
+        },
+    }
+    return orjson.dumps(
+        {"object": "whatsapp_business_account", "entry": [{"id": "waba", "changes": [change]}]}
+    )
+
+
+def test_unknown_status_goes_to_review_never_dropped(pipeline: LocalPipeline) -> None:
+    pipeline.sim_config(callback_statuses=[])
+    key = f"{_run()}-unknown-label"
+    job_id = _enqueue(pipeline, key, "5511900000709")
+    msg = _settled_once(pipeline, key, job_id)
+    assert _emit(pipeline, str(msg["id"]), "something_new") == "200"
+    wait_for_status(pipeline.dsn, [key], "REVIEW", 30)
+
+
+def test_status_for_an_unknown_message_goes_to_the_dead_letters(pipeline: LocalPipeline) -> None:
+    recipient = "5511900000710"
+    wamid = f"wamid.{_run()}-unknown"
+    body = _notification(wamid, "delivered", recipient_id=recipient)
+    answer = httpx.post(
+        f"{pipeline.webhook_url}/v1/webhooks/meta",  # type: ignore[attr-defined]
+        content=body,
+        headers={"X-Hub-Signature-256": sign_hub(META_APP_SECRET, body)},
+        timeout=10,
+    )
+    assert answer.status_code == 200
+    dead = [
+        orjson.loads(r.value)
+        for r in read_topic(pipeline.kafka.bootstrap, DEAD)
+        if wamid.encode() in r.value
+    ]
+    assert len(dead) == 1
+    assert "receipt for unknown job: meta job" in dead[0]["reason"]
+    assert dead[0]["record"]["id"] == wamid
+    assert recipient not in orjson.dumps(dead[0]).decode(), "the recipient must be masked"
 
 
 def test_subscription_handshake(pipeline: LocalPipeline) -> None:
