@@ -1205,12 +1205,14 @@ async def _serve(args: argparse.Namespace) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m devtools.gateway_sim",
-        description="WhatsApp gateway simulator (StackZap and ZAP API) with fault injection.",
+        description="WhatsApp gateway simulator (StackZap, ZAP API, Meta Cloud API) with faults.",
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8088, help="0 picks a free port (logged)")
     parser.add_argument("--api-key", default=None, help="required X-API-Key (StackZap)")
-    parser.add_argument("--token", default=None, help="required Bearer token (ZAP API)")
+    parser.add_argument(
+        "--token", default=None, help="required Bearer token (ZAP API and Meta Cloud API)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the fault generator")
     parser.add_argument("--callback-url", default=None, help="where status callbacks go")
     parser.add_argument("--callback-secret", default="", help="HMAC secret of the callbacks")
