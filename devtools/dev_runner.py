@@ -127,18 +127,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for delivery")
     parser.add_argument("--exit", action="store_true", help="exit after the summary")
     parser.add_argument("--dir", type=Path, default=None, help="keep logs and data here")
+    parser.add_argument(
+        "--gateway",
+        choices=["stackzap", "zapapi", "meta"],
+        default="stackzap",
+        help="the API the worker speaks to the simulator (ZAPSTREAM_GATEWAY)",
+    )
     args = parser.parse_args(argv)
 
     print(
         "make dev: starting PostgreSQL, Tansu, the gateway simulator and the state sink ...",
         flush=True,
     )
-    pipeline = LocalPipeline(args.dir, partitions=args.partitions, keep=args.dir is not None)
+    pipeline = LocalPipeline(
+        args.dir,
+        partitions=args.partitions,
+        keep=args.dir is not None,
+        worker_env={"ZAPSTREAM_GATEWAY": args.gateway},
+    )
     try:
         pipeline.start()
         print(f"  PostgreSQL  {pipeline.dsn}")
         print(f"  Kafka       {pipeline.kafka.bootstrap} (Tansu)")
-        print(f"  gateway     {pipeline.sim_url} (simulator)")
+        print(f"  gateway     {pipeline.sim_url} (simulator, {args.gateway} API)")
         print(f"  logs        {pipeline.dir}")
         if pipeline.sink is not None:
             print(f"  state sink  pid {pipeline.sink.pid} (zapstream sink)")
@@ -171,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("result: OK" if ok else "result: PROBLEMS (see above)", flush=True)
         if not args.exit:
             print("\nthe pipeline keeps running; environment to talk to it:")
-            for name, value in pipeline.env().items():
+            for name, value in {**pipeline.env(), **pipeline.worker_env}.items():
                 if "KEY" not in name and "TOKEN" not in name:
                     print(f"  export {name}={value}")
             print("Ctrl-C stops everything.", flush=True)

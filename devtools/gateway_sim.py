@@ -1,4 +1,4 @@
-"""A WhatsApp gateway simulator speaking both the StackZap and the ZAP API, with fault injection.
+"""A WhatsApp gateway simulator speaking StackZap, the ZAP API and Meta's Cloud API, with faults.
 
 Run it as ``python -m devtools.gateway_sim --port P [--api-key K] [--token T]``
 or in-process as :class:`GatewaySimulator`. It records every message it accepts
@@ -19,6 +19,15 @@ Gateway endpoints (``X-API-Key`` / ``Authorization: Bearer`` checked when config
 - ``POST /v1/instances/{i}/send-queue/{id}/cancel`` -> ``{"id", "status": "cancelled"}``
   while the job is not yet sent (again on an already-cancelled job), 409 once sent
 - ``POST /v1/instances/{i}/messages`` (ZAP API send) -> 200 ``{"id", "status"}``
+- ``POST /{version}/{phone_number_id}/messages`` (Meta Cloud API send, ``version`` like
+  ``v21.0``; the ZAP API's Bearer token is checked) -> 200 ``{"messaging_product",
+  "contacts": [{"input", "wa_id"}], "messages": [{"id": "wamid..."}]}``; the body's
+  ``biz_opaque_callback_data`` is recorded as the message's ``reference``. Its faults
+  answer Graph errors ``{"error": {"message", "type", "code", "error_subcode"?,
+  "fbtrace_id"}}``: rate limit 130429 (HTTP ``meta_rate_limit_http_status``, 400 by
+  default), error 131000 (500), outage 2 (503 with ``Retry-After``), refused key 190
+  (401), unknown instance 100/33 (400), invalid recipient 131026 (400),
+  ``fail_recipients`` 2 (503), ``pair_limited_recipients`` 131056 (400)
 
 Control endpoints (no auth):
 
@@ -48,6 +57,17 @@ real gateway's state moves first. The body is ``{"event_id", "id", "status",
 retried; a failure (no connection, non-2xx) is logged and counted in
 ``callbacks_failed``, a 2xx in ``callbacks_sent``. ``/_sim/callbacks/emit`` relabels
 nothing, so it can replay old labels out of order or twice.
+
+Meta messages' callbacks are Cloud API notifications (``{"object":
+"whatsapp_business_account", "entry": [{"changes": [{"field": "messages", "value":
+{"metadata": {"phone_number_id"}, "statuses": [{"id", "status", "timestamp",
+"recipient_id", "biz_opaque_callback_data", "errors"?}]}}]}]}``, ``errors`` with
+131026 on ``failed``), POSTed to ``meta_callback_url`` (else ``callback_url``) with
+``X-Hub-Signature-256: sha256=<hex HMAC-SHA256(meta_app_secret, body)>``.
+
+``pair_limited_recipients`` (``{"<to>": N}``) refuses the first N sends to that
+recipient for the pair's rate (Meta 131056; the other APIs 429 ``Retry-After: 0``),
+counting down like ``fail_recipients``.
 
 ``fail_recipients`` (``{"<to as received>": N}``) answers the first N sends to that
 recipient 503 with ``Retry-After: 0``, after auth and the other faults, counting
@@ -93,12 +113,13 @@ import orjson
 from aiohttp import web
 
 from connectors.gateways.classify import mask_secret
-from connectors.webhook.signature import sign
+from connectors.webhook.signature import sign, sign_hub
 
 log = logging.getLogger(__name__)
 
 STACKZAP = "stackzap"
 ZAPAPI = "zapapi"
+META = "meta"
 
 _SENT_LABELS = frozenset({"sent", "delivered", "read", "played", "failed", "error"})
 _CANCELLED = "cancelled"
@@ -106,6 +127,16 @@ _ID_FIELDS = frozenset({"id", "jobId", "job_id", "messageId"})
 _MAX_PAGE_SIZE = 1000
 _CALLBACK_TIMEOUT_S = 5.0
 SIGNATURE_HEADER = "X-Zap-Signature"
+HUB_SIGNATURE_HEADER = "X-Hub-Signature-256"
+# Graph API error codes the simulator answers on the Meta route.
+META_RATE_LIMIT = 130429
+META_PAIR_RATE_LIMIT = 131056
+META_UNDELIVERABLE = 131026
+META_UNKNOWN_ERROR = 131000
+META_SERVICE_UNAVAILABLE = 2
+META_INVALID_TOKEN = 190
+META_INVALID_PARAMETER = 100
+META_UNKNOWN_OBJECT_SUBCODE = 33
 CALLBACK_STATUS_HEADER = "X-Sim-Callback-Status"
 
 
@@ -180,6 +211,16 @@ class SimConfig:
     """StackZap listing key -> the name the answer uses instead (``items``, ``id``,
     ``reference``, ``to``, ``text``, ``status``, ``created_at``, ``page``,
     ``page_size``, ``total``, ``counts``, ``next_page``); empty: today's names."""
+    pair_limited_recipients: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Recipient (``to`` as received) -> sends still to be refused for the sender/recipient
+    pair's rate (Meta: error 131056, HTTP 400; the other APIs: 429 ``Retry-After: 0``)."""
+    meta_rate_limit_http_status: int = 400
+    """HTTP status of Meta's throughput error 130429 (Meta documents 400; some edges 429)."""
+    meta_callback_url: str | None = None
+    """Where Meta-shaped status notifications go (e.g. ``http://h:p/v1/webhooks/meta``);
+    None: ``callback_url``."""
+    meta_app_secret: str = ""
+    """The app secret of ``X-Hub-Signature-256`` on Meta notifications; shown masked."""
 
 
 _LISTING_KEYS = frozenset(
@@ -232,6 +273,7 @@ def _updated_config(current: SimConfig, changes: Mapping[str, Any]) -> SimConfig
         listing_fields=dict(current.listing_fields),
         rate_limited_instances=dict(current.rate_limited_instances),
         disconnected_instances=dict(current.disconnected_instances),
+        pair_limited_recipients=dict(current.pair_limited_recipients),
     )
     for key, value in changes.items():
         if key in ("error_rate", "rate_limit_rate", "drop_response_rate", "accept_then_502_rate"):
@@ -282,29 +324,33 @@ def _updated_config(current: SimConfig, changes: Mapping[str, Any]) -> SimConfig
             if value not in ("send", "all"):
                 raise SimConfigError("fault_scope must be 'send' or 'all'")
             cfg.fault_scope = value
-        elif key == "callback_url":
+        elif key == "meta_rate_limit_http_status":
+            if value not in (400, 429):
+                raise SimConfigError("meta_rate_limit_http_status must be 400 or 429")
+            cfg.meta_rate_limit_http_status = value
+        elif key in ("callback_url", "meta_callback_url"):
             if value is not None and (
                 not isinstance(value, str) or not value.startswith(("http://", "https://"))
             ):
-                raise SimConfigError("callback_url must be an http(s) URL or null")
-            cfg.callback_url = value
-        elif key == "callback_secret":
+                raise SimConfigError(f"{key} must be an http(s) URL or null")
+            setattr(cfg, key, value)
+        elif key in ("callback_secret", "meta_app_secret"):
             if not isinstance(value, str):
-                raise SimConfigError("callback_secret must be a string")
-            cfg.callback_secret = value
+                raise SimConfigError(f"{key} must be a string")
+            setattr(cfg, key, value)
         elif key == "callback_statuses":
             if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
                 raise SimConfigError("callback_statuses must be a list of non-empty strings")
             cfg.callback_statuses = list(value)
         elif key == "callback_delay_ms":
             cfg.callback_delay_ms = _non_negative(key, value)
-        elif key == "fail_recipients":
+        elif key in ("fail_recipients", "pair_limited_recipients"):
             if not isinstance(value, dict) or not all(
                 isinstance(k, str) and isinstance(n, int) and not isinstance(n, bool) and n >= 0
                 for k, n in value.items()
             ):
-                raise SimConfigError("fail_recipients must map recipients to integers >= 0")
-            cfg.fail_recipients = dict(value)
+                raise SimConfigError(f"{key} must map recipients to integers >= 0")
+            setattr(cfg, key, dict(value))
         elif key == "listing_fields":
             if not isinstance(value, dict) or not all(
                 k in _LISTING_KEYS and isinstance(v, str) and v for k, v in value.items()
@@ -322,6 +368,7 @@ def _shown_config(cfg: SimConfig) -> dict[str, Any]:
     """The config as ``/_sim/config`` answers it: the callback secret masked."""
     shown = dataclasses.asdict(cfg)
     shown["callback_secret"] = mask_secret(cfg.callback_secret)
+    shown["meta_app_secret"] = mask_secret(cfg.meta_app_secret)
     return shown
 
 
@@ -426,6 +473,7 @@ class GatewaySimulator:
             "/v1/instances/{instance}/send-queue/{job_id}/cancel", self._stackzap_cancel
         )
         app.router.add_post("/v1/instances/{instance}/messages", self._zapapi_send)
+        app.router.add_post(r"/{version:v\d+\.\d+}/{instance}/messages", self._meta_send)
         app.router.add_get("/_sim/health", self._health)
         app.router.add_get("/_sim/messages", self._messages_endpoint)
         app.router.add_get("/_sim/stats", self._stats_endpoint)
@@ -592,11 +640,23 @@ class GatewaySimulator:
             remaining = cfg.outage_until - time.time()
             if remaining > 0:
                 self._outcomes["outage"] += 1
+                retry_after = {"Retry-After": str(max(1, math.ceil(remaining)))}
+                if api == META:
+                    return (
+                        self._error(
+                            META,
+                            503,
+                            "Service temporarily unavailable",
+                            retry_after,
+                            code=META_SERVICE_UNAVAILABLE,
+                        ),
+                        _NO_FAULT,
+                    )
                 return (
                     _json(
                         {"error": "service unavailable", "message": "service unavailable"},
                         503,
-                        {"Retry-After": str(max(1, math.ceil(remaining)))},
+                        retry_after,
                     ),
                     _NO_FAULT,
                 )
@@ -618,7 +678,11 @@ class GatewaySimulator:
             )
         if not authorized or request.match_info["instance"] in cfg.reject_keys_for_instances:
             self._outcomes["unauthorized"] += 1
-            return self._error(api, 401, "unauthorized"), decision
+            return (
+                self._error(api, 401, "Invalid OAuth access token", code=META_INVALID_TOKEN)
+                if api == META
+                else self._error(api, 401, "unauthorized")
+            ), decision
         instance = request.match_info["instance"]
         now = time.time()
         if cfg.disconnected_instances.get(instance, 0.0) > now:
@@ -626,6 +690,9 @@ class GatewaySimulator:
             return self._error(api, 503, "instance disconnected"), decision
         if cfg.rate_limited_instances.get(instance, 0.0) > now:
             self._outcomes["rate_limited"] += 1
+            if api == META:
+                status = cfg.meta_rate_limit_http_status
+                return self._error(META, status, "Rate limit hit", code=META_RATE_LIMIT), decision
             return (
                 self._error(
                     api, 429, "rate limited", {"Retry-After": _seconds_header(cfg.retry_after_s)}
@@ -634,6 +701,10 @@ class GatewaySimulator:
             )
         if decision.rate_limited:
             self._outcomes["rate_limited"] += 1
+            if api == META:
+                status = cfg.meta_rate_limit_http_status
+                limited = self._error(META, status, "Rate limit hit", code=META_RATE_LIMIT)
+                return limited, decision
             return (
                 self._error(
                     api, 429, "rate limited", {"Retry-After": _seconds_header(cfg.retry_after_s)}
@@ -642,29 +713,71 @@ class GatewaySimulator:
             )
         if decision.error:
             self._outcomes["error"] += 1
-            return self._error(api, 500, "simulated internal error"), decision
+            return self._error(
+                api, 500, "simulated internal error", code=META_UNKNOWN_ERROR
+            ), decision
         if request.match_info["instance"] in cfg.reject_instances:
             self._outcomes["unknown_instance"] += 1
+            if api == META:
+                instance = request.match_info["instance"]
+                unknown = self._error(
+                    META,
+                    400,
+                    f"Unsupported post request. Object with ID '{instance}' does not exist",
+                    code=META_INVALID_PARAMETER,
+                    subcode=META_UNKNOWN_OBJECT_SUBCODE,
+                )
+                return unknown, decision
             return self._error(api, 404, "unknown instance"), decision
         return None, decision
 
     @staticmethod
     def _error(
-        api: str, status: int, message: str, headers: Mapping[str, str] | None = None
+        api: str,
+        status: int,
+        message: str,
+        headers: Mapping[str, str] | None = None,
+        *,
+        code: int | None = None,
+        subcode: int | None = None,
     ) -> web.Response:
-        # The two APIs word errors differently; the clients read both shapes.
-        body = {"error": message} if api == STACKZAP else {"message": message, "code": status}
+        """An error answer in the API's own shape; ``code``/``subcode``: Meta's Graph codes."""
+        body: dict[str, Any]
+        if api == META:
+            error: dict[str, Any] = {
+                "message": f"(#{code}) {message}",
+                "type": "OAuthException",
+                "code": META_UNKNOWN_ERROR if code is None else code,
+                "fbtrace_id": uuid.uuid4().hex[:22],
+            }
+            if subcode is not None:
+                error["error_subcode"] = subcode
+            body = {"error": error}
+        elif api == STACKZAP:
+            body = {"error": message}
+        else:
+            body = {"message": message, "code": status}
         return _json(body, status, headers)
 
-    async def _read_send(self, request: web.Request, api: str) -> tuple[str, str] | web.Response:
+    async def _read_send(
+        self, request: web.Request, api: str
+    ) -> tuple[str, str, str | None] | web.Response:
+        """``(to, text, reference)`` of a send, or the 4xx answer to a bad one.
+
+        The reference is the ``Idempotency-Key`` header, or for Meta the body's
+        ``biz_opaque_callback_data`` (the Cloud API has no idempotency key).
+        """
+        invalid = META_INVALID_PARAMETER
         try:
             body = orjson.loads(await request.read())
         except orjson.JSONDecodeError:
             self._outcomes["bad_request"] += 1
-            return self._error(api, 400, "body is not JSON")
+            return self._error(api, 400, "body is not JSON", code=invalid)
         if not isinstance(body, dict):
             self._outcomes["bad_request"] += 1
-            return self._error(api, 400, "body is not a JSON object")
+            return self._error(api, 400, "body is not a JSON object", code=invalid)
+        if api == META:
+            return self._read_meta_send(body)
         if api == ZAPAPI and body.get("type") != "text":
             self._outcomes["bad_request"] += 1
             return self._error(api, 422, "type must be 'text'")
@@ -672,9 +785,35 @@ class GatewaySimulator:
         if not isinstance(to, str) or not to or not isinstance(text, str) or not text:
             self._outcomes["bad_request"] += 1
             return self._error(api, 400, "'to' and 'text' must be non-empty strings")
-        return to, text
+        return to, text, request.headers.get("Idempotency-Key")
 
-    def _record(self, request: web.Request, api: str, to: str, text: str) -> SimMessage:
+    def _read_meta_send(
+        self, body: Mapping[str, Any]
+    ) -> tuple[str, str, str | None] | web.Response:
+        problem: str | None = None
+        text_object = body.get("text")
+        to = body.get("to")
+        text = text_object.get("body") if isinstance(text_object, dict) else None
+        reference = body.get("biz_opaque_callback_data")
+        if body.get("messaging_product") != "whatsapp":
+            problem = "messaging_product must be 'whatsapp'"
+        elif body.get("type", "text") != "text":
+            problem = "type must be 'text'"
+        elif not isinstance(to, str) or not to.isdigit():
+            problem = "'to' must be the recipient's digits"
+        elif not isinstance(text, str) or not text:
+            problem = "'text.body' must be a non-empty string"
+        elif reference is not None and not isinstance(reference, str):
+            problem = "'biz_opaque_callback_data' must be a string"
+        if problem is not None:
+            self._outcomes["bad_request"] += 1
+            return self._error(META, 400, f"Invalid parameter: {problem}", code=100)
+        assert isinstance(to, str) and isinstance(text, str)
+        return to, text, reference if isinstance(reference, str) else None
+
+    def _record(
+        self, request: web.Request, api: str, to: str, text: str, reference: str | None
+    ) -> SimMessage:
         instance = request.match_info["instance"]
         msg = SimMessage(
             seq=len(self._messages) + 1,
@@ -682,8 +821,8 @@ class GatewaySimulator:
             instance=instance,
             to=to,
             text=text,
-            reference=request.headers.get("Idempotency-Key"),
-            id=uuid.uuid4().hex,
+            reference=reference,
+            id=("wamid." + uuid.uuid4().hex) if api == META else uuid.uuid4().hex,
             status=self._config.initial_status,
             arrived_at=time.time(),
         )
@@ -714,16 +853,36 @@ class GatewaySimulator:
         parsed = await self._read_send(request, api)
         if isinstance(parsed, web.Response):
             return parsed
-        to, text = parsed
+        to, text, reference = parsed
         if to in self._config.invalid_recipients:
             self._outcomes["invalid_recipient"] += 1
+            if api == META:
+                return self._error(META, 400, "Message undeliverable", code=META_UNDELIVERABLE)
             return self._error(api, 400, "invalid recipient")
         remaining = self._config.fail_recipients.get(to, 0)
         if remaining > 0:
             self._config.fail_recipients[to] = remaining - 1
             self._outcomes["recipient_failed"] += 1
-            return self._error(api, 503, "recipient temporarily unavailable", {"Retry-After": "0"})
-        msg = self._record(request, api, to, text)
+            return self._error(
+                api,
+                503,
+                "recipient temporarily unavailable",
+                {"Retry-After": "0"},
+                code=META_SERVICE_UNAVAILABLE,
+            )
+        remaining = self._config.pair_limited_recipients.get(to, 0)
+        if remaining > 0:
+            self._config.pair_limited_recipients[to] = remaining - 1
+            self._outcomes["pair_rate_limited"] += 1
+            if api == META:
+                return self._error(
+                    META,
+                    400,
+                    "Pair rate limit hit: too many messages sent to this recipient",
+                    code=META_PAIR_RATE_LIMIT,
+                )
+            return self._error(api, 429, "recipient rate limited", {"Retry-After": "0"})
+        msg = self._record(request, api, to, text, reference)
         msg.dropped = decision.drop
         self._schedule_callbacks(msg)
         rate = self._config.accept_then_502_rate
@@ -735,7 +894,15 @@ class GatewaySimulator:
                 status=502,
                 content_type="text/html",
             )
-        body = {self._config.id_field: msg.id, "status": msg.status}
+        body: dict[str, Any]
+        if api == META:
+            body = {
+                "messaging_product": "whatsapp",
+                "contacts": [{"input": to, "wa_id": to}],
+                "messages": [{"id": msg.id}],
+            }
+        else:
+            body = {self._config.id_field: msg.id, "status": msg.status}
         return self._answer(request, decision, "accepted", _json(body, ok_status))
 
     async def _stackzap_send(self, request: web.Request) -> web.Response:
@@ -743,6 +910,9 @@ class GatewaySimulator:
 
     async def _zapapi_send(self, request: web.Request) -> web.Response:
         return await self._send(request, ZAPAPI, 200)
+
+    async def _meta_send(self, request: web.Request) -> web.Response:
+        return await self._send(request, META, 200)
 
     async def _stackzap_list(self, request: web.Request) -> web.Response:
         early, decision = await self._prelude(request, api=STACKZAP, send=False)
@@ -819,15 +989,23 @@ class GatewaySimulator:
 
     # --- status callbacks -------------------------------------------------------------------
 
+    def _callback_target(self, msg: SimMessage) -> tuple[str | None, str]:
+        """Where ``msg``'s callbacks go and the secret they are signed with."""
+        cfg = self._config
+        if msg.api == META:
+            return cfg.meta_callback_url or cfg.callback_url, cfg.meta_app_secret
+        return cfg.callback_url, cfg.callback_secret
+
     def _schedule_callbacks(self, msg: SimMessage) -> None:
         cfg = self._config
-        if cfg.callback_url is None or not cfg.callback_statuses or self._session is None:
+        url, secret = self._callback_target(msg)
+        if url is None or not cfg.callback_statuses or self._session is None:
             return
         task = asyncio.create_task(
             self._run_callbacks(
                 msg,
-                url=cfg.callback_url,
-                secret=cfg.callback_secret,
+                url=url,
+                secret=secret,
                 statuses=list(cfg.callback_statuses),
                 delay_s=cfg.callback_delay_ms / 1000,
             ),
@@ -850,12 +1028,56 @@ class GatewaySimulator:
     def callback_body(
         self, msg: SimMessage, status: str, *, event_id: str | None = None
     ) -> dict[str, Any]:
+        if msg.api == META:
+            return self.meta_notification(msg, status)
         return {
             "event_id": event_id or uuid.uuid4().hex,
             "id": msg.id,
             "status": status,
             "reference": msg.reference,
             "timestamp": round(time.time(), 3),
+        }
+
+    @staticmethod
+    def meta_notification(msg: SimMessage, status: str) -> dict[str, Any]:
+        """A Cloud API status notification for ``msg`` (``errors`` on ``failed``)."""
+        item: dict[str, Any] = {
+            "id": msg.id,
+            "status": status,
+            "timestamp": str(int(time.time())),
+            "recipient_id": msg.to,
+        }
+        if msg.reference is not None:
+            item["biz_opaque_callback_data"] = msg.reference
+        if status == "failed":
+            item["errors"] = [
+                {
+                    "code": META_UNDELIVERABLE,
+                    "title": "Message undeliverable",
+                    "message": "Message undeliverable",
+                    "error_data": {"details": "Message Undeliverable."},
+                }
+            ]
+        return {
+            "object": "whatsapp_business_account",
+            "entry": [
+                {
+                    "id": "sim-waba",
+                    "changes": [
+                        {
+                            "field": "messages",
+                            "value": {
+                                "messaging_product": "whatsapp",
+                                "metadata": {
+                                    "display_phone_number": msg.instance,
+                                    "phone_number_id": msg.instance,
+                                },
+                                "statuses": [item],
+                            },
+                        }
+                    ],
+                }
+            ],
         }
 
     async def emit_callback(
@@ -876,7 +1098,9 @@ class GatewaySimulator:
         body = self.callback_body(msg, status, event_id=event_id)
         raw = orjson.dumps(body)
         headers = {"Content-Type": "application/json"}
-        if signed:
+        if signed and msg.api == META:
+            headers[HUB_SIGNATURE_HEADER] = sign_hub(secret, raw)
+        elif signed:
             headers[SIGNATURE_HEADER] = sign(secret, raw, timestamp=signed_at)
         session = self._session
         if session is None:
@@ -977,17 +1201,17 @@ class GatewaySimulator:
             isinstance(signed_at, bool) or not isinstance(signed_at, int)
         ):
             return _json({"error": "signed_at must be an integer (epoch seconds)"}, 400)
-        url = self._config.callback_url
-        if url is None:
-            return _json({"error": "callback_url is not configured"}, 409)
         msg = self._by_id.get(job_id)
         if msg is None:
             return _json({"error": "unknown job"}, 404)
+        url, secret = self._callback_target(msg)
+        if url is None:
+            return _json({"error": "callback_url is not configured"}, 409)
         sent, answered = await self.emit_callback(
             msg,
             status,
             url=url,
-            secret=self._config.callback_secret,
+            secret=secret,
             event_id=event_id,
             signed=signed,
             signed_at=signed_at,
@@ -1017,12 +1241,14 @@ async def _serve(args: argparse.Namespace) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m devtools.gateway_sim",
-        description="WhatsApp gateway simulator (StackZap and ZAP API) with fault injection.",
+        description="WhatsApp gateway simulator (StackZap, ZAP API, Meta Cloud API) with faults.",
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8088, help="0 picks a free port (logged)")
     parser.add_argument("--api-key", default=None, help="required X-API-Key (StackZap)")
-    parser.add_argument("--token", default=None, help="required Bearer token (ZAP API)")
+    parser.add_argument(
+        "--token", default=None, help="required Bearer token (ZAP API and Meta Cloud API)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the fault generator")
     parser.add_argument("--callback-url", default=None, help="where status callbacks go")
     parser.add_argument("--callback-secret", default="", help="HMAC secret of the callbacks")

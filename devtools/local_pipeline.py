@@ -32,6 +32,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 SIM_API_KEY = "dev-stackzap-key"
 SIM_TOKEN = "dev-zap-token"
 WEBHOOK_SECRET = "dev-webhook-secret"
+META_APP_SECRET = "dev-meta-app-secret"
+META_VERIFY_TOKEN = "dev-meta-verify-token"
 
 
 class LocalPipeline:
@@ -175,6 +177,11 @@ class LocalPipeline:
             "ZAP_API_URL": self.sim_url,
             "ZAP_TOKEN": SIM_TOKEN,
             "ZAPSTREAM_WEBHOOK_SECRET": WEBHOOK_SECRET,
+            # The simulator speaks the Cloud API too (ZAPSTREAM_GATEWAY=meta picks it).
+            "META_GRAPH_URL": self.sim_url,
+            "META_ACCESS_TOKEN": SIM_TOKEN,
+            "META_APP_SECRET": META_APP_SECRET,
+            "META_VERIFY_TOKEN": META_VERIFY_TOKEN,
         }
 
     # --- processes ----------------------------------------------------------------------
@@ -269,7 +276,12 @@ class LocalPipeline:
                 if time.monotonic() > deadline or not proc.is_running:
                     raise
                 time.sleep(0.1)
-        self.sim_config(callback_url=f"{url}/v1/webhooks/stackzap", callback_secret=WEBHOOK_SECRET)
+        self.sim_config(
+            callback_url=f"{url}/v1/webhooks/stackzap",
+            callback_secret=WEBHOOK_SECRET,
+            meta_callback_url=f"{url}/v1/webhooks/meta",
+            meta_app_secret=META_APP_SECRET,
+        )
         return url
 
     # --- the simulator's control API -------------------------------------------------------

@@ -340,6 +340,9 @@ class ReceiptReceived(Record):
     """The callback's ``reference``: the attempt id (``<job>-<seq>``) the gateway saw as
     ``Idempotency-Key``, when it echoes it. A receipt about another attempt than the
     job's current one changes nothing."""
+    reason: str | None = None
+    """Why the gateway failed the message (Meta's error code, title and details, masked),
+    when it said; ``None`` otherwise."""
 
     @property
     def partition_key(self) -> bytes:

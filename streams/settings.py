@@ -95,6 +95,7 @@ class PostgresSettings(SettingsBase):
 class GatewayKind(enum.StrEnum):
     STACKZAP = "stackzap"
     ZAPAPI = "zapapi"
+    META = "meta"
 
 
 def _default_stackzap_labels() -> dict[str, str]:
@@ -126,6 +127,19 @@ def _default_zapapi_labels() -> dict[str, str]:
         "played": "READ",
         "failed": "FAILED",
         "error": "FAILED",
+    }
+
+
+def _default_meta_labels() -> dict[str, str]:
+    """Meta's message statuses (send answer's ``message_status`` and status webhooks)."""
+    return {
+        "accepted": "ACCEPTED",
+        "held_for_quality_assessment": "ACCEPTED",
+        "sent": "ACCEPTED",
+        "delivered": "DELIVERED",
+        "read": "READ",
+        "played": "READ",
+        "failed": "FAILED",
     }
 
 
@@ -161,7 +175,8 @@ def default_listing_fields() -> dict[str, str]:
 
 
 class GatewaySettings(SettingsBase):
-    """Which gateway to call and how (``ZAPSTREAM_GATEWAY``, ``STACKZAP_*``, ``ZAP_*``)."""
+    """Which gateway to call and how (``ZAPSTREAM_GATEWAY``, ``STACKZAP_*``, ``ZAP_*``,
+    ``META_*``)."""
 
     model_config = SettingsConfigDict(extra="ignore", populate_by_name=True)
 
@@ -189,6 +204,37 @@ class GatewaySettings(SettingsBase):
     zapapi_labels: dict[str, str] = Field(
         default_factory=_default_zapapi_labels,
         validation_alias=AliasChoices("ZAPSTREAM_ZAPAPI_LABELS", "zapapi_labels"),
+    )
+    meta_graph_url: str = Field(
+        default="https://graph.facebook.com",
+        validation_alias=AliasChoices("META_GRAPH_URL", "meta_graph_url"),
+    )
+    """The Graph API's base URL (the simulator's URL in tests and ``make dev``)."""
+    meta_api_version: str = Field(
+        default="v21.0",
+        pattern=r"^v\d+\.\d+$",
+        validation_alias=AliasChoices("META_API_VERSION", "meta_api_version"),
+    )
+    meta_access_token: SecretStr = Field(
+        default=SecretStr(""),
+        validation_alias=AliasChoices("META_ACCESS_TOKEN", "meta_access_token"),
+    )
+    """A system user's access token with ``whatsapp_business_messaging``."""
+    meta_app_secret: SecretStr = Field(
+        default=SecretStr(""),
+        validation_alias=AliasChoices("META_APP_SECRET", "meta_app_secret"),
+    )
+    """The app secret Meta signs webhooks with (``X-Hub-Signature-256``); empty: every
+    Meta callback is refused with 401."""
+    meta_verify_token: SecretStr = Field(
+        default=SecretStr(""),
+        validation_alias=AliasChoices("META_VERIFY_TOKEN", "meta_verify_token"),
+    )
+    """The token typed into the app dashboard for the webhook subscription handshake
+    (``hub.verify_token``); empty: the handshake is refused."""
+    meta_labels: dict[str, str] = Field(
+        default_factory=_default_meta_labels,
+        validation_alias=AliasChoices("ZAPSTREAM_META_LABELS", "meta_labels"),
     )
     connect_timeout_s: float = Field(
         default=5.0,
@@ -249,7 +295,7 @@ class GatewaySettings(SettingsBase):
         fields.update(value)
         return fields
 
-    @field_validator("stackzap_labels", "zapapi_labels")
+    @field_validator("stackzap_labels", "zapapi_labels", "meta_labels")
     @classmethod
     def _labels_are_statuses(cls, value: dict[str, str]) -> dict[str, str]:
         from streams.contract import JobStatus

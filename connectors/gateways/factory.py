@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from connectors.gateways.meta import MetaCloudClient
 from connectors.gateways.stackzap import StackZapClient
 from connectors.gateways.zapapi import ZapApiClient
 from streams.ports import Gateway
@@ -14,4 +15,6 @@ def build_gateway(settings: GatewaySettings) -> Gateway:
         return StackZapClient(settings)
     if settings.kind is GatewayKind.ZAPAPI:
         return ZapApiClient(settings)
+    if settings.kind is GatewayKind.META:
+        return MetaCloudClient(settings)
     raise ValueError(f"unknown gateway kind {settings.kind!r}")

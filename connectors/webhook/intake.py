@@ -1,11 +1,14 @@
 """``zapstream webhook``: gateway status callbacks (receipts) into Kafka.
 
-Both gateways call us back when a message is sent, delivered, read or fails:
+Every gateway calls us back when a message is sent, delivered, read or fails:
 
 - ``POST /v1/webhooks/zapapi`` and ``POST /v1/webhooks/stackzap`` (the gateway is
   the last path segment), body ``{"event_id"?, "id", "status", "reference"?,
   "timestamp"?}``; ``id`` is the gateway's job id, ``reference`` the
   ``Idempotency-Key`` we sent (``"<job_id>-<attempt>"``).
+- ``GET /v1/webhooks/meta`` (the Cloud API's subscription handshake) and ``POST
+  /v1/webhooks/meta`` (its notifications, signed ``X-Hub-Signature-256``): see
+  "Meta" below.
 - ``GET /v1/webhooks/health``: liveness, no auth.
 
 Every callback must be signed (the scheme gateways must implement; see
@@ -46,6 +49,24 @@ the worker orders receipts by status, not by clock. The ``reference`` travels
 with the receipt, so the worker applies a receipt only to the job's current
 attempt: a late callback about an earlier attempt changes nothing.
 
+Meta (WhatsApp Cloud API). The handshake ``GET /v1/webhooks/meta?hub.mode=subscribe
+&hub.verify_token=<t>&hub.challenge=<c>`` answers ``c`` (200, text/plain) when ``t``
+equals ``META_VERIFY_TOKEN`` (constant-time), else 403. A notification must carry
+``X-Hub-Signature-256: sha256=<hex HMAC-SHA256(META_APP_SECRET, raw body)>``; a
+missing, malformed or wrong one, or an empty ``META_APP_SECRET``, is 401 and counted
+as ``unauthorized``, nothing published. Every ``statuses`` item
+(:mod:`connectors.webhook.meta`) becomes a receipt like a StackZap callback: the job
+is found by ``biz_opaque_callback_data`` (our ``<job_id>-<attempt>`` reference, sent
+with the message) or else by the ``wamid``; the label is mapped with
+``ZAPSTREAM_META_LABELS`` (unknown -> REVIEW); a status with ``errors`` carries the
+first error's code, title and details as the receipt's ``reason``; the event id is
+the digest of (``meta``, wamid, status). Meta's signature has no timestamp, so a
+captured notification verifies forever: a replay is the same event id (dropped by
+the worker), a receipt never moves a job backwards and applies only to the attempt
+its reference names. Meta is answered 200 once every status is in Kafka (503 when
+not: Meta sends the whole body again). Inbound messages and other fields are counted
+as ``ignored``.
+
 Logs carry the gateway, job ids, labels and the reason of a rejection; never a
 body, a phone number, a text, the secret or a signature.
 """
@@ -71,8 +92,16 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from connectors.gateways.labels import map_label
 from connectors.outbox.recipients import mask_phone
+from connectors.webhook.meta import MalformedMetaCallback, handshake_challenge, parse_notification
 from connectors.webhook.settings import WebhookSettings
-from connectors.webhook.signature import SignatureCheck, check_signature
+from connectors.webhook.signature import (
+    HUB_SIGNATURE_HEADER,
+    HubSignatureCheck,
+    SignatureCheck,
+    check_hub_signature,
+    check_signature,
+    check_verify_token,
+)
 from streams.contract import (
     DEAD,
     HEADER_JOB_ID,
@@ -92,7 +121,9 @@ POOL_MAX_CONNECTIONS = 4
 """Each lookup is one indexed SELECT; a handful of connections keeps up with Kafka's acks."""
 
 # Body keys that may carry the recipient, masked before a body goes to the dead letters.
-_RECIPIENT_KEYS = frozenset({"to", "recipient", "phone", "from", "chat_id", "chatId"})
+_RECIPIENT_KEYS = frozenset(
+    {"to", "recipient", "recipient_id", "wa_id", "phone", "from", "chat_id", "chatId"}
+)
 
 _BY_ID = "SELECT id, idempotency_key, instance_id, conversation_key FROM outbox_jobs WHERE id = %s"
 # Newest first: a gateway id is unique per gateway, but nothing in the schema promises it.
@@ -209,6 +240,7 @@ class WebhookIntake:
             "stale": 0,
             "malformed": 0,
             "unavailable": 0,
+            "ignored": 0,
         }
         """What the intake answered, by outcome, for the closing summary and tests."""
 
@@ -240,11 +272,21 @@ class WebhookIntake:
         if not self.settings.secret.get_secret_value():
             # Still start (health checks pass) but say loudly why every callback gets 401.
             log.warning("webhook secret is empty: every callback will be rejected with 401")
+        gateway_settings = self.settings.gateway
+        if (
+            gateway_settings.kind is GatewayKind.META
+            and not gateway_settings.meta_app_secret.get_secret_value()
+        ):
+            log.warning("META_APP_SECRET is empty: every Meta callback will be rejected with 401")
         try:
             await self._open_clients()
             app = web.Application(client_max_size=MAX_BODY_BYTES)
             for gateway in GatewayKind:
-                app.router.add_post(f"/v1/webhooks/{gateway.value}", self._handler(gateway))
+                if gateway is GatewayKind.META:
+                    app.router.add_get("/v1/webhooks/meta", self._meta_handshake)
+                    app.router.add_post("/v1/webhooks/meta", self._meta_callback)
+                else:
+                    app.router.add_post(f"/v1/webhooks/{gateway.value}", self._handler(gateway))
             app.router.add_get("/v1/webhooks/health", self._health)
             runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5)
             await runner.setup()
@@ -315,6 +357,8 @@ class WebhookIntake:
 
     def _labels(self, gateway: GatewayKind) -> Mapping[str, str]:
         g = self.settings.gateway
+        if gateway is GatewayKind.META:
+            return g.meta_labels
         return g.zapapi_labels if gateway is GatewayKind.ZAPAPI else g.stackzap_labels
 
     async def _callback(self, request: web.Request, gateway: GatewayKind) -> web.Response:
@@ -348,34 +392,122 @@ class WebhookIntake:
             return _json({"error": str(exc)}, 400)
         event_id = event_id or receipt_event_id(gateway.value, gateway_job_id, label)
         try:
-            job = await self._lookup(gateway_job_id, parse_reference(reference))
-            if job is None or job.conversation_key is None:
-                await self._publish_dead(gateway, body, gateway_job_id, reference, job)
-                self.stats["unknown_job"] += 1
-                return _json({"accepted": True}, 202)
-            receipt = ReceiptReceived(
-                event_id=event_id,
-                job_id=job.id,
-                idempotency_key=job.idempotency_key,
-                instance_id=job.instance_id,
-                conversation_key=job.conversation_key,
-                gateway=gateway.value,
+            await self._receive(
+                gateway,
                 gateway_job_id=gateway_job_id,
                 label=label,
-                status=map_label(label, self._labels(gateway)).value,
-                received_at=_now_iso(),
                 reference=reference,
+                event_id=event_id,
+                dead_record={"gateway": gateway.value, **masked_body(body)},
             )
-            await self._publish(INTENTS, receipt, key=receipt.partition_key, job_id=job.id)
         except _Unavailable as exc:
             self.stats["unavailable"] += 1
             log.warning("%s callback for gateway job %s: %s", gateway.value, gateway_job_id, exc)
             return _json({"error": "temporarily unavailable"}, 503)
+        return _json({"accepted": True}, 202)
+
+    async def _receive(
+        self,
+        gateway: GatewayKind,
+        *,
+        gateway_job_id: str,
+        label: str,
+        reference: str | None,
+        event_id: str,
+        dead_record: Mapping[str, Any],
+        reason: str | None = None,
+    ) -> None:
+        """Publish one verified status as a receipt, or to the dead letters when no job
+        matches; counted. Raises :class:`_Unavailable` when PostgreSQL or Kafka fail."""
+        job = await self._lookup(gateway_job_id, parse_reference(reference))
+        if job is None or job.conversation_key is None:
+            await self._publish_dead(gateway, dead_record, gateway_job_id, reference, job)
+            self.stats["unknown_job"] += 1
+            return
+        receipt = ReceiptReceived(
+            event_id=event_id,
+            job_id=job.id,
+            idempotency_key=job.idempotency_key,
+            instance_id=job.instance_id,
+            conversation_key=job.conversation_key,
+            gateway=gateway.value,
+            gateway_job_id=gateway_job_id,
+            label=label,
+            status=map_label(label, self._labels(gateway)).value,
+            received_at=_now_iso(),
+            reference=reference,
+            reason=reason,
+        )
+        await self._publish(INTENTS, receipt, key=receipt.partition_key, job_id=job.id)
         self.stats["accepted"] += 1
         log.debug(
-            "receipt %s for job %d: %s -> %s", event_id, receipt.job_id, label, receipt.status
+            "receipt %s for job %d: %s -> %s%s",
+            event_id,
+            receipt.job_id,
+            label,
+            receipt.status,
+            f" ({reason})" if reason else "",
         )
-        return _json({"accepted": True}, 202)
+
+    # --- Meta (WhatsApp Cloud API) --------------------------------------------------------
+
+    async def _meta_handshake(self, request: web.Request) -> web.Response:
+        """The subscription handshake: echo ``hub.challenge`` when the verify token matches."""
+        offered, challenge = handshake_challenge(request.query)
+        configured = self.settings.gateway.meta_verify_token.get_secret_value()
+        if challenge is None or not check_verify_token(configured, offered):
+            self.stats["unauthorized"] += 1
+            log.warning(
+                "refused Meta subscription handshake from %s (%s)",
+                request.remote,
+                "no verify token configured" if not configured else "mode or token mismatch",
+            )
+            return _json({"error": "verification failed"}, 403)
+        log.info("Meta webhook subscription verified")
+        return web.Response(text=challenge, content_type="text/plain")
+
+    async def _meta_callback(self, request: web.Request) -> web.Response:
+        """A Cloud API notification: verify, then one receipt per status (200 when all are in
+        Kafka; 503 makes Meta send the whole body again, duplicates dropped by event id)."""
+        raw = await request.read()
+        check = check_hub_signature(
+            self.settings.gateway.meta_app_secret.get_secret_value(),
+            raw,
+            request.headers.get(HUB_SIGNATURE_HEADER),
+        )
+        if check is not HubSignatureCheck.VALID:
+            self.stats["unauthorized"] += 1
+            log.warning(
+                "rejected meta callback from %s: %s (%d bytes)",
+                request.remote,
+                check.value,
+                len(raw),
+            )
+            return _json({"error": "invalid signature"}, 401)
+        try:
+            notification = parse_notification(raw)
+        except MalformedMetaCallback as exc:
+            self.stats["malformed"] += 1
+            log.warning("malformed meta callback: %s (%d bytes)", exc, len(raw))
+            return _json({"error": str(exc)}, 400)
+        self.stats["ignored"] += notification.ignored
+        try:
+            for status in notification.statuses:
+                await self._receive(
+                    GatewayKind.META,
+                    gateway_job_id=status.wamid,
+                    label=status.status,
+                    reference=status.reference,
+                    event_id=receipt_event_id(GatewayKind.META.value, status.wamid, status.status),
+                    dead_record=status.dead_letter_record(),
+                    reason=status.reason,
+                )
+        except _Unavailable as exc:
+            self.stats["unavailable"] += 1
+            log.warning("meta callback: %s", exc)
+            return _json({"error": "temporarily unavailable"}, 503)
+        # Meta wants a 200; anything else is retried and, repeated, disables the webhook.
+        return _json({"accepted": len(notification.statuses)}, 200)
 
     async def _lookup(self, gateway_job_id: str, job_id: int | None) -> _Job | None:
         """The job by ``job_id`` (from our reference), else by ``gateway_job_id``."""
@@ -399,18 +531,17 @@ class WebhookIntake:
     async def _publish_dead(
         self,
         gateway: GatewayKind,
-        body: Mapping[str, Any],
+        record: Mapping[str, Any],
         gateway_job_id: str,
         reference: str | None,
         job: _Job | None,
     ) -> None:
-        record = {"gateway": gateway.value, **masked_body(body)}
         if job is None:
             reason = (
                 f"receipt for unknown job: {gateway.value} job {gateway_job_id!r}, "
                 f"reference {reference!r}"
             )
-            dead = JobDead(job_id=None, idempotency_key=None, reason=reason, record=record)
+            dead = JobDead(job_id=None, idempotency_key=None, reason=reason, record=dict(record))
         else:
             # The relay never sent it (its payload has no recipient), yet the gateway knows it.
             reason = (
@@ -418,7 +549,10 @@ class WebhookIntake:
                 f"{gateway.value} job {gateway_job_id!r}"
             )
             dead = JobDead(
-                job_id=job.id, idempotency_key=job.idempotency_key, reason=reason, record=record
+                job_id=job.id,
+                idempotency_key=job.idempotency_key,
+                reason=reason,
+                record=dict(record),
             )
         log.warning("%s (to %s)", reason, DEAD)
         await self._publish(DEAD, dead, key=gateway_job_id.encode(), job_id=dead.job_id)

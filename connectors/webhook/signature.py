@@ -19,6 +19,11 @@ replay window: at most ``window_s`` seconds old and at most ``skew_s`` seconds i
 the future (clocks differ a little). The previous scheme (``sha256=<hex>`` of
 the body alone) is refused: it has no timestamp, so it could be replayed forever.
 
+Meta's Cloud API signs its webhooks its own way (``X-Hub-Signature-256:
+sha256=<hex HMAC-SHA256(app secret, raw body)>``, no timestamp): see
+:func:`check_hub_signature`; its subscription handshake compares a verify token
+(:func:`check_verify_token`).
+
 Shared by the intake, which verifies it, and by anything that signs callbacks
 (the gateway simulator, tests). Pure: standard library only.
 """
@@ -141,3 +146,56 @@ def verify_signature(
         check_signature(secret, body, header, now=now, window_s=window_s, skew_s=skew_s)
         is SignatureCheck.VALID
     )
+
+
+# --- Meta (WhatsApp Cloud API) ------------------------------------------------------------
+
+HUB_SIGNATURE_HEADER = "X-Hub-Signature-256"
+"""Meta's header: ``sha256=<hex HMAC-SHA256(app secret, raw body)>``, no timestamp."""
+HUB_PREFIX = "sha256="
+
+
+class HubSignatureCheck(enum.StrEnum):
+    """The outcome of :func:`check_hub_signature`; everything but ``VALID`` is a 401."""
+
+    VALID = "valid"
+    NO_SECRET = "no app secret configured"
+    MISSING = "no X-Hub-Signature-256 header"
+    MALFORMED = "signature header is not sha256=<64 hex digits>"
+    MISMATCH = "signature mismatch"
+
+
+def sign_hub(app_secret: str, body: bytes) -> str:
+    """Meta's header value for ``body``: ``sha256=<hex HMAC-SHA256(app_secret, body)>``."""
+    return HUB_PREFIX + hmac.new(app_secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+def check_hub_signature(app_secret: str, body: bytes, header: str | None) -> HubSignatureCheck:
+    """Whether ``header`` (``X-Hub-Signature-256``) signs the raw ``body`` under ``app_secret``.
+
+    Meta signs the body alone, without a timestamp, so a captured callback verifies
+    forever; the intake relies on what a replay can do instead (the same event id,
+    dropped as a duplicate; a receipt never moves a job backwards). An empty secret
+    verifies nothing. The comparison is constant-time.
+    """
+    if not app_secret:
+        return HubSignatureCheck.NO_SECRET
+    if header is None or not header.strip():
+        return HubSignatureCheck.MISSING
+    value = header.strip()
+    if not value.lower().startswith(HUB_PREFIX):
+        return HubSignatureCheck.MALFORMED
+    candidate = value[len(HUB_PREFIX) :].strip().lower()
+    if len(candidate) != 64 or not candidate.isascii():
+        return HubSignatureCheck.MALFORMED
+    expected = sign_hub(app_secret, body)[len(HUB_PREFIX) :]
+    if not hmac.compare_digest(candidate.encode(), expected.encode()):
+        return HubSignatureCheck.MISMATCH
+    return HubSignatureCheck.VALID
+
+
+def check_verify_token(configured: str, offered: str | None) -> bool:
+    """The subscription handshake's ``hub.verify_token`` matches (constant-time; empty never)."""
+    if not configured or offered is None:
+        return False
+    return hmac.compare_digest(configured.encode(), offered.encode())

@@ -411,6 +411,7 @@ async def test_kafka_down_answers_503(outbox_db: str) -> None:
                 "stale": 0,
                 "malformed": 0,
                 "unavailable": 1,
+                "ignored": 0,
             }
         finally:
             await intake.stop()

@@ -89,7 +89,7 @@ def test_an_own_field_of_a_deployable_names_its_prefix(monkeypatch: pytest.Monke
 def test_an_aliased_field_names_its_alias(monkeypatch: pytest.MonkeyPatch) -> None:
     exc = validation_error(GatewaySettings, monkeypatch, ZAPSTREAM_GATEWAY="whatsapp")
     assert render_validation_error(exc) == [
-        "ZAPSTREAM_GATEWAY: must be 'stackzap' or 'zapapi' (got 'whatsapp')"
+        "ZAPSTREAM_GATEWAY: must be 'stackzap', 'zapapi' or 'meta' (got 'whatsapp')"
     ]
 
 

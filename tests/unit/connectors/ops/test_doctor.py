@@ -91,3 +91,21 @@ def test_json_report(capsys: pytest.CaptureFixture[str]) -> None:
             }
         ],
     }
+
+
+async def test_meta_gateway_is_skipped_without_calling_it_or_showing_the_token() -> None:
+    from pydantic import SecretStr
+
+    from connectors.ops.doctor import _gateway_checks
+    from streams.settings import GatewayKind, GatewaySettings
+
+    token = "EAAG-secret-token-0123456789"
+    gateway = GatewaySettings(
+        kind=GatewayKind.META,
+        meta_graph_url="http://127.0.0.1:9",  # nothing listens: a call would fail, not skip
+        meta_access_token=SecretStr(token),
+    )
+    (result,) = await _gateway_checks(gateway, 0.5, "106540352242922")
+    assert result.status is Status.SKIP
+    assert "META_ACCESS_TOKEN is set" in result.detail
+    assert token not in result.detail

@@ -1,0 +1,406 @@
+"""The Meta WhatsApp Cloud API as the gateway, end to end on real processes.
+
+PostgreSQL, Tansu, relay, worker (``ZAPSTREAM_GATEWAY=meta``), state sink, webhook
+intake and the simulator speaking the Cloud API. Each test sends a handful of jobs
+and checks what the simulator really received (arrivals carry our attempt reference
+from ``biz_opaque_callback_data``) and what ``outbox_jobs`` / ``outbox_job_events``
+say. Faults are deterministic per recipient or lifted by the test once observed, so
+no assertion depends on a timing window. The simulator's configuration is put back
+after every test by a fixture.
+
+The worker's reaction to :class:`~streams.errors.RateLimitedError` is being reworked
+separately: the rate-limit tests assert only the eventual outcome (sent exactly once).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import orjson
+import psycopg
+import pytest
+
+from connectors.outbox.enqueue import enqueue
+from connectors.webhook.signature import sign_hub
+from devtools.local_pipeline import META_APP_SECRET, META_VERIFY_TOKEN, SIM_TOKEN, LocalPipeline
+from streams.contract import DEAD, INTENTS
+from tests.integration.support import Arrivals, count_rows, wait_for_status, wait_until
+from tests.integration.topic_reader import read_topic
+
+pytestmark = pytest.mark.integration
+
+PHONE_NUMBER_ID = "106540352242922"
+"""The instance: a business number's phone-number id."""
+ENV = {
+    "ZAPSTREAM_GATEWAY": "meta",
+    "ZAPSTREAM_KAFKA_ONE_RECORD_PER_BATCH": "true",
+    "ZAPSTREAM_WORKER_RETRY_SCHEDULE_S": "[0.5, 1, 2]",
+    "ZAPSTREAM_WORKER_RETRY_JITTER": "0",
+    "ZAPSTREAM_WORKER_RETRY_SCAN_INTERVAL_S": "0.2",
+    "ZAPSTREAM_WORKER_COMMIT_INTERVAL_S": "0.5",
+}
+SETTLED = {"ACCEPTED", "DELIVERED", "READ"}
+
+
+@pytest.fixture(scope="module")
+def pipeline() -> Iterator[LocalPipeline]:
+    with LocalPipeline(partitions=4, worker_env=ENV) as p:
+        p.start_relay()
+        p.start_worker()
+        p.webhook_url = p.start_webhook()  # type: ignore[attr-defined]
+        yield p
+
+
+DEFAULT_SIM: dict[str, Any] = {
+    "callback_statuses": ["sent", "delivered", "read"],
+    "fail_recipients": {},
+    "pair_limited_recipients": {},
+    "invalid_recipients": [],
+    "rate_limit_rate": 0.0,
+    "error_rate": 0.0,
+    "drop_response_rate": 0.0,
+}
+
+
+@pytest.fixture(autouse=True)
+def sim_defaults(pipeline: LocalPipeline) -> Iterator[None]:
+    yield
+    pipeline.sim_config(**DEFAULT_SIM)
+
+
+def _run() -> str:
+    return uuid.uuid4().hex[:8]
+
+
+def _enqueue(pipeline: LocalPipeline, key: str, to: str) -> int:
+    with psycopg.connect(pipeline.dsn) as conn:
+        job_id = enqueue(
+            conn, instance_id=PHONE_NUMBER_ID, to=to, text=f"m [{key}:0]", idempotency_key=key
+        )
+        conn.commit()
+    return job_id
+
+
+def _status(dsn: str, key: str) -> str:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT status FROM outbox_jobs WHERE idempotency_key = %s", (key,)
+        ).fetchone()
+    return str(row[0]) if row else ""
+
+
+def _job(dsn: str, job_id: int) -> tuple[str, int, str | None]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT status, attempts, gateway_job_id FROM outbox_jobs WHERE id = %s", (job_id,)
+        ).fetchone()
+    assert row is not None
+    return str(row[0]), int(row[1]), row[2]
+
+
+def _history(dsn: str, job_id: int) -> list[str]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT to_status FROM outbox_job_events WHERE job_id = %s ORDER BY version",
+            (job_id,),
+        ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
+def _arrivals(pipeline: LocalPipeline, key: str) -> list[dict[str, Any]]:
+    return [m for m in Arrivals(pipeline).refresh() if m["text"] == f"m [{key}:0]"]
+
+
+def _outcomes(pipeline: LocalPipeline) -> dict[str, int]:
+    body = httpx.get(f"{pipeline.sim_url}/_sim/stats", timeout=5).json()
+    return {str(k): int(v) for k, v in body["by_outcome"].items()}
+
+
+def _emit(pipeline: LocalPipeline, wamid: str, status: str, **extra: object) -> str:
+    response = httpx.post(
+        f"{pipeline.sim_url}/_sim/callbacks/emit",
+        json={"id": wamid, "status": status, **extra},
+        timeout=10,
+    )
+    response.raise_for_status()
+    return response.headers.get("X-Sim-Callback-Status", "")
+
+
+def _settled_once(pipeline: LocalPipeline, key: str, job_id: int) -> dict[str, Any]:
+    """Wait until the job is accepted (or further); it arrived exactly once, as attempt 1+."""
+    wait_until(lambda: _status(pipeline.dsn, key) in SETTLED, 120, f"{key} accepted")
+    arrived = _arrivals(pipeline, key)
+    assert len(arrived) == 1, f"sent {len(arrived)} times"
+    (msg,) = arrived
+    assert msg["api"] == "meta"
+    assert msg["instance"] == PHONE_NUMBER_ID
+    assert str(msg["reference"]).startswith(f"{job_id}-"), "biz_opaque_callback_data"
+    assert msg["id"].startswith("wamid.")
+    return msg
+
+
+# --- tests -------------------------------------------------------------------------------------
+
+
+def test_normal_send_is_accepted_once_and_receipts_end_read(pipeline: LocalPipeline) -> None:
+    key = f"{_run()}-normal"
+    job_id = _enqueue(pipeline, key, "5511900000701")
+    msg = _settled_once(pipeline, key, job_id)
+    wait_for_status(pipeline.dsn, [key], "READ", 60)
+    status, attempts, wamid = _job(pipeline.dsn, job_id)
+    assert (status, attempts, wamid) == ("READ", 1, msg["id"])
+    assert msg["reference"] == f"{job_id}-1"
+    assert _history(pipeline.dsn, job_id)[:2] == ["ATTEMPTING", "ACCEPTED"]
+
+
+def test_undeliverable_131026_fails_after_one_attempt(pipeline: LocalPipeline) -> None:
+    to = "5511900000702"
+    pipeline.sim_config(invalid_recipients=[to])
+    before = _outcomes(pipeline).get("invalid_recipient", 0)
+    key = f"{_run()}-perm"
+    job_id = _enqueue(pipeline, key, to)
+    wait_for_status(pipeline.dsn, [key], "FAILED", 60)
+    status, attempts, _ = _job(pipeline.dsn, job_id)
+    assert (status, attempts) == ("FAILED", 1), "a permanent error must not be retried"
+    assert _outcomes(pipeline).get("invalid_recipient", 0) == before + 1
+    assert _arrivals(pipeline, key) == []
+
+
+def test_transient_503_before_acceptance_is_retried_and_sent_once(pipeline: LocalPipeline) -> None:
+    to = "5511900000703"
+    pipeline.sim_config(fail_recipients={to: 2})
+    before = _outcomes(pipeline).get("recipient_failed", 0)
+    key = f"{_run()}-transient"
+    job_id = _enqueue(pipeline, key, to)
+    _settled_once(pipeline, key, job_id)
+    assert _outcomes(pipeline).get("recipient_failed", 0) == before + 2
+    _, attempts, _ = _job(pipeline.dsn, job_id)
+    assert attempts == 3
+
+
+def test_lost_response_ends_uncertain_and_is_never_resent(pipeline: LocalPipeline) -> None:
+    pipeline.sim_config(callback_statuses=[], drop_response_rate=1.0)
+    before = _outcomes(pipeline).get("dropped", 0)
+    to = "5511900000704"
+    key = f"{_run()}-lost"
+    job_id = _enqueue(pipeline, key, to)
+    wait_for_status(pipeline.dsn, [key], "UNCERTAIN", 90)
+    pipeline.sim_config(drop_response_rate=0.0)
+    assert _outcomes(pipeline).get("dropped", 0) == before + 1
+    # A later message of the same conversation goes through: the worker moved past the
+    # uncertain one, and it still arrived exactly once.
+    marker = f"{key}-marker"
+    marker_id = _enqueue(pipeline, marker, to)
+    _settled_once(pipeline, marker, marker_id)
+    assert len(_arrivals(pipeline, key)) == 1, "an uncertain send must never be resent"
+    assert _status(pipeline.dsn, key) == "UNCERTAIN"
+    assert _job(pipeline.dsn, job_id)[1] == 1
+
+
+def test_throughput_limit_130429_is_eventually_sent_exactly_once(pipeline: LocalPipeline) -> None:
+    before = _outcomes(pipeline).get("rate_limited", 0)
+    pipeline.sim_config(rate_limit_rate=1.0)
+    key = f"{_run()}-throughput"
+    job_id = _enqueue(pipeline, key, "5511900000705")
+    wait_until(lambda: _outcomes(pipeline).get("rate_limited", 0) > before, 60, "a 130429 answer")
+    pipeline.sim_config(rate_limit_rate=0.0)
+    _settled_once(pipeline, key, job_id)
+
+
+def test_pair_rate_limit_131056_is_eventually_sent_exactly_once(pipeline: LocalPipeline) -> None:
+    to = "5511900000706"
+    pipeline.sim_config(pair_limited_recipients={to: 2})
+    before = _outcomes(pipeline).get("pair_rate_limited", 0)
+    key = f"{_run()}-pair"
+    job_id = _enqueue(pipeline, key, to)
+    _settled_once(pipeline, key, job_id)
+    assert _outcomes(pipeline).get("pair_rate_limited", 0) == before + 2
+
+
+def test_signed_receipts_apply_and_bad_signatures_get_401(pipeline: LocalPipeline) -> None:
+    pipeline.sim_config(callback_statuses=[])
+    key = f"{_run()}-receipts"
+    job_id = _enqueue(pipeline, key, "5511900000707")
+    msg = _settled_once(pipeline, key, job_id)
+    wamid = str(msg["id"])
+
+    assert _emit(pipeline, wamid, "read", signed=False) == "401"
+    webhook = f"{pipeline.webhook_url}/v1/webhooks/meta"  # type: ignore[attr-defined]
+    body = _notification(wamid, "read", biz_opaque_callback_data=f"{job_id}-1")
+    forged = httpx.post(
+        webhook,
+        content=body,
+        headers={"X-Hub-Signature-256": sign_hub("wrong-secret", body)},
+        timeout=10,
+    )
+    assert forged.status_code == 401
+    # Signed with the right secret, the same body is accepted (200, as Meta wants).
+    assert _emit(pipeline, wamid, "delivered") == "200"
+    wait_for_status(pipeline.dsn, [key], "DELIVERED", 30)
+    assert "READ" not in _history(pipeline.dsn, job_id), "a forged receipt was applied"
+    genuine = httpx.post(
+        webhook,
+        content=body,
+        headers={"X-Hub-Signature-256": sign_hub(META_APP_SECRET, body)},
+        timeout=10,
+    )
+    assert genuine.status_code == 200
+    wait_for_status(pipeline.dsn, [key], "READ", 30)
+    assert _history(pipeline.dsn, job_id) == ["ATTEMPTING", "ACCEPTED", "DELIVERED", "READ"]
+
+
+def test_failed_status_fails_the_job_with_metas_reason(pipeline: LocalPipeline) -> None:
+    pipeline.sim_config(callback_statuses=[])
+    key = f"{_run()}-failed"
+    job_id = _enqueue(pipeline, key, "5511900000708")
+    msg = _settled_once(pipeline, key, job_id)
+    assert _emit(pipeline, str(msg["id"]), "failed") == "200"
+    wait_for_status(pipeline.dsn, [key], "FAILED", 30)
+    receipts = [
+        orjson.loads(r.value)
+        for r in read_topic(pipeline.kafka.bootstrap, INTENTS)
+        if r.value.startswith(b"{") and b'"zapstream.receipt.v1"' in r.value
+    ]
+    mine = [r for r in receipts if r["job_id"] == job_id]
+    assert [(r["gateway"], r["label"], r["status"]) for r in mine] == [("meta", "failed", "FAILED")]
+    assert str(mine[0]["reason"]).startswith("131026 Message undeliverable")
+
+
+def _notification(wamid: str, status: str, **extra: object) -> bytes:
+    item = {"id": wamid, "status": status, "timestamp": "1750263773", **extra}
+    change = {
+        "field": "messages",
+        "value": {
+            "messaging_product": "whatsapp",
+            "metadata": {"phone_number_id": PHONE_NUMBER_ID},
+            "statuses": [item],
+        },
+    }
+    return orjson.dumps(
+        {"object": "whatsapp_business_account", "entry": [{"id": "waba", "changes": [change]}]}
+    )
+
+
+def test_unknown_status_goes_to_review_never_dropped(pipeline: LocalPipeline) -> None:
+    pipeline.sim_config(callback_statuses=[])
+    key = f"{_run()}-unknown-label"
+    job_id = _enqueue(pipeline, key, "5511900000709")
+    msg = _settled_once(pipeline, key, job_id)
+    assert _emit(pipeline, str(msg["id"]), "something_new") == "200"
+    wait_for_status(pipeline.dsn, [key], "REVIEW", 30)
+
+
+def test_status_for_an_unknown_message_goes_to_the_dead_letters(pipeline: LocalPipeline) -> None:
+    recipient = "5511900000710"
+    wamid = f"wamid.{_run()}-unknown"
+    body = _notification(wamid, "delivered", recipient_id=recipient)
+    answer = httpx.post(
+        f"{pipeline.webhook_url}/v1/webhooks/meta",  # type: ignore[attr-defined]
+        content=body,
+        headers={"X-Hub-Signature-256": sign_hub(META_APP_SECRET, body)},
+        timeout=10,
+    )
+    assert answer.status_code == 200
+    dead = [
+        orjson.loads(r.value)
+        for r in read_topic(pipeline.kafka.bootstrap, DEAD)
+        if wamid.encode() in r.value
+    ]
+    assert len(dead) == 1
+    assert "receipt for unknown job: meta job" in dead[0]["reason"]
+    assert dead[0]["record"]["id"] == wamid
+    assert recipient not in orjson.dumps(dead[0]).decode(), "the recipient must be masked"
+
+
+def test_subscription_handshake(pipeline: LocalPipeline) -> None:
+    webhook = f"{pipeline.webhook_url}/v1/webhooks/meta"  # type: ignore[attr-defined]
+    query = {"hub.mode": "subscribe", "hub.verify_token": META_VERIFY_TOKEN, "hub.challenge": "42"}
+    ok = httpx.get(webhook, params=query, timeout=10)
+    assert (ok.status_code, ok.text) == (200, "42")
+    wrong = httpx.get(webhook, params={**query, "hub.verify_token": "nope"}, timeout=10)
+    assert wrong.status_code == 403 and "42" not in wrong.text
+
+
+def test_the_access_token_is_never_logged(pipeline: LocalPipeline) -> None:
+    for proc in pipeline.processes:
+        text = proc.log_path.read_text("utf-8", "replace")
+        assert SIM_TOKEN not in text, proc.log_path.name
+        assert META_APP_SECRET not in text, proc.log_path.name
+    assert count_rows(pipeline.dsn, "SELECT count(*) FROM outbox_jobs") > 0
+
+
+# --- the simulator's Cloud API, in-process (no pipeline) ------------------------------------
+
+
+async def test_sim_speaks_the_cloud_api_to_the_client() -> None:
+    from pydantic import SecretStr
+
+    from connectors.gateways.meta import MetaCloudClient
+    from devtools.gateway_sim import GatewaySimulator
+    from streams.errors import (
+        InstanceUnavailableError,
+        PermanentGatewayError,
+        RateLimitedError,
+        TransientGatewayError,
+        UncertainGatewayError,
+    )
+    from streams.ports import TextMessage
+    from streams.settings import GatewayKind, GatewaySettings
+
+    token = "t" * 24
+
+    def text(n: int, instance: str = PHONE_NUMBER_ID) -> TextMessage:
+        return TextMessage(instance, f"55119{n:08d}", f"message {n}", f"{n}-1")
+
+    async with GatewaySimulator(token=token, seed=5) as sim:
+        settings = GatewaySettings(
+            kind=GatewayKind.META,
+            meta_graph_url=sim.url,
+            meta_access_token=SecretStr(token),
+            read_timeout_s=2.0,
+        )
+        async with MetaCloudClient(settings) as client:
+            accepted = await client.send_text(text(1))
+            assert accepted.gateway_job_id == sim.messages[-1].id
+            assert accepted.gateway_job_id is not None
+            assert accepted.gateway_job_id.startswith("wamid.")
+            assert sim.messages[-1].reference == "1-1"
+            assert sim.messages[-1].api == "meta"
+
+            sim.configure(rate_limit_rate=1.0)
+            with pytest.raises(RateLimitedError) as limited:
+                await client.send_text(text(2))
+            assert (limited.value.limit, limited.value.status_code) == ("instance", 400)
+            sim.configure(rate_limit_rate=0.0, pair_limited_recipients={"5511900000003": 1})
+            with pytest.raises(RateLimitedError) as pair:
+                await client.send_text(text(3))
+            assert pair.value.limit == "recipient"
+            await client.send_text(text(3))
+
+            sim.configure(invalid_recipients=["5511900000004"])
+            with pytest.raises(PermanentGatewayError) as permanent:
+                await client.send_text(text(4))
+            assert "131026" in str(permanent.value)
+
+            sim.configure(error_rate=1.0)
+            with pytest.raises(TransientGatewayError) as transient:
+                await client.send_text(text(5))
+            assert transient.value.status_code == 500
+            sim.configure(error_rate=0.0, drop_response_rate=1.0)
+            with pytest.raises(UncertainGatewayError):
+                await client.send_text(text(6))
+            assert sim.messages[-1].reference == "6-1", "recorded before the answer was lost"
+            sim.configure(drop_response_rate=0.0, reject_keys_for_instances=["1"])
+            with pytest.raises(InstanceUnavailableError):
+                await client.send_text(text(7, instance="1"))
+            sim.configure(reject_keys_for_instances=[], reject_instances=["2"])
+            with pytest.raises(InstanceUnavailableError, match="unknown phone number id"):
+                await client.send_text(text(8, instance="2"))
+            sim.configure(reject_instances=[], outage_s=30)
+            with pytest.raises(TransientGatewayError) as outage:
+                await client.send_text(text(9))
+            assert outage.value.status_code == 503 and outage.value.retry_after_s is not None
+    assert [m.reference for m in sim.messages] == ["1-1", "3-1", "6-1"]
