@@ -708,7 +708,8 @@ class JobProcessor:
                 current,
                 target,
                 actor=f"gateway:{receipt.gateway}",
-                reason=f"receipt {receipt.label!r}",
+                reason=f"receipt {receipt.label!r}"
+                + (f": {receipt.reason}" if receipt.reason else ""),
                 # The current attempt's gateway id stays; a receipt only fills one in.
                 gateway_job_id=current.gateway_job_id or receipt.gateway_job_id,
             )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import random
 from collections.abc import Awaitable, Sequence
@@ -427,6 +428,18 @@ async def test_receipts_move_forward_only_and_duplicates_change_nothing() -> Non
     assert await p.on_receipt(_receipt("delivered", "DELIVERED", "e2"), 0) is None
     assert await p.on_receipt(_receipt("read", "READ", "e3"), 0) is None
     assert store.get(7).status == "READ"  # type: ignore[union-attr]
+
+
+async def test_a_failed_receipt_records_the_gateways_reason() -> None:
+    gw = ScriptedGateway(OK)
+    p, store, _ = _processor(gw)
+    await p.on_intent(_intent(), 0)
+    failed = dataclasses.replace(
+        _receipt("failed", "FAILED", "e9"), reason="131026 Message undeliverable"
+    )
+    moved = await p.on_receipt(failed, 0)
+    assert moved is not None and moved.status == "FAILED"
+    assert moved.reason == "receipt 'failed': 131026 Message undeliverable"
 
 
 @pytest.mark.parametrize(("attempts", "expected"), [(1, 60), (2, 300), (5, 300)])
