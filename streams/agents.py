@@ -163,7 +163,10 @@ class Dispatcher:
                 probed.add(instance)
                 probe = True
             elif parked.due > now:
-                if not pauses.released(instance, parked.due, now):
+                if not (
+                    pauses.released(instance, parked.due, now)
+                    or self.processor.controls.released(parked.due, now)
+                ):
                     continue
                 release = True
             self._retries_queued.add(key)

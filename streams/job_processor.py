@@ -51,6 +51,7 @@ from streams.contract import (
     ReceiptReceived,
     StatusChanged,
 )
+from streams.controls import HOLD_S, Controls
 from streams.errors import (
     GatewayError,
     InstanceUnavailableError,
@@ -208,8 +209,11 @@ class JobProcessor:
         pacer: Pacer | None = None,
         pacing_wait_s: Mapping[str, float] | None = None,
         breaker_failures: int = 5,
+        controls: Controls | None = None,
     ) -> None:
         self.gateway = gateway
+        self.controls = controls or Controls()
+        """Operators' pauses of instances and campaigns (:mod:`streams.controls`)."""
         self.breaker_failures = breaker_failures
         """Transient failures in a row after which an instance is paused (0: never)."""
         self._failing: dict[str, int] = {}
@@ -280,6 +284,13 @@ class JobProcessor:
                 return Done(None)
             if verdict is LateVerdict.LATER:
                 return Park(self.late.retry_at(self._ts()), None)
+
+        if reprocess is None and not probe:
+            hold = self.controls.held(intent.instance_id, intent.purpose)
+            if hold is not None:
+                # An operator paused the instance or the campaign: the job waits unchanged
+                # until a resume releases its conversation.
+                return Park(self._ts() + HOLD_S, current)
 
         if not probe and reprocess is None and self.pauses.paused(intent.instance_id):
             # Nothing goes to a refused instance; the job waits for the probe, unchanged.

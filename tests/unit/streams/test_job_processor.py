@@ -576,3 +576,26 @@ async def test_failures_in_a_row_trip_the_instance_breaker() -> None:
         _intent(job_id=20, conversation_key="d", idempotency_key="k20"), 0, probe=True
     )
     assert isinstance(probe, Done) and not p.pauses.paused("i")
+
+
+async def test_a_held_instance_parks_its_jobs_unchanged_and_a_reprocess_goes_through() -> None:
+    gw = ScriptedGateway(OK, OK)
+    p, store, _ = _processor(gw)
+
+    @dataclasses.dataclass
+    class Ctl:
+        kind: str
+        target: str
+        action: str
+        reason: str = "maintenance"
+        actor: str = "ana"
+
+    p.controls.apply(Ctl("campaign", "promo", "pause"), NOW.timestamp())
+    held = await p.on_intent(_intent(purpose="promo"), 0)
+    assert isinstance(held, Park) and held.state is None and gw.sent == []
+    assert held.due >= NOW.timestamp() + 3600
+    other = await p.on_intent(_intent(job_id=8, idempotency_key="k8", purpose="otp"), 0)
+    assert isinstance(other, Done) and len(gw.sent) == 1
+    p.controls.apply(Ctl("campaign", "promo", "resume"), NOW.timestamp())
+    done = await p.on_intent(_intent(purpose="promo"), 0)
+    assert isinstance(done, Done) and done.state and done.state.status == "ACCEPTED"

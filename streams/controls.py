@@ -1,0 +1,201 @@
+"""Operators' pauses of instances and campaigns, as every worker sees them.
+
+An operator pauses an instance (``zapstream instances pause``) or a campaign (a
+``purpose``: ``zapstream campaigns pause``); the row they write in
+``outbox_controls`` reaches ``zapstream.controls`` (one partition, compacted,
+keyed ``kind:target``) through the relay. Every worker reads the whole topic with
+a consumer of its own, outside the consumer group (:class:`ControlsReader`), so
+each knows every pause whatever partitions it owns.
+
+While held, a job is not sent: its conversation parks (the job stays PENDING, the
+partition's offsets keep moving) with a due time a day away. When any control is
+resumed, the parked conversations held by a control are released at the next
+timer tick; those still held park again. A resumed instance starts slowly
+(:meth:`streams.pacing.Pacer.slow_start`).
+
+Sans-IO apart from :class:`ControlsReader`; decisions take ``now`` (epoch seconds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from prometheus_client import Gauge
+
+log = logging.getLogger(__name__)
+
+HOLD_S = 86_400.0
+"""How far away a held conversation's due time is set; a resume releases it earlier."""
+
+PAUSED = Gauge(
+    "zapstream_control_paused",
+    "1 while an operator's pause holds an instance's or a campaign's messages",
+    ["kind", "target"],
+)
+
+
+class Control(Protocol):
+    """What a ``zapstream.controls`` record says (``streams.contract.ControlChanged``)."""
+
+    kind: str
+    target: str
+    action: str
+    reason: str
+    actor: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Hold:
+    kind: str
+    target: str
+    reason: str
+    actor: str
+
+    def describe(self) -> str:
+        return f"{self.kind} {self.target} paused by {self.actor}: {self.reason}"
+
+
+class Controls:
+    """The latest pause or resume of every instance and campaign."""
+
+    def __init__(self, *, release_window_s: float = 60.0) -> None:
+        self.release_window_s = release_window_s
+        self._held: dict[tuple[str, str], Hold] = {}
+        self._resumed_at: float | None = None
+        self.on_resume: Callable[[str, str], None] = lambda kind, target: None
+        """Called when an instance or campaign is resumed (the pacer's slow start)."""
+
+    def apply(self, control: Control, now: float) -> None:
+        key = (control.kind, control.target)
+        if control.action == "pause":
+            if key not in self._held:
+                log.warning(
+                    "%s %s paused by %s: %s",
+                    control.kind,
+                    control.target,
+                    control.actor,
+                    control.reason,
+                )
+            self._held[key] = Hold(control.kind, control.target, control.reason, control.actor)
+            PAUSED.labels(control.kind, control.target).set(1)
+        elif control.action == "resume":
+            if self._held.pop(key, None) is not None:
+                log.warning(
+                    "%s %s resumed by %s: %s",
+                    control.kind,
+                    control.target,
+                    control.actor,
+                    control.reason,
+                )
+                self._resumed_at = now
+                self.on_resume(control.kind, control.target)
+            PAUSED.labels(control.kind, control.target).set(0)
+        else:
+            log.error("control %r for %s %s not understood", control.action, *key)
+
+    def held(self, instance: str, purpose: str | None) -> Hold | None:
+        """The pause holding a message of ``instance`` and ``purpose``, if any."""
+        if not self._held:
+            return None
+        hold = self._held.get(("instance", instance))
+        if hold is None and purpose:
+            hold = self._held.get(("campaign", purpose))
+        return hold
+
+    def paused(self) -> list[Hold]:
+        return list(self._held.values())
+
+    def released(self, due: float, now: float) -> bool:
+        """A conversation parked by a hold (due a day later) runs now: something resumed since."""
+        resumed = self._resumed_at
+        if resumed is None or now - resumed > self.release_window_s:
+            return False
+        return due - HOLD_S <= resumed
+
+
+class _Decode(Protocol):
+    def __call__(self, raw: bytes) -> Any: ...
+
+
+class ControlsReader:
+    """Reads ``zapstream.controls`` from its start, outside any consumer group, forever."""
+
+    def __init__(
+        self,
+        controls: Controls,
+        bootstrap_servers: list[str],
+        topic: str,
+        decode: _Decode,
+        *,
+        clock: Callable[[], float],
+        client_id: str = "zapstream-worker-controls",
+    ) -> None:
+        self.controls = controls
+        self.bootstrap_servers = bootstrap_servers
+        self.topic = topic
+        self.decode = decode
+        self.clock = clock
+        self.client_id = client_id
+        self._consumer: Any = None
+        self._task: asyncio.Task[None] | None = None
+        self.caught_up = asyncio.Event()
+
+    async def start(self) -> None:
+        from aiokafka import AIOKafkaConsumer, TopicPartition
+
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap_servers,
+            client_id=self.client_id,
+            group_id=None,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+        )
+        await consumer.start()
+        tp = TopicPartition(self.topic, 0)
+        consumer.assign([tp])
+        await consumer.seek_to_beginning(tp)
+        self._consumer = consumer
+        self._task = asyncio.create_task(self._read(tp), name="controls-reader")
+
+    async def _read(self, tp: Any) -> None:
+        from aiokafka.errors import KafkaError
+
+        consumer = self._consumer
+        away = False
+        while True:
+            try:
+                batches = await consumer.getmany(tp, timeout_ms=1000)
+            except KafkaError as exc:
+                # Kafka away: keep the controls we know; one line per outage.
+                if not away:
+                    log.warning("controls: cannot read %s (%s); retrying", self.topic, exc)
+                away = True
+                await asyncio.sleep(1.0)
+                continue
+            away = False
+            for records in batches.values():
+                for record in records:
+                    if record.value is None:
+                        continue
+                    try:
+                        control = self.decode(record.value)
+                    except ValueError as exc:
+                        log.error("control record %d does not decode: %s", record.offset, exc)
+                        continue
+                    self.controls.apply(control, self.clock())
+            highwater = consumer.highwater(tp)
+            if highwater is not None and await consumer.position(tp) >= highwater:
+                self.caught_up.set()
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            await consumer.stop()
