@@ -86,6 +86,7 @@ class Dispatcher:
         drain_timeout_s: float = 10.0,
         priority: str = Priority.OPERATIONAL,
         active_jobs: set[int] | None = None,
+        queued_jobs: set[int] | None = None,
     ) -> None:
         self.app = app
         self.topics = topics
@@ -98,6 +99,8 @@ class Dispatcher:
         self.topic = intents_topic(priority)
         self.active_jobs: set[int] = active_jobs if active_jobs is not None else set()
         """Jobs being sent, shared by the dispatchers of every priority."""
+        self.queued_jobs: set[int] = queued_jobs if queued_jobs is not None else set()
+        """Jobs whose intent waits in a lane (read, not yet run), shared likewise."""
         self._retries_queued: set[bytes] = set()
         self.lanes: ConversationLanes[_EventItem | _RetryDue] = ConversationLanes(
             self._handle, max_in_flight=max_in_flight, on_error=self._crash
@@ -128,12 +131,27 @@ class Dispatcher:
                 and record.command == Command.CANCEL
                 and record.job_id not in self.active_jobs
                 and self.processor.cancels_without_gateway(record)
+                and self._not_forgotten(record.job_id)
             ):
                 # Overtakes the job's intent if it is still queued in the lane.
                 await self.processor.on_cancel(record, item.partition)
                 event.ack()
                 continue
+            if isinstance(record, IntentCaptured):
+                self.queued_jobs.add(record.job_id)
             await self.lanes.submit(record.partition_key, item)
+
+    def _not_forgotten(self, job_id: int) -> bool:
+        """The table's view of the job is the whole truth: it holds the job, or the job is
+        waiting here (queued in a lane, parked), or the table never forgets. Otherwise the
+        job may be one the dedup horizon forgot, and its cancel goes through its lane, where
+        ``outbox_jobs`` is asked (:meth:`JobProcessor.recall`)."""
+        return (
+            self.processor.late is None
+            or self.processor.store.get(job_id) is not None
+            or job_id in self.queued_jobs
+            or self.parking.holds(job_id)
+        )
 
     async def fire_due_retries(self) -> None:
         """Timer: submit every due parked conversation of our partitions to its lane.
@@ -198,6 +216,7 @@ class Dispatcher:
             return
         record, partition = item.record, item.partition
         if isinstance(record, IntentCaptured):
+            self.queued_jobs.discard(record.job_id)
             await self._intent(record, partition)
         elif isinstance(record, ReceiptReceived):
             await self.processor.on_receipt(record, partition)

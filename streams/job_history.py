@@ -23,6 +23,8 @@ before the worker forgot it: the horizon (days) must stay far above the sink's l
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import datetime as dt
 import enum
 import logging
@@ -43,6 +45,13 @@ LATE_REDELIVERIES = Counter(
 )
 
 
+RECALLED = Counter(
+    "zapstream_jobs_recalled_total",
+    "Receipts and commands about jobs the dedup horizon forgot, answered from outbox_jobs",
+    ["result"],
+)
+
+
 class HistoryUnavailable(Exception):
     """The history could not answer; nothing may be decided from it now.
 
@@ -57,11 +66,26 @@ class HistoryUnavailable(Exception):
         self.retriable = not permanent
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class HistoricState:
+    """What ``outbox_jobs`` knows of a job the worker's table forgot."""
+
+    status: str
+    version: int
+    attempts: int
+    gateway_job_id: str | None
+    attempt_seq: int
+
+
 class JobHistory(Protocol):
-    """The long-term record of jobs (``outbox_jobs``), asked only about late redeliveries."""
+    """The long-term record of jobs (``outbox_jobs``), asked about jobs the table forgot."""
 
     async def status_of(self, job_id: int) -> str | None:
         """The job's status there, None when it has no row; raises :class:`HistoryUnavailable`."""
+        ...
+
+    async def state_of(self, job_id: int) -> HistoricState | None:
+        """The job's state there (for a receipt or a command about a forgotten job)."""
         ...
 
     async def start(self) -> None: ...
@@ -145,6 +169,19 @@ class LateRedeliveries:
             status or "<no row>",
         )
         return LateVerdict.DUPLICATE
+
+    async def recall(self, job_id: int) -> HistoricState | None:
+        """``outbox_jobs``' state of a job the table forgot, asking until it answers."""
+        while True:
+            try:
+                state = await self.history.state_of(job_id)
+            except HistoryUnavailable as exc:
+                self._unavailable(exc)
+                await asyncio.sleep(self.retry_s)
+                continue
+            self._available()
+            RECALLED.labels("found" if state is not None else "missing").inc()
+            return state
 
     def retry_at(self, now_ts: float) -> float:
         return now_ts + self.retry_s

@@ -247,6 +247,7 @@ class JobProcessor:
         ref = job_ref(intent)
         current = self.store.get(intent.job_id)
         if reprocess is not None:
+            current = await self.recall(ref)
             if current is None or S(current.status) not in REPROCESSABLE:
                 status = current.status if current else "unknown to this worker"
                 return Done(
@@ -603,7 +604,7 @@ class JobProcessor:
         ref = JobRef(
             command.job_id, command.idempotency_key, command.instance_id, command.conversation_key
         )
-        current = self.store.get(command.job_id)
+        current = await self.recall(ref)
         status = S(current.status) if current else S.PENDING
         why = f"cancel requested: {command.reason}"
         command_id = command.command_id
@@ -683,7 +684,7 @@ class JobProcessor:
         ref = JobRef(
             receipt.job_id, receipt.idempotency_key, receipt.instance_id, receipt.conversation_key
         )
-        current = self.store.get(receipt.job_id)
+        current = await self.recall(ref)
         if current is None:
             await self.publisher.job_dead(
                 JobDead(
@@ -731,6 +732,32 @@ class JobProcessor:
         return await self._put(dataclasses.replace(moved, receipt_events=events), partition)
 
     # --- helpers ----------------------------------------------------------------------
+
+    async def recall(self, ref: JobRef) -> StatusChanged | None:
+        """The job's state: the table's, else, for a job the dedup horizon forgot, what
+        ``outbox_jobs`` says (waiting while it cannot answer: a receipt or a command is
+        never decided on a guess). None: the job is new or still PENDING."""
+        current = self.store.get(ref.job_id)
+        if current is not None or self.late is None:
+            return current
+        old = await self.late.recall(ref.job_id)
+        if old is None or old.status == S.PENDING:
+            return None
+        return StatusChanged(
+            job_id=ref.job_id,
+            idempotency_key=ref.idempotency_key,
+            instance_id=ref.instance_id,
+            conversation_key=ref.conversation_key,
+            status=old.status,
+            previous=old.status,
+            version=old.version,
+            attempts=old.attempts,
+            gateway_job_id=old.gateway_job_id,
+            attempt_seq=old.attempt_seq,
+            attempt_id=f"{ref.job_id}-{old.attempt_seq}" if old.attempt_seq else None,
+            reason="recalled from outbox_jobs (past the dedup horizon)",
+            at=self.now().isoformat(),
+        )
 
     async def _put(self, state: StatusChanged, partition: int) -> StatusChanged:
         await self.store.put(state, partition)

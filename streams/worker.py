@@ -141,6 +141,7 @@ def build_worker_app(
         max_in_flight=settings.max_in_flight_bulk,
         priority=Priority.BULK,
         active_jobs=dispatcher.active_jobs,
+        queued_jobs=dispatcher.queued_jobs,
     )
     app.agent(topics.intents, name="dispatcher", concurrency=1)(dispatcher.consume)
     app.agent(topics.bulk_intents, name="bulk-dispatcher", concurrency=1)(bulk.consume)

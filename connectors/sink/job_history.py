@@ -16,10 +16,18 @@ from typing import Any
 import psycopg
 
 from connectors.failures import classify_postgres
-from streams.job_history import HistoryUnavailable
+from streams.job_history import HistoricState, HistoryUnavailable
 from streams.settings import PostgresSettings
 
 _STATUS = "SELECT status FROM outbox_jobs WHERE id = %s"
+# attempt_seq: the attempts ever made (each began with a move into ATTEMPTING), so a
+# reprocess of a forgotten job never reuses an attempt id the gateway saw.
+_STATE = (
+    "SELECT j.status, j.state_version, j.attempts, j.gateway_job_id, "
+    "(SELECT count(*) FROM outbox_job_events e WHERE e.job_id = j.id "
+    "AND e.to_status = 'ATTEMPTING' AND e.from_status IS DISTINCT FROM 'ATTEMPTING') "
+    "FROM outbox_jobs j WHERE j.id = %s"
+)
 
 
 class PostgresJobHistory:
@@ -38,11 +46,24 @@ class PostgresJobHistory:
         await self._drop()
 
     async def status_of(self, job_id: int) -> str | None:
+        row = await self._row(_STATUS, job_id)
+        return str(row[0]) if row is not None else None
+
+    async def state_of(self, job_id: int) -> HistoricState | None:
+        row = await self._row(_STATE, job_id)
+        if row is None:
+            return None
+        status, version, attempts, gateway_job_id, attempt_seq = row
+        return HistoricState(
+            str(status), int(version), int(attempts), gateway_job_id, int(attempt_seq)
+        )
+
+    async def _row(self, query: str, job_id: int) -> tuple[Any, ...] | None:
         async with self._lock:
             try:
                 async with asyncio.timeout(self._timeout_s):
                     conn = await self._connection()
-                    cur = await conn.execute(_STATUS, (job_id,))
+                    cur = await conn.execute(query, (job_id,))
                     row = await cur.fetchone()
             except psycopg.Error as exc:
                 await self._drop()
@@ -58,7 +79,7 @@ class PostgresJobHistory:
                 raise HistoryUnavailable(
                     f"outbox_jobs: no answer within {self._timeout_s:.0f}s ({exc!r})"
                 ) from exc
-        return str(row[0]) if row is not None else None
+        return tuple(row) if row is not None else None
 
     async def _connection(self) -> psycopg.AsyncConnection[Any]:
         if self._conn is None or self._conn.closed:

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 
 import pytest
 
-from streams.contract import IntentCaptured, JobStatus
-from streams.job_history import HistoryUnavailable, LateRedeliveries, LateVerdict
+from streams.contract import CommandRequested, IntentCaptured, JobStatus, ReceiptReceived
+from streams.job_history import HistoricState, HistoryUnavailable, LateRedeliveries, LateVerdict
 from streams.job_processor import Done, JobProcessor, Park, RetryPolicy
 from streams.ports import SendAccepted
+from tests.unit.streams.test_job_processor import (
+    OK as OK_SEND,
+)
 from tests.unit.streams.test_job_processor import (
     MemoryPublisher,
     MemoryStore,
@@ -32,6 +36,12 @@ class History:
         if self.error is not None:
             raise self.error
         return self.status
+
+    async def state_of(self, job_id: int) -> HistoricState | None:
+        self.asked.append(job_id)
+        if self.error is not None:
+            raise self.error
+        return HistoricState(self.status, 4, 1, "g-1", 2) if self.status else None
 
     async def start(self) -> None: ...
 
@@ -135,3 +145,92 @@ async def test_a_job_in_the_table_is_never_looked_up() -> None:
     await processor.on_intent(_intent(OLD), 0)
     assert await processor.on_intent(_intent(OLD), 0) == Done(None)  # settled: a redelivery
     assert history.asked == [7] and len(gateway.sent) == 1
+
+
+def _recalling(history: History) -> tuple[JobProcessor, ScriptedGateway]:
+    gw = ScriptedGateway(OK_SEND)
+    processor = JobProcessor(
+        gw,
+        MemoryStore(),
+        MemoryPublisher(),
+        RetryPolicy(schedule_s=(60,), jitter=0.0),
+        now=lambda: NOW,
+        late=_late(history),
+    )
+    return processor, gw
+
+
+async def test_a_receipt_for_a_forgotten_job_is_applied_from_outbox_jobs() -> None:
+    processor, _ = _recalling(History(S.ACCEPTED))
+    receipt = ReceiptReceived(
+        event_id="e-read",
+        job_id=7,
+        idempotency_key="k",
+        instance_id="i",
+        conversation_key="c",
+        gateway="stackzap",
+        gateway_job_id="g-1",
+        label="read",
+        status="READ",
+    )
+    moved = await processor.on_receipt(receipt, 0)
+    assert moved is not None and moved.status == "READ"
+    assert moved.version == 5  # after outbox_jobs' version 4: the sink applies it
+
+
+async def test_a_cancel_of_a_forgotten_accepted_job_asks_the_gateway() -> None:
+    processor, gw = _recalling(History(S.ACCEPTED))
+    command = CommandRequested(
+        command_id=1,
+        job_id=7,
+        idempotency_key="k",
+        instance_id="i",
+        conversation_key="c",
+        command="cancel",
+        reason="customer asked",
+        actor="ana",
+    )
+    state = await processor.on_cancel(command, 0)
+    assert state is not None and state.status == "CANCELLED"
+    assert gw.cancelled == ["g-1"]
+
+
+async def test_a_reprocess_of_a_forgotten_dead_job_never_reuses_an_attempt_id() -> None:
+    processor, gw = _recalling(History(S.DEAD))
+    command = CommandRequested(
+        command_id=2,
+        job_id=7,
+        idempotency_key="k",
+        instance_id="i",
+        conversation_key="c",
+        command="reprocess",
+        reason="fixed the number",
+        actor="ana",
+    )
+    outcome = await processor.on_intent(_intent(None), 0, reprocess=command)
+    assert isinstance(outcome, Done) and outcome.state and outcome.state.status == "ACCEPTED"
+    assert [m.reference for m in gw.sent] == ["7-3"]  # outbox_jobs counted 2 attempts
+
+
+async def test_a_receipt_waits_while_outbox_jobs_cannot_answer() -> None:
+    history = History(S.ACCEPTED, error=HistoryUnavailable("refused"))
+    processor, _ = _recalling(history)
+    assert processor.late is not None
+    processor.late.retry_s = 0.01
+    receipt = ReceiptReceived(
+        event_id="e1",
+        job_id=7,
+        idempotency_key="k",
+        instance_id="i",
+        conversation_key="c",
+        gateway="stackzap",
+        gateway_job_id="g-1",
+        label="delivered",
+        status="DELIVERED",
+    )
+    task = asyncio.ensure_future(processor.on_receipt(receipt, 0))
+    await asyncio.sleep(0.05)
+    assert not task.done() and len(history.asked) >= 2
+    history.error = None
+    moved = await asyncio.wait_for(task, 1.0)
+    assert moved is not None and moved.status == "DELIVERED"
