@@ -183,11 +183,13 @@ def test_jobs_the_sink_has_not_written_are_never_forgotten(pipeline: LocalPipeli
     # that got the 50 jobs (the others stay current: the sink has all of them). Once it
     # is past horizon + margin + a few scans, an unguarded horizon would have forgotten them.
     wait_until(
-        lambda: max(
-            worker.metric("zapstream_dedup_sink_durable_age_seconds", partition=str(p))
-            for p in range(4)
-        )
-        > 8,
+        lambda: (
+            max(
+                worker.metric("zapstream_dedup_sink_durable_age_seconds", partition=str(p))
+                for p in range(4)
+            )
+            > 8
+        ),
         60,
         "the sink's known progress to fall behind the horizon",
     )
@@ -216,6 +218,34 @@ async def test_postgres_job_history_answers_and_classifies_outages(outbox_db: st
     try:
         assert await history.status_of(job_id) == "PENDING"
         assert await history.status_of(job_id + 1_000_000) is None
+        with psycopg.connect(outbox_db, autocommit=True) as conn:
+            conn.execute(
+                "UPDATE outbox_jobs SET status = 'ACCEPTED', state_version = 3, attempts = 1, "
+                "gateway_job_id = 'g-9' WHERE id = %s",
+                (job_id,),
+            )
+            for version, (before, after) in enumerate(
+                [
+                    ("PENDING", "ATTEMPTING"),
+                    ("ATTEMPTING", "RETRY_WAIT"),
+                    ("RETRY_WAIT", "ATTEMPTING"),
+                ]
+            ):
+                conn.execute(
+                    "INSERT INTO outbox_job_events (job_id, from_status, to_status, version, actor)"
+                    " VALUES (%s, %s, %s, %s, 'worker')",
+                    (job_id, before, after, version + 1),
+                )
+        state = await history.state_of(job_id)
+        assert state is not None
+        assert (state.status, state.version, state.attempts, state.gateway_job_id) == (
+            "ACCEPTED",
+            3,
+            1,
+            "g-9",
+        )
+        assert state.attempt_seq == 2  # two moves into ATTEMPTING: attempts 1 and 2
+        assert await history.state_of(job_id + 1_000_000) is None
     finally:
         await history.stop()
 
