@@ -280,7 +280,12 @@ def test_misspelt_variable_is_named_with_a_suggestion(command: str) -> None:
             "many",
             "ZAPSTREAM_RELAY_MAX_IN_FLIGHT: must be",
         ),
-        ("worker", "ZAPSTREAM_GATEWAY", "whatsapp", "ZAPSTREAM_GATEWAY: must be 'stackzap' or"),
+        (
+            "worker",
+            "ZAPSTREAM_GATEWAY",
+            "whatsapp",
+            "ZAPSTREAM_GATEWAY: must be 'stackzap', 'zapapi' or",
+        ),
         (
             "worker",
             "ZAPSTREAM_WORKER_RETRY_SCHEDULE_S",

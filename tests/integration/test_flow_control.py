@@ -18,6 +18,7 @@ import orjson
 import psycopg
 import pytest
 
+from devtools.bench_support import slot_confirmed
 from devtools.delivery_audit import KEY_IN_TEXT, audit, demo_key, demo_text
 from devtools.devstack import ManagedProcess, find_free_port
 from devtools.local_pipeline import LocalPipeline
@@ -309,7 +310,14 @@ def test_operational_messages_overtake_a_100k_bulk_campaign_on_the_same_instance
             "FROM generate_series(1, %s) AS n",
             (busy, campaign),
         )
-    # The campaign is in Kafka and the instance busy with it before operational traffic.
+        end_lsn = str(conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0])  # type: ignore[index]
+    # The whole campaign is in Kafka (the relay confirmed past it: operational commits are
+    # not behind it in the WAL any more) and the instance busy with it.
+    wait_until(
+        lambda: slot_confirmed(pipeline.dsn, "zapstream_outbox", end_lsn),
+        120,
+        "the relay streaming the campaign into Kafka",
+    )
     wait_until(
         lambda: len(pipeline.sim_messages()) >= 200, 120, "the campaign reaching the gateway"
     )
