@@ -24,6 +24,7 @@ import psycopg
 import pytest
 from psycopg import errors
 
+from connectors.cdc.provisioning import ensure_replication
 from connectors.ops.controls_cli import EXIT_DONE, EXIT_REFUSED, list_targets, set_control
 from connectors.outbox.controls import (
     InvalidControl,
@@ -251,6 +252,30 @@ def test_cli_functions_pause_refuse_and_list(outbox_db: str) -> None:
     (mine,) = [t for t in json.loads(listing.getvalue()) if t["target"] == instance]
     assert (mine["paused"], mine["actor"], mine["reason"]) == (True, "bob", "still flagged")
     assert mine["waiting"] == 2 and 90 <= mine["oldest_waiting_age_s"] < 150
+
+
+def test_a_publication_from_before_controls_gets_the_table_added(outbox_db: str) -> None:
+    publication, slot = _name("older_pub").replace("-", "_"), _name("older_slot").replace("-", "_")
+    with psycopg.connect(outbox_db, autocommit=True) as conn:
+        conn.execute(
+            f"CREATE PUBLICATION {publication} FOR TABLE outbox_jobs, outbox_commands "
+            "WITH (publish = 'insert')"
+        )
+    try:
+        ensure_replication(outbox_db, slot=slot, publication=publication)
+        with psycopg.connect(outbox_db, autocommit=True) as conn:
+            tables = {
+                str(t)
+                for (t,) in conn.execute(
+                    "SELECT tablename FROM pg_publication_tables WHERE pubname = %s",
+                    (publication,),
+                )
+            }
+    finally:
+        with psycopg.connect(outbox_db, autocommit=True) as conn:
+            conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+            conn.execute(f"DROP PUBLICATION {publication}")
+    assert tables == {"outbox_jobs", "outbox_commands", "outbox_replays", "outbox_controls"}
 
 
 # --- through the relay, with the real command line ------------------------------------------
