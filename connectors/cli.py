@@ -11,6 +11,7 @@ state sink and the relay are built here and handed to the parts that use them.
     zapstream sink                job states from Kafka back into PostgreSQL
     zapstream webhook             gateway status callbacks (receipts), HMAC-signed
     zapstream jobs list|cancel|reprocess   operators: see, cancel and re-send jobs
+    zapstream instances|campaigns pause|resume|list   operators: hold and release sending
     zapstream doctor [--json]     check database, slot, Kafka, topics and gateway credentials
 
 A configuration error (an invalid value, a misspelt ``ZAPSTREAM_*`` variable, a
@@ -36,6 +37,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from connectors.ops.controls_cli import add_controls_parser
 from connectors.ops.jobs_cli import add_jobs_parser
 
 if TYPE_CHECKING:
@@ -273,6 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
         func=_cmd_webhook
     )
     add_jobs_parser(sub)
+    add_controls_parser(sub)
     return parser
 
 

@@ -39,6 +39,11 @@ DEAD = "zapstream.dead"
 """Jobs that exhausted their attempts or hit a poison record, with every error."""
 PARKED = "zapstream.parked"
 """Changelog of the worker's parked conversations (compacted, co-partitioned with intents)."""
+CONTROLS = "zapstream.controls"
+"""Operators' pauses and resumes of an instance or a campaign (:class:`ControlChanged`,
+from ``outbox_controls`` via CDC): one partition, compacted, keyed by
+:func:`control_key`, so the latest action per target survives and every worker
+reads all of them."""
 
 # Headers set on every record the relay produces.
 HEADER_SCHEMA = "zapstream-schema"
@@ -313,6 +318,53 @@ class Command(enum.StrEnum):
     REPROCESS = "reprocess"
 
 
+class ControlKind(enum.StrEnum):
+    """What a control holds: one WhatsApp instance, or one campaign (the jobs' ``purpose``)."""
+
+    INSTANCE = "instance"
+    CAMPAIGN = "campaign"
+
+
+class ControlAction(enum.StrEnum):
+    PAUSE = "pause"
+    RESUME = "resume"
+
+
+def control_key(kind: str, target: str) -> bytes:
+    """Key of a control on :data:`CONTROLS`: ``b"<kind>:<target>"``; compaction keeps the latest."""
+    return f"{kind}:{target}".encode()
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ControlChanged(Record):
+    """An operator paused or resumed an instance or a campaign. Published to :data:`CONTROLS`.
+
+    From an ``outbox_controls`` row via CDC. The latest record per key is the
+    target's state: paused while its ``action`` is ``pause``.
+    """
+
+    SCHEMA: ClassVar[str] = "zapstream.control.v1"
+
+    kind: str
+    """``instance`` or ``campaign`` (:class:`ControlKind`)."""
+    target: str
+    """The instance id, or the campaign's ``purpose``."""
+    action: str
+    """``pause`` or ``resume`` (:class:`ControlAction`)."""
+    reason: str
+    actor: str
+    at: str | None
+    """When the control was written (``outbox_controls.created_at``, ISO 8601)."""
+    control_id: int
+    """``outbox_controls.id``: later controls of a target have higher ids."""
+    lsn: str = "0/0"
+    """End LSN of the transaction that wrote it, for tracing a record back to the WAL."""
+
+    @property
+    def partition_key(self) -> bytes:
+        return control_key(self.kind, self.target)
+
+
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class ReceiptReceived(Record):
     """A gateway status callback (sent/delivered/read/failed), verified and looked up.
@@ -379,6 +431,7 @@ def decode_topic_record(raw: bytes) -> Record:
         JobDead,
         CommandRequested,
         ReceiptReceived,
+        ControlChanged,
     ):
         if cls.SCHEMA == schema:
             return cls.from_dict(data)
@@ -417,6 +470,8 @@ def topic_specs(partitions: int, changelog_topics: tuple[str, ...] = ()) -> list
         TopicSpec(PARKED, partitions, compacted),
         TopicSpec(INVALID, 1, {"cleanup.policy": "delete", "retention.ms": "-1"}),
         TopicSpec(DEAD, 1, {"cleanup.policy": "delete", "retention.ms": "-1"}),
+        # No min.compaction.lag: only the latest control per target matters.
+        TopicSpec(CONTROLS, 1, {"cleanup.policy": "compact"}),
     ]
     specs.extend(TopicSpec(name, partitions, compacted) for name in changelog_topics)
     return specs

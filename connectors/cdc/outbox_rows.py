@@ -1,4 +1,4 @@
-"""Turn an ``outbox_jobs`` or ``outbox_commands`` row, as pgoutput delivers it, into a record.
+"""Turn an outbox row (jobs, commands, replays, controls), as pgoutput delivers it, into a record.
 
 pgoutput gives every column as PostgreSQL's text output (``None`` for NULL).
 A row that cannot become an intent (payload not an object, unknown type,
@@ -8,7 +8,9 @@ carrying the whole row and the reason: the relay publishes it to
 The intent rules are :mod:`connectors.outbox.rules`, the ones
 :func:`~connectors.outbox.enqueue.enqueue` applies before the INSERT.
 An ``outbox_commands`` row becomes a :class:`~streams.contract.CommandRequested`
-(:func:`command_row_to_record`), or likewise a rejection.
+(:func:`command_row_to_record`), an ``outbox_controls`` row a
+:class:`~streams.contract.ControlChanged` (:func:`control_row_to_record`), or
+likewise a rejection.
 
 The relay's hot path takes :func:`row_to_intent`: the same validation, but the
 intent comes as a :class:`CapturedIntent`, its JSON object built directly (byte
@@ -39,6 +41,9 @@ from connectors.outbox.rules import (
 from streams.contract import (
     Command,
     CommandRequested,
+    ControlAction,
+    ControlChanged,
+    ControlKind,
     IntentCaptured,
     IntentRejected,
     Priority,
@@ -310,6 +315,56 @@ def replay_row_to_record(
     if isinstance(record, IntentRejected):
         return dataclasses.replace(record, row=dict(row))
     return record
+
+
+def control_row_to_record(
+    row: Mapping[str, str | None], *, lsn: str, committed_at: str | None
+) -> ControlChanged | IntentRejected:
+    """Validate one inserted ``outbox_controls`` row; return the control or the rejection.
+
+    The table's CHECK constraints make a bad row unlikely, but the relay does not
+    trust the schema it streams from (a table created by hand, a constraint
+    dropped): an unknown kind or action, or an empty target, reason or actor,
+    becomes an :class:`~streams.contract.IntentRejected` (``job_id`` None, the
+    whole row) on ``zapstream.invalid``, and the stream goes on.
+    """
+    try:
+        control_id = _row_id(row, "id")
+        if control_id is None:
+            raise _Reject("id is missing")
+        kind = row.get("kind")
+        if kind not in _CONTROL_KINDS:
+            raise _Reject(f"unknown control kind {kind!r} (instance or campaign)")
+        action = row.get("action")
+        if action not in _CONTROL_ACTIONS:
+            raise _Reject(f"unknown control action {action!r} (pause or resume)")
+        target = _required(row, "target").strip()
+        if not target:
+            raise _Reject("target is empty")
+        reason = (row.get("reason") or "").strip()
+        if not reason:
+            raise _Reject("reason is missing or empty")
+        actor = (row.get("actor") or "").strip()
+        if not actor:
+            raise _Reject("actor is missing or empty")
+        return ControlChanged(
+            kind=kind,
+            target=target,
+            action=action,
+            reason=reason,
+            actor=actor,
+            at=_timestamp(row.get("created_at")),
+            control_id=control_id,
+            lsn=lsn,
+        )
+    except (_Reject, RuleViolation) as rejected:
+        return IntentRejected(
+            job_id=None, reason=str(rejected), row=dict(row), lsn=lsn, committed_at=committed_at
+        )
+
+
+_CONTROL_KINDS = frozenset(k.value for k in ControlKind)
+_CONTROL_ACTIONS = frozenset(a.value for a in ControlAction)
 
 
 # --- keeping records producible ------------------------------------------------------------

@@ -9,7 +9,9 @@
    the relay sees it only as a :class:`~connectors.cdc.source.ReplicationSource`);
 3. turns each inserted row into an ``IntentCaptured`` on ``zapstream.intents``
    keyed by instance and conversation, or an ``IntentRejected`` on
-   ``zapstream.invalid`` with the reason; records are appended to one batch per
+   ``zapstream.invalid`` with the reason (an ``outbox_commands`` row becomes a
+   ``CommandRequested`` on ``zapstream.intents``, an ``outbox_controls`` row a
+   ``ControlChanged`` on ``zapstream.controls``); records are appended to one batch per
    partition (the partition aiokafka's, Faust's and the Java client's murmur2
    partitioner gives the key) and a batch is produced when full, when no more
    WAL is at hand (after a 2 ms linger) or before the relay waits for room;
@@ -89,6 +91,7 @@ from connectors.cdc.outbox_rows import (
     INTENT_COLUMNS,
     CapturedIntent,
     command_row_to_record,
+    control_row_to_record,
     minimal_rejection,
     reduced_rejection,
     replay_row_to_record,
@@ -97,6 +100,7 @@ from connectors.cdc.outbox_rows import (
 from connectors.cdc.pgoutput import Begin, Commit, Insert, PgOutputDecoder
 from connectors.cdc.provisioning import (
     COMMANDS_TABLE,
+    CONTROLS_TABLE,
     OUTBOX_TABLE,
     PUBLISHED_TABLES,
     REPLAYS_TABLE,
@@ -114,12 +118,14 @@ from connectors.cdc.replication_stream import (
 from connectors.cdc.settings import RelaySettings
 from connectors.cdc.source import ReplicationSource
 from streams.contract import (
+    CONTROLS,
     HEADER_JOB_ID,
     HEADER_LSN,
     HEADER_SCHEMA,
     INTENTS,
     INVALID,
     CommandRequested,
+    ControlChanged,
     IntentCaptured,
     IntentRejected,
     Record,
@@ -130,17 +136,20 @@ log = logging.getLogger(__name__)
 
 Outgoing: TypeAlias = Record | CapturedIntent
 """What the relay produces: a contract record, or an intent already in its JSON form."""
-Converted: TypeAlias = CapturedIntent | IntentCaptured | CommandRequested | IntentRejected
+Converted: TypeAlias = (
+    CapturedIntent | IntentCaptured | CommandRequested | ControlChanged | IntentRejected
+)
 
 _CONVERTERS: dict[str, Callable[..., Converted]] = {
     OUTBOX_TABLE: row_to_intent,
     COMMANDS_TABLE: command_row_to_record,
     REPLAYS_TABLE: replay_row_to_record,
+    CONTROLS_TABLE: control_row_to_record,
 }
 
 _SCHEMA_HEADERS: dict[type, bytes] = {
     cls: cls.SCHEMA.encode()
-    for cls in (IntentCaptured, CommandRequested, IntentRejected, CapturedIntent)
+    for cls in (IntentCaptured, CommandRequested, ControlChanged, IntentRejected, CapturedIntent)
 }
 """The ``zapstream-schema`` header value of each record type the relay produces."""
 
@@ -741,7 +750,7 @@ class OutboxRelay:
             reason = record.reason
         else:
             reason = f"record too large: {size} bytes over the relay's {s.max_record_bytes}"
-        job_id = record.job_id
+        job_id = getattr(record, "job_id", None)
         reduced = reduced_rejection(
             job_id=job_id,
             reason=reason,
@@ -769,6 +778,8 @@ class OutboxRelay:
                 "job_id": str(record.job_id),
                 "command": str(record.command),
             }
+        elif isinstance(record, ControlChanged):
+            reference = {"id": str(record.control_id)}
         else:
             reference = None
         return minimal_rejection(
@@ -781,7 +792,7 @@ class OutboxRelay:
 
     @staticmethod
     def _route(record: Outgoing) -> tuple[str, bytes]:
-        """Topic and key of a record: intents by conversation, rejections by job id."""
+        """Topic and key: intents by conversation, controls by target, rejections by job id."""
         if isinstance(record, CapturedIntent):
             return record.topic, record.partition_key
         if isinstance(record, IntentCaptured):
@@ -789,6 +800,9 @@ class OutboxRelay:
             return intents_topic(record.priority), record.partition_key
         if isinstance(record, CommandRequested):
             return INTENTS, record.partition_key
+        if isinstance(record, ControlChanged):
+            # One partition, compacted by "<kind>:<target>": every worker reads every control.
+            return CONTROLS, record.partition_key
         assert isinstance(record, IntentRejected)
         return INVALID, str(record.job_id).encode()
 

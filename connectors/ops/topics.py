@@ -25,6 +25,7 @@ from connectors.failures import Backoff, OutageLog
 from connectors.ops.config_errors import StartupRefused
 from streams.contract import (
     BULK_INTENTS,
+    CONTROLS,
     DEAD,
     INTENTS,
     INVALID,
@@ -44,8 +45,8 @@ class TopicMismatch(StartupRefused):
 
 
 _NEEDS: dict[str, tuple[str, ...] | None] = {
-    "worker": None,  # every topic: it reads intents, writes the rest, owns both changelogs
-    "relay": (INTENTS, BULK_INTENTS, INVALID),
+    "worker": None,  # every topic: it reads intents and controls, writes the rest, owns changelogs
+    "relay": (INTENTS, BULK_INTENTS, INVALID, CONTROLS),
     "sink": (STATE, INVALID, DEAD),
     "webhook": (INTENTS, DEAD),
 }

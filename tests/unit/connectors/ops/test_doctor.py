@@ -13,7 +13,16 @@ from connectors.ops.topics import (
     topic_problems,
     worker_topic_specs,
 )
-from streams.contract import BULK_INTENTS, DEAD, INTENTS, INVALID, PARKED, RESULTS, STATE
+from streams.contract import (
+    BULK_INTENTS,
+    CONTROLS,
+    DEAD,
+    INTENTS,
+    INVALID,
+    PARKED,
+    RESULTS,
+    STATE,
+)
 from streams.settings import KafkaSettings
 
 
@@ -28,8 +37,9 @@ def test_worker_needs_every_topic_and_the_relay_what_it_produces_to() -> None:
         PARKED: 8,
         INVALID: 1,
         DEAD: 1,
+        CONTROLS: 1,
     }
-    assert {s.name for s in relay_topic_specs(kafka)} == {INTENTS, BULK_INTENTS, INVALID}
+    assert {s.name for s in relay_topic_specs(kafka)} == {INTENTS, BULK_INTENTS, INVALID, CONTROLS}
     assert {s.name for s in deployable_topic_specs("sink", kafka)} == {STATE, INVALID, DEAD}
     assert {s.name for s in deployable_topic_specs("webhook", kafka)} == {INTENTS, DEAD}
 
@@ -41,7 +51,7 @@ def test_matching_topics_have_no_problem() -> None:
 
 def test_a_partition_mismatch_names_the_topic_and_the_setting() -> None:
     specs = relay_topic_specs(KafkaSettings(partitions=8))
-    problems = topic_problems({INTENTS: 4, BULK_INTENTS: 8, INVALID: 1}, specs)
+    problems = topic_problems({INTENTS: 4, BULK_INTENTS: 8, INVALID: 1, CONTROLS: 1}, specs)
     assert problems == [
         "topic zapstream.intents has 4 partitions, ZAPSTREAM_KAFKA_PARTITIONS says 8: run "
         "`zapstream topics ensure` on a fresh cluster, or set ZAPSTREAM_KAFKA_PARTITIONS=4 if "
@@ -51,14 +61,14 @@ def test_a_partition_mismatch_names_the_topic_and_the_setting() -> None:
 
 def test_a_missing_topic_says_topics_ensure() -> None:
     specs = relay_topic_specs(KafkaSettings(partitions=8))
-    assert topic_problems({INTENTS: 8, BULK_INTENTS: 8}, specs) == [
+    assert topic_problems({INTENTS: 8, BULK_INTENTS: 8, CONTROLS: 1}, specs) == [
         "topic zapstream.invalid does not exist: run `zapstream topics ensure`"
     ]
 
 
 def test_a_single_partition_topic_with_more_partitions_is_named() -> None:
     specs = relay_topic_specs(KafkaSettings(partitions=8))
-    (problem,) = topic_problems({INTENTS: 8, BULK_INTENTS: 8, INVALID: 4}, specs)
+    (problem,) = topic_problems({INTENTS: 8, BULK_INTENTS: 8, INVALID: 4, CONTROLS: 1}, specs)
     assert problem.startswith("topic zapstream.invalid has 4 partitions, zapstream needs 1")
 
 
