@@ -15,7 +15,15 @@ from faust.types import TP
 
 from streams.agents import Dispatcher
 from streams.app import Resource, WorkerApp, build_app
-from streams.contract import INTENTS, Priority
+from streams.contract import (
+    CONTROLS,
+    INTENTS,
+    ContractError,
+    ControlChanged,
+    Priority,
+    decode_topic_record,
+)
+from streams.controls import Controls, ControlsReader
 from streams.dedup_horizon import DedupHorizon
 from streams.failure_log import FailureLog
 from streams.faust_monitor import setup_lean_prometheus
@@ -61,6 +69,13 @@ class PartitionShare:
         return self._value
 
 
+def decode_control(raw: bytes) -> ControlChanged:
+    record = decode_topic_record(raw)
+    if not isinstance(record, ControlChanged):
+        raise ContractError(f"unexpected record {record.SCHEMA} on {CONTROLS}")
+    return record
+
+
 def build_pacer(settings: WorkerSettings, share: Callable[[], float]) -> Pacer:
     interval = settings.recipient_interval_s
     if interval is None:
@@ -101,6 +116,15 @@ def build_worker_app(
             margin_s=settings.dedup_margin_s,
             retry_s=settings.dedup_lookup_retry_s,
         )
+    controls = Controls()
+    reader = ControlsReader(
+        controls,
+        settings.kafka.bootstrap_servers,
+        CONTROLS,
+        decode_control,
+        clock=time.time,
+    )
+    resources = [*resources, reader]
     app = build_app(settings, resources=[gateway, *resources])
     partitions = settings.kafka.partitions
     topics = register_topics(app, partitions)
@@ -118,11 +142,19 @@ def build_worker_app(
         late=late,
         pacer=build_pacer(settings, share),
         breaker_failures=settings.breaker_failures,
+        controls=controls,
         pacing_wait_s={
             Priority.OPERATIONAL: settings.pacing_wait_operational_s,
             Priority.BULK: settings.pacing_wait_bulk_s,
         },
     )
+    pacer = processor.pacer
+
+    def on_resume(kind: str, target: str) -> None:
+        if kind == "instance":
+            pacer.slow_start(target, pacer.clock())
+
+    controls.on_resume = on_resume
     parking_lot = ParkingLot(parked, topics.parked)
     dispatcher = Dispatcher(
         app,
