@@ -108,6 +108,9 @@ class DedupHorizon:
         self._position = 0
         self._keep: Collection[int] = frozenset()
         self.forgotten = 0
+        # Read at scrape time: a value set by the sweep would go stale while the sweep
+        # waits out a rebalance or a recovery.
+        JOBS_TABLE_SIZE.set_function(lambda: len(self.store))
 
     @property
     def store(self) -> Any:
@@ -142,7 +145,6 @@ class DedupHorizon:
             due.append((key, partition))
         if due:
             await self._forget(due)
-        JOBS_TABLE_SIZE.set(len(self.store))
         return len(due)
 
     def _partition_of(self, key: bytes, where: tuple[str, str, dt.datetime]) -> int:
