@@ -3,7 +3,7 @@
 1. N outbox rows are filled set-based while the relay is stopped, after its slot
    and an identical second slot were created; then the real ``zapstream relay``
    streams them until Kafka acknowledged them and the slot is confirmed
-   (``confirmed_flush_lsn`` reaches ``pg_current_wal_lsn()`` taken at fill end).
+   (``confirmed_flush_lsn`` reaches ``pg_current_wal_insert_lsn()`` taken at fill end).
 2. ``pg_recvlogical`` (pgoutput, proto_version 1, the same publication) drains
    the second slot to /dev/null up to the same LSN: PostgreSQL's own decoding.
 3. The outbox article's polling worker (``FOR UPDATE SKIP LOCKED``, batches of

@@ -117,14 +117,18 @@ def fill_outbox(
 ) -> str:
     """Insert rows ``start .. start+count-1`` set-based, ``batch`` rows per transaction.
 
-    Returns ``pg_current_wal_lsn()`` after the last commit (text).
+    Returns ``pg_current_wal_insert_lsn()`` after the last commit (text): the end of
+    the last commit record. Not ``pg_current_wal_lsn()``, the write position: with
+    ``synchronous_commit=off`` (the throwaway cluster) it can lag behind commits the
+    WAL writer has not flushed yet, and the slot can confirm past it before the relay
+    has even received them.
     """
     with psycopg.connect(dsn, autocommit=True) as conn:
         for lo in range(start, start + count, batch):
             hi = min(start + count, lo + batch) - 1
             params = {"run": run, "lo": lo, "hi": hi, "c": conversations, "i": instances}
             conn.execute(_FILL, params)
-        row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+        row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
     assert row is not None
     return str(row[0])
 

@@ -61,6 +61,13 @@ class WorkerApp(faust.App):
             await resource.stop()
 
 
+STREAM_BUFFER_MAXSIZE = 4096
+"""Events an agent's queue holds (Faust's default); fetching its topic stops at 80%."""
+MAX_POLL_RECORDS = 500
+"""Records one poll returns: under the 20% of an agent's queue left above the mark."""
+assert MAX_POLL_RECORDS < STREAM_BUFFER_MAXSIZE - int(STREAM_BUFFER_MAXSIZE / 1.25)
+
+
 def build_app(settings: WorkerSettings, resources: Sequence[Resource] = ()) -> WorkerApp:
     kafka = settings.kafka
     extra: dict[str, Any] = {}
@@ -86,13 +93,15 @@ def build_app(settings: WorkerSettings, resources: Sequence[Resource] = ()) -> W
         broker_commit_interval=settings.commit_interval_s,
         consumer_auto_offset_reset="earliest",
         # Faust's conductor hands each fetched record to its agent's queue and, when that
-        # queue is full, waits for it with every other topic's records behind: a bulk
-        # backlog whose agent waits for tokens holds operational intents back. A larger
-        # queue delays it; it does not prevent it (see the xfail in
-        # tests/integration/test_flow_control.py). A bounded poll (broker_max_poll_records
-        # 500) prevented it in a measurement but made a restarted worker stall after a
-        # SIGKILL (tests/integration/test_worker_crash.py), so it is not set.
-        stream_buffer_maxsize=20_000,
+        # queue is full, waits for room with every other topic's records behind it: a bulk
+        # backlog whose agent waits for tokens would hold operational intents back. It
+        # never fills: the consumer stops fetching a topic once its queue is 80% full
+        # (streams/transport.py: every partition of the topic, not just the one whose
+        # record crossed the mark), and a poll returns at most MAX_POLL_RECORDS, under the
+        # 20% left. Measured in tests/integration/test_flow_control.py (100,000-message
+        # campaign).
+        stream_buffer_maxsize=STREAM_BUFFER_MAXSIZE,
+        broker_max_poll_records=MAX_POLL_RECORDS,
         producer_acks=-1,
         table_standby_replicas=0,
         stream_ack_exceptions=False,

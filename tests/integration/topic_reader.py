@@ -15,6 +15,7 @@ class TopicRecord:
     key: bytes | None
     value: bytes
     headers: dict[str, bytes]
+    timestamp_ms: int = 0
 
 
 async def _read(bootstrap: str, topic: str, timeout_s: float) -> list[TopicRecord]:
@@ -46,7 +47,12 @@ async def _read(bootstrap: str, topic: str, timeout_s: float) -> list[TopicRecor
                     for m in messages:
                         out.append(
                             TopicRecord(
-                                tp.partition, m.offset, m.key, m.value or b"", dict(m.headers)
+                                tp.partition,
+                                m.offset,
+                                m.key,
+                                m.value or b"",
+                                dict(m.headers),
+                                m.timestamp,
                             )
                         )
         return out
