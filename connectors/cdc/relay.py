@@ -26,6 +26,13 @@ every ``standby_retry_s``, and takes over when the first one's connection ends.
 SIGTERM drains: stop reading WAL, wait for Kafka to acknowledge what is in
 flight (bounded by ``drain_timeout_s``), confirm it, close.
 
+Beside the stream, a :class:`~connectors.cdc.slot_monitor.SlotMonitor` on an
+ordinary connection exports the slot's lag and retained WAL (also while this
+relay is a standby or waits for Kafka) and, while streaming, writes a WAL
+heartbeat every ``heartbeat_interval_s`` so an idle outbox does not pin WAL.
+The metrics port serves ``/metrics``, ``/healthz`` and ``/readyz`` (200 only
+while streaming; see :mod:`connectors.cdc.metrics`).
+
 Failures are classified once (:mod:`connectors.cdc.failures`):
 
 - PostgreSQL away (connection refused or closed, SQLSTATE 08/53/57...): the
@@ -79,6 +86,7 @@ from connectors.cdc.failures import (
 from connectors.cdc.lsn import Lsn
 from connectors.cdc.metrics import (
     ACKED,
+    ACTIVE,
     COMMIT_TO_READ,
     CONFIRMED_LSN,
     INVALID_ROWS,
@@ -116,6 +124,7 @@ from connectors.cdc.replication_stream import (
     SlotNotFound,
 )
 from connectors.cdc.settings import RelaySettings
+from connectors.cdc.slot_monitor import SlotMonitor
 from connectors.cdc.source import ReplicationSource
 from streams.contract import (
     CONTROLS,
@@ -267,7 +276,11 @@ class OutboxRelay:
     ``send_batch`` too, records are produced in batches), ``source_factory`` (a new
     :class:`~connectors.cdc.source.ReplicationSource` per connection attempt) and
     ``provision`` (makes sure the publication and slot exist, returns the slot's
-    confirmed LSN).
+    confirmed LSN) and ``monitor`` (the :class:`~connectors.cdc.slot_monitor.SlotMonitor`
+    exporting the slot's lag and writing heartbeats; by default one on ``postgres.dsn``
+    when the source is the production one, none when a ``source_factory`` is injected).
+
+    :meth:`readiness` (``/readyz``) says whether this relay streams the slot now.
     """
 
     def __init__(
@@ -277,6 +290,7 @@ class OutboxRelay:
         *,
         source_factory: Callable[[], ReplicationSource] | None = None,
         provision: Callable[[], Awaitable[Lsn]] | None = None,
+        monitor: SlotMonitor | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
@@ -284,8 +298,24 @@ class OutboxRelay:
         self._latency = LatencyWindow()
         self._read_lag = LatencyWindow("commit->read", COMMIT_TO_READ)
         self._metrics = MetricsServer(
-            settings.metrics_port, bind_local=settings.metrics_bind_local, log=log
+            settings.metrics_port,
+            bind_local=settings.metrics_bind_local,
+            log=log,
+            ready=self.readiness,
         )
+        # What /readyz reports: connecting, standby or streaming (see readiness()).
+        self._state = "connecting"
+        # False from a Kafka failure until Kafka acknowledges a record again.
+        self._kafka_ok = True
+        if monitor is None and source_factory is None:
+            monitor = SlotMonitor(
+                settings.postgres.dsn,
+                settings.slot,
+                interval_s=settings.slot_metrics_interval_s,
+                heartbeat_interval_s=settings.heartbeat_interval_s,
+                streaming=self.is_streaming,
+            )
+        self._monitor = monitor
         self._producer = producer or build_producer(settings)
         self._new_source = source_factory or self._replication_stream
         self._provision = provision or self._ensure_replication
@@ -323,6 +353,24 @@ class OutboxRelay:
     def confirmed(self) -> Lsn:
         return self._reported
 
+    def is_streaming(self) -> bool:
+        """This relay streams the slot now (not a standby, not reconnecting)."""
+        return self._state == "streaming"
+
+    def readiness(self) -> tuple[bool, str]:
+        """(ready, why) for ``/readyz``: ready only while streaming with Kafka taking records."""
+        if self._stopping.is_set():
+            return False, "stopping"
+        if self._state != "streaming":
+            return False, self._state
+        if self._failure is not None or not self._kafka_ok:
+            return False, "kafka unavailable"
+        return True, "streaming"
+
+    def _set_state(self, state: str) -> None:
+        self._state = state
+        ACTIVE.set(1 if state == "streaming" else 0)
+
     @property
     def commit_to_ack(self) -> LatencyWindow:
         """Commit->Kafka-ack latencies of recent transactions (:mod:`connectors.cdc.metrics`)."""
@@ -351,6 +399,10 @@ class OutboxRelay:
                 f"cannot serve metrics on port {self.settings.metrics_port} ({exc}): set "
                 "ZAPSTREAM_RELAY_METRICS_PORT to a free port, or 0 to switch metrics off"
             ) from exc
+        self._set_state("connecting")
+        if self._monitor is not None:
+            # Before Kafka: the slot's lag is exported while the producer waits for brokers.
+            await self._monitor.start()
         # A producer without the batch methods (a test's fake) gets one send per record.
         producer = self._producer
         self._batching = all(
@@ -367,10 +419,12 @@ class OutboxRelay:
                     raise RelayConfigError(
                         f"Kafka refused the relay: {exc!r}; check ZAPSTREAM_KAFKA_BROKERS"
                     ) from exc
+                self._kafka_ok = False
                 self._kafka_outage.failed(repr(exc))
                 if await self._sleep(backoff.next_delay_s()):
                     return
         self._kafka_outage.recovered()
+        self._kafka_ok = True
         self._started = True
 
     def _backoff(self) -> Backoff:
@@ -393,7 +447,10 @@ class OutboxRelay:
             return
         self._stopped = True
         self.request_stop()
+        self._set_state("stopped")
         try:
+            if self._monitor is not None:
+                await self._monitor.stop()
             if self._started:
                 await self._producer.stop()
         finally:
@@ -453,6 +510,7 @@ class OutboxRelay:
             except SlotInUse:
                 await source.close()
                 self._pg_outage.recovered()
+                self._set_state("standby")
                 if not announced_standby:
                     log.info("relay standby: slot %s is streamed by another relay; waiting", s.slot)
                     announced_standby = True
@@ -460,6 +518,7 @@ class OutboxRelay:
                 continue
             except SlotNotFound:
                 await source.close()
+                self._set_state("connecting")
                 log.warning(
                     "replication slot %s is missing; recreating it. Rows committed while it "
                     "was missing are not streamed: run `zapstream outbox restream --older-than "
@@ -473,12 +532,14 @@ class OutboxRelay:
                 continue
             except ReplicationError as exc:
                 await source.close()
+                self._set_state("connecting")
                 self._pg_failed(exc)
                 await self._sleep(backoff.next_delay_s())
                 continue
             self._pg_outage.recovered()
             backoff.reset()
             announced_standby = False
+            self._set_state("streaming")
             try:
                 confirmed = await self._stream(source, confirmed)
             except ReplicationStreamClosed as exc:
@@ -496,6 +557,7 @@ class OutboxRelay:
                 confirmed = self._reported
                 await self._sleep(backoff.next_delay_s())
             finally:
+                self._set_state("connecting")
                 await source.close()
             if self._failure is not None:
                 failure = self._failure
@@ -503,6 +565,7 @@ class OutboxRelay:
                     raise RelayError("Kafka did not acknowledge a record") from failure
                 # E.g. a batch expired while the brokers were away: confirm nothing past
                 # it, let the rest settle, and stream again from the slot's position.
+                self._kafka_ok = False
                 self._kafka_outage.failed(repr(failure))
                 await self._settle_in_flight()
                 self._failure = None
@@ -963,6 +1026,7 @@ class OutboxRelay:
             self._fail(exc)
             return
         self._stats.acked += count
+        self._kafka_ok = True
         ACKED.inc(count)
         if tracker.records_outstanding < self.settings.max_in_flight:
             self._room.set()
@@ -1007,6 +1071,7 @@ class OutboxRelay:
             self._fail(failure)
             return
         self._stats.acked += 1
+        self._kafka_ok = True
         if tracker.records_outstanding < self.settings.max_in_flight:
             self._room.set()
 

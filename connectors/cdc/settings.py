@@ -24,6 +24,12 @@ class RelaySettings(SettingsBase):
     """Records sent to Kafka and not yet acknowledged before the relay stops reading WAL."""
     metrics_port: int = Field(default=0, ge=0, le=65535)
     """Serve Prometheus ``/metrics`` on this port (see :mod:`connectors.cdc.metrics`); 0: off."""
+    slot_metrics_interval_s: float = Field(default=10.0, gt=0)
+    """How often the slot's lag and retained WAL are read from PostgreSQL for ``/metrics``."""
+    heartbeat_interval_s: float = Field(default=60.0, ge=0)
+    """While streaming, write a non-transactional logical message this often so the slot's
+    confirmed position advances on an idle outbox (and an alert can see the relay live);
+    0: off."""
     metrics_bind_local: bool = True
     """Serve metrics on 127.0.0.1 only; false binds 0.0.0.0."""
     max_record_bytes: int = Field(default=256 * 1024, ge=4096, le=900 * 1024)
