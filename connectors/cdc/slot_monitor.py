@@ -32,7 +32,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
@@ -88,7 +88,8 @@ class SlotMonitor:
     """Reads the slot's position for ``/metrics`` and writes heartbeats while ``streaming()``.
 
     A service: :meth:`start`, an idempotent :meth:`stop`, ``async with``.
-    ``heartbeat_interval_s`` 0 writes no heartbeat.
+    ``heartbeat_interval_s`` 0 writes no heartbeat. ``connect`` opens the
+    connection (default: an autocommit psycopg connection to ``dsn``; tests fake it).
     """
 
     def __init__(
@@ -100,8 +101,10 @@ class SlotMonitor:
         heartbeat_interval_s: float,
         streaming: Callable[[], bool],
         clock: Callable[[], float] = time.time,
+        connect: Callable[[], Awaitable[psycopg.AsyncConnection[Any]]] | None = None,
     ) -> None:
         self._dsn = dsn
+        self._connect = connect or self._connect_dsn
         self._slot = slot
         self._interval_s = interval_s
         self._heartbeat_s = heartbeat_interval_s
@@ -205,11 +208,14 @@ class SlotMonitor:
         conn = self._conn
         if conn is None or conn.closed:
             async with asyncio.timeout(max(5.0, self._interval_s)):
-                conn = await psycopg.AsyncConnection.connect(
-                    self._dsn, autocommit=True, application_name="zapstream-relay-monitor"
-                )
+                conn = await self._connect()
             self._conn = conn
         return conn
+
+    async def _connect_dsn(self) -> psycopg.AsyncConnection[Any]:
+        return await psycopg.AsyncConnection.connect(
+            self._dsn, autocommit=True, application_name="zapstream-relay-monitor"
+        )
 
     async def _failed(self, exc: BaseException) -> None:
         self._outage.failed(classify_exception(exc).problem)
