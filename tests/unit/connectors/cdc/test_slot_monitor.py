@@ -12,6 +12,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from aiokafka.errors import KafkaTimeoutError
 from prometheus_client import REGISTRY
 
 from connectors.cdc.slot_monitor import HEARTBEAT_PREFIX, SlotMonitor, SlotPosition
@@ -19,6 +20,8 @@ from tests.unit.connectors.cdc.test_relay_loop import (
     DEADLINE_S,
     FakeSource,
     Harness,
+    Txn,
+    relation_message,
     until,
 )
 
@@ -204,3 +207,25 @@ async def test_readiness_follows_standby_streaming_and_stop() -> None:
         assert h.relay.readiness() == (False, "stopping")
         await asyncio.wait_for(task, DEADLINE_S)
     assert _sample("zapstream_relay_active") == 0
+
+
+async def test_not_ready_from_a_kafka_failure_until_kafka_acknowledges_again() -> None:
+    # Reconnects slow enough to see the relay streaming again before Kafka answers.
+    h = Harness(sources=2, reconnect_initial_s=0.01, reconnect_max_s=0.02)
+    first, second = h.sources
+    t1, t2 = Txn(1), Txn(2)
+    async with h.running() as task:
+        first.push(relation_message(), *t1.messages(), *t2.messages())
+        await until(lambda: len(h.producer.sent) == 2, "two sends")
+        h.producer.ack(*t1.job_ids)
+        await until(lambda: h.relay.readiness() == (True, "streaming"), "ready")
+        h.producer.of(t2.job_ids[0]).set_exception(KafkaTimeoutError("batch expired"))
+        await until(lambda: h.relay.readiness()[0] is False, "not ready after the failure")
+        second.push(relation_message(), *t2.messages())
+        # Streaming the slot again, but Kafka has not taken a record since the failure.
+        await until(lambda: len(h.producer.sent) == 3, "t2 produced again")
+        assert h.relay.readiness() == (False, "kafka unavailable")
+        h.producer.ack(*t2.job_ids)
+        await until(lambda: h.relay.readiness() == (True, "streaming"), "ready again")
+        h.relay.request_stop()
+        await asyncio.wait_for(task, DEADLINE_S)
