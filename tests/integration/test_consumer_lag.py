@@ -178,3 +178,78 @@ def test_the_lag_monitor_stops_on_sigterm(pipeline: LocalPipeline) -> None:
     )
     monitor.kill(signal.SIGTERM)
     assert monitor.wait(timeout_s=15) == 0, monitor.log_tail()
+
+
+async def _produce(bootstrap: str, topic: str, values: list[bytes], *, batched: bool) -> list[int]:
+    """Produce to partition 0: one request per record, or all in one batch; return timestamps."""
+    from aiokafka import AIOKafkaProducer
+
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=50 if batched else 0)
+    await producer.start()
+    try:
+        if batched:
+            futures = [await producer.send(topic, v, partition=0) for v in values]
+            await producer.flush()
+            metas = [await f for f in futures]
+        else:
+            metas = [await producer.send_and_wait(topic, v, partition=0) for v in values]
+    finally:
+        await producer.stop()
+    return [m.timestamp for m in metas]
+
+
+async def _commit(bootstrap: str, group: str, topic: str, offset: int) -> None:
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    tp = TopicPartition(topic, 0)
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group)
+    await consumer.start()
+    try:
+        consumer.assign([tp])
+        await consumer.commit({tp: offset})
+    finally:
+        await consumer.stop()
+
+
+@pytest.mark.parametrize(
+    ("source", "batched"),
+    [("high_watermark", True), ("high_watermark", False), ("list_offsets", False)],
+)
+async def test_lag_in_records_and_seconds_is_exact_for_a_known_commit(
+    pipeline: LocalPipeline, source: str, batched: bool
+) -> None:
+    """10 records, the group committed 4: lag 6 records, as old as record 4.
+
+    ``list_offsets`` is the Apache Kafka default; on Tansu it is only right when every
+    record came in its own produce request (after one batch of 10 it answers 1), so it
+    is checked that way.
+    """
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    from streams.lag_monitor import LagMonitor
+    from streams.settings import EndOffsetSource, KafkaSettings
+
+    bootstrap = pipeline.kafka.bootstrap
+    topic, group = f"lagtest-{uuid.uuid4().hex[:8]}", f"lagtest-{uuid.uuid4().hex[:8]}"
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1)])
+    finally:
+        await admin.close()
+    stamps = await _produce(bootstrap, topic, [b"x%d" % i for i in range(10)], batched=batched)
+    await _commit(bootstrap, group, topic, 4)
+    kafka = pipeline.kafka_settings().model_copy(update={"end_offsets": EndOffsetSource(source)})
+    assert isinstance(kafka, KafkaSettings)
+    now = stamps[-1] / 1000 + 30.0
+    monitor = LagMonitor(kafka, {group: [topic]}, clock=lambda: now)
+    try:
+        [lag] = await monitor.read_once()
+    finally:
+        await monitor.stop()
+    by_partition = {p.partition: p for p in lag.partitions}
+    p0, p1 = by_partition[0], by_partition[1]
+    assert (p0.committed, p0.latest, p0.lag) == (4, 10, 6)
+    assert p0.lag_seconds == pytest.approx(now - stamps[4] / 1000)
+    assert (p1.committed, p1.latest, p1.lag, p1.lag_seconds) == (None, 0, 0, 0.0)
+    assert (lag.max_lag, lag.sum_lag, lag.unread) == (6, 6, 0)
