@@ -149,7 +149,9 @@ class ControlsReader:
         self.client_id = client_id
         self._consumer: Any = None
         self._tp: Any = None
-        self._every = Every("controls reader", 0.0, self._read_once, retry_s=1.0, logger=log)
+        self._every = Every(
+            "controls reader", 0.0, self._read_once, retry_s=1.0, max_retry_s=5.0, logger=log
+        )
         self.caught_up = asyncio.Event()
 
     async def start(self) -> None:

@@ -117,9 +117,10 @@ def guarded(
 class Every:
     """Runs ``fn`` now and then every ``interval_s`` in a task of its own, until stopped.
 
-    ``fn`` runs through :func:`guarded`: a failure waits for the next tick. An
-    interval of 0 runs ``fn`` back to back (``fn`` then waits on its own, e.g. a
-    poll with a timeout); after a failure it waits ``retry_s``.
+    A failure is logged once per outage and counted (as by :func:`guarded`), and
+    the next run waits ``max(interval_s, retry_s)``, doubling with each failure in a
+    row up to ``max_retry_s`` (never under ``interval_s``). An interval of 0 runs
+    ``fn`` back to back (``fn`` then waits on its own, e.g. a poll with a timeout).
     """
 
     def __init__(
@@ -129,11 +130,15 @@ class Every:
         fn: Callable[[], Awaitable[object]],
         *,
         retry_s: float = 1.0,
+        max_retry_s: float = 30.0,
         logger: logging.Logger = log,
     ) -> None:
         self.job = job
         self.interval_s = interval_s
         self.retry_s = retry_s
+        self.max_retry_s = max_retry_s
+        self.failures = 0
+        """Failed runs in a row."""
         self._outage = _OutageLog(job, logger)
         self._fn = fn
         self._task: asyncio.Task[None] | None = None
@@ -155,6 +160,12 @@ class Every:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
+    def retry_delay(self, failures: int) -> float:
+        """The wait after ``failures`` failed runs in a row (capped exponential backoff)."""
+        first = max(self.interval_s, self.retry_s)
+        cap = max(self.max_retry_s, self.interval_s)
+        return float(min(first * 2 ** min(failures - 1, 32), cap))
+
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
@@ -163,9 +174,11 @@ class Every:
                 await self._fn()
             except Exception as exc:  # noqa: BLE001 - a timer must never crash its process
                 self._outage.failed(exc)
-                wait = max(self.interval_s, self.retry_s)
+                self.failures += 1
+                wait = self.retry_delay(self.failures)
             else:
                 self._outage.succeeded()
+                self.failures = 0
                 wait = self.interval_s
             # Ticks keep their rhythm: a slow run shortens the wait, never stacks up.
             await asyncio.sleep(max(wait - (loop.time() - started), 0.0))

@@ -218,6 +218,14 @@ class LagMonitor:
 
     async def read_once(self) -> list[GroupLag]:
         """Read every group's lag and export it; raises when Kafka cannot be read."""
+        try:
+            return await self._read_all()
+        except Exception:
+            # Start afresh at the next reading: new connections, new metadata.
+            await self._close()
+            raise
+
+    async def _read_all(self) -> list[GroupLag]:
         consumer, admin = await self._connect()
         # All topics' metadata (a null topic list): naming a topic could auto-create it.
         known = await consumer.topics()

@@ -35,8 +35,9 @@ GROUP = "zapstream-worker"
 
 @pytest.fixture(scope="module")
 def pipeline() -> Iterator[LocalPipeline]:
+    # Proxied: the services reach Kafka through a proxy the last test cuts.
     with LocalPipeline(
-        partitions=4, with_sink=False, worker_env={"ZAPSTREAM_LAG_INTERVAL_S": "1"}
+        partitions=4, with_sink=False, proxied=True, worker_env={"ZAPSTREAM_LAG_INTERVAL_S": "1"}
     ) as p:
         p.start_relay()
         yield p
@@ -108,15 +109,16 @@ def committed(url: str) -> float:
     )
 
 
+FAST = {
+    "ZAPSTREAM_LAG_INTERVAL_S": "1",
+    "ZAPSTREAM_LAG_GROUPS": f'{{"{GROUP}": ["{INTENTS}", "{BULK_INTENTS}"]}}',
+}
+
+
 def test_lag_grows_while_the_worker_is_down_and_returns_to_zero_after_restart(
     pipeline: LocalPipeline,
 ) -> None:
-    _, monitor_url = pipeline.start_lag_monitor(
-        env={
-            "ZAPSTREAM_LAG_INTERVAL_S": "1",
-            "ZAPSTREAM_LAG_GROUPS": f'{{"{GROUP}": ["{INTENTS}", "{BULK_INTENTS}"]}}',
-        }
-    )
+    _, monitor_url = pipeline.start_lag_monitor(env=FAST)
     worker_port = find_free_port()
     worker_env = {"ZAPSTREAM_WORKER_WEB_PORT": str(worker_port)}
     worker = pipeline.start_worker("worker", env=worker_env)
@@ -253,3 +255,32 @@ async def test_lag_in_records_and_seconds_is_exact_for_a_known_commit(
     assert p0.lag_seconds == pytest.approx(now - stamps[4] / 1000)
     assert (p1.committed, p1.latest, p1.lag, p1.lag_seconds) == (None, 0, 0, 0.0)
     assert (lag.max_lag, lag.sum_lag, lag.unread) == (6, 6, 0)
+
+
+def test_the_lag_monitor_outlives_a_kafka_outage_keeping_its_last_values(
+    pipeline: LocalPipeline,
+) -> None:
+    monitor, url = pipeline.start_lag_monitor("lag-monitor-outage", env=FAST)
+    last_read = ("zapstream_lag_monitor_last_read_timestamp_seconds", (("group", GROUP),))
+    errors = ("zapstream_timer_errors_total", (("job", "lag monitor"),))
+    wait_until(lambda: last_read in scrape(url), 30, "a first reading")
+    before = scrape(url)
+    proxy = pipeline.kafka_proxy
+    assert proxy is not None
+    since = monitor.log_offset()
+    proxy.cut()
+    try:
+        monitor.wait_for_log(r"lag monitor: cannot read Kafka", timeout_s=30, since=since)
+        cut_at = scrape(url)[last_read]
+        wait_until(lambda: scrape(url).get(errors, 0) >= 3, 30, "three failed readings")
+        during = scrape(url)
+        assert monitor.is_running, monitor.log_tail()
+        assert during[last_read] == cut_at
+        lag_series = {k for k in before if k[0] == "kafka_consumergroup_group_lag"}
+        assert lag_series and lag_series <= set(during)
+        outage_log = monitor.log_path.read_text()[since:]
+        assert outage_log.count("lag monitor: cannot read Kafka") <= 2, outage_log[-2000:]
+    finally:
+        proxy.restore()
+    wait_until(lambda: scrape(url)[last_read] > cut_at, 60, "readings again after the outage")
+    assert monitor.terminate(timeout_s=15) == 0, monitor.log_tail()

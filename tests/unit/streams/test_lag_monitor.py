@@ -162,3 +162,15 @@ async def test_guarded_swallows_errors_but_not_cancellation() -> None:
 
     with pytest.raises(asyncio.CancelledError):
         await guarded("cancelled job", cancelled)()
+
+
+def test_failed_runs_back_off_exponentially_up_to_the_cap_never_under_the_interval() -> None:
+    async def job() -> None:
+        return None
+
+    every = Every("backoff", 10.0, job, retry_s=1.0, max_retry_s=60.0)
+    assert [every.retry_delay(n) for n in (1, 2, 3, 4, 100)] == [10, 20, 40, 60, 60]
+    fast = Every("controls", 0.0, job, retry_s=1.0, max_retry_s=5.0)
+    assert [fast.retry_delay(n) for n in (1, 2, 3, 4)] == [1, 2, 4, 5]
+    slow = Every("slow", 120.0, job, retry_s=1.0, max_retry_s=30.0)
+    assert slow.retry_delay(5) == 120
