@@ -132,8 +132,8 @@ def test_lag_grows_while_the_worker_is_down_and_returns_to_zero_after_restart(
         )
         wait_until(lambda: committed(monitor_url) > 0, 30, "the worker group's first commits")
 
-        assert worker.terminate(timeout_s=60) == 0, worker.log_tail()
         stopped_at = time.monotonic()
+        assert worker.terminate(timeout_s=60) == 0, worker.log_tail()
         wait_until(lambda: group_lag(monitor_url)[0] >= 10, 30, "10 records of lag")
         first_lag, first_seconds, _ = group_lag(monitor_url)
         assert first_seconds is not None and first_seconds > 0
@@ -149,8 +149,10 @@ def test_lag_grows_while_the_worker_is_down_and_returns_to_zero_after_restart(
         )
         _, seconds_down, _ = group_lag(monitor_url)
         down_s = time.monotonic() - stopped_at
-        # The oldest unconsumed intent is about as old as the outage (one reading late).
-        assert seconds_down is not None and seconds_down <= down_s + 5, (seconds_down, down_s)
+        # The oldest unconsumed intent arrived about when the worker was stopped: it is as
+        # old as the outage, give or take a commit interval and a reading (1 s each).
+        assert seconds_down is not None, "no lag in seconds"
+        assert down_s - 3 <= seconds_down <= down_s + 3, (seconds_down, down_s)
 
         worker = pipeline.start_worker("worker", env=worker_env)
         # The restarted worker works through arrivals, then the arrivals stop.
@@ -167,6 +169,12 @@ def test_lag_grows_while_the_worker_is_down_and_returns_to_zero_after_restart(
         30,
         "lag 0 records and 0 s on the worker's own /metrics, every partition",
     )
+    # Issue 10's idle gauges, on the live worker: nothing in flight reads 0, and Faust's
+    # "active" gauges (stuck at the last batch's size) are not served at all.
+    idle = scrape(worker_url)
+    assert idle[("zapstream_dispatch_in_flight", (("priority", "operational"),))] == 0
+    assert idle[("zapstream_dispatch_in_flight", (("priority", "bulk"),))] == 0
+    assert not [name for name, _ in idle if "active_messages" in name or "active_events" in name]
     assert worker.terminate(timeout_s=60) == 0, worker.log_tail()
     print(f"\nlag while down: {first_lag:.0f}+ records, {seconds_down:.1f} s after {down_s:.1f} s")
 
