@@ -10,6 +10,7 @@ state sink and the relay are built here and handed to the parts that use them.
     zapstream worker              the Faust dispatcher: sends through the gateway
     zapstream sink                job states from Kafka back into PostgreSQL
     zapstream webhook             gateway status callbacks (receipts), HMAC-signed
+    zapstream lag-monitor         consumer lag of the worker's and sink's groups, on /metrics
     zapstream jobs list|cancel|reprocess   operators: see, cancel and re-send jobs
     zapstream instances|campaigns pause|resume|list   operators: hold and release sending
     zapstream doctor [--json]     check database, slot, Kafka, topics and gateway credentials
@@ -220,6 +221,54 @@ def _cmd_webhook(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_lag_monitor(args: argparse.Namespace) -> int:
+    from prometheus_client import start_http_server
+
+    from streams.lag_monitor import LagMonitor, run_lag_monitor
+    from streams.settings import LagMonitorSettings
+
+    settings = LagMonitorSettings()
+    host = "127.0.0.1" if settings.metrics_bind_local else "0.0.0.0"  # noqa: S104
+    try:
+        server, _ = start_http_server(settings.metrics_port, addr=host)
+    except OSError as exc:
+        print(
+            f"zapstream: lag monitor cannot serve metrics on {host}:{settings.metrics_port} "
+            f"({exc}): set ZAPSTREAM_LAG_METRICS_PORT to a free port",
+            file=sys.stderr,
+        )
+        return 2
+
+    async def run() -> None:
+        stopping = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stopping.set)
+        monitor = LagMonitor(
+            settings.kafka,
+            settings.groups,
+            interval_s=settings.interval_s,
+            read_timeout_s=settings.read_timeout_s,
+        )
+        log.info(
+            "lag monitor watching %s every %.0fs (%s); metrics on http://%s:%d/metrics",
+            ", ".join(f"{g} on {'+'.join(t)}" for g, t in settings.groups.items()),
+            settings.interval_s,
+            settings.kafka.end_offset_source,
+            host,
+            settings.metrics_port,
+        )
+        await run_lag_monitor(monitor, stopping)
+        log.info("lag monitor stopped")
+
+    try:
+        asyncio.run(run())
+    finally:
+        server.shutdown()
+        server.server_close()
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="zapstream", description=__doc__.split("\n\n")[0])
     parser.add_argument("--log-level", default="info")
@@ -274,6 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("webhook", help="receive gateway status callbacks").set_defaults(
         func=_cmd_webhook
     )
+    sub.add_parser(
+        "lag-monitor", help="export consumer lag (records, seconds) from outside the groups"
+    ).set_defaults(func=_cmd_lag_monitor)
     add_jobs_parser(sub)
     add_controls_parser(sub)
     return parser

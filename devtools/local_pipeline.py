@@ -259,6 +259,21 @@ class LocalPipeline:
         self.sink = proc
         return proc
 
+    def start_lag_monitor(
+        self, name: str = "lag-monitor", *, env: dict[str, str] | None = None
+    ) -> tuple[ManagedProcess, str]:
+        """Run ``zapstream lag-monitor`` on a free metrics port; return it and its metrics URL.
+
+        ``env`` adds to (and overrides) its settings (e.g. ``ZAPSTREAM_LAG_INTERVAL_S``).
+        """
+        port = find_free_port()
+        proc = self.process(
+            name, ["lag-monitor"], {"ZAPSTREAM_LAG_METRICS_PORT": str(port), **(env or {})}
+        )
+        proc.start()
+        proc.wait_for_log(r"lag monitor watching", timeout_s=30)
+        return proc, f"http://127.0.0.1:{port}/metrics"
+
     def start_webhook(self, name: str = "webhook") -> str:
         """Run ``zapstream webhook`` and point the simulator's callbacks at it; return its URL."""
         port = find_free_port()

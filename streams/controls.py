@@ -26,6 +26,8 @@ from typing import Any, Protocol
 
 from prometheus_client import Gauge
 
+from streams.kafka_reader import Every, group_less_consumer
+
 log = logging.getLogger(__name__)
 
 HOLD_S = 86_400.0
@@ -122,7 +124,12 @@ class _Decode(Protocol):
 
 
 class ControlsReader:
-    """Reads ``zapstream.controls`` from its start, outside any consumer group, forever."""
+    """Reads ``zapstream.controls`` from its start, outside any consumer group, forever.
+
+    The reading loop is an :class:`~streams.kafka_reader.Every`: while Kafka is away
+    the controls we know stay in force (one log line per outage), and no error of a
+    read ever reaches the worker.
+    """
 
     def __init__(
         self,
@@ -141,61 +148,44 @@ class ControlsReader:
         self.clock = clock
         self.client_id = client_id
         self._consumer: Any = None
-        self._task: asyncio.Task[None] | None = None
+        self._tp: Any = None
+        self._every = Every(
+            "controls reader", 0.0, self._read_once, retry_s=1.0, max_retry_s=5.0, logger=log
+        )
         self.caught_up = asyncio.Event()
 
     async def start(self) -> None:
-        from aiokafka import AIOKafkaConsumer, TopicPartition
+        from aiokafka import TopicPartition
 
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap_servers,
-            client_id=self.client_id,
-            group_id=None,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
+        consumer = group_less_consumer(
+            self.bootstrap_servers, self.client_id, auto_offset_reset="earliest"
         )
         await consumer.start()
         tp = TopicPartition(self.topic, 0)
         consumer.assign([tp])
         await consumer.seek_to_beginning(tp)
-        self._consumer = consumer
-        self._task = asyncio.create_task(self._read(tp), name="controls-reader")
+        self._consumer, self._tp = consumer, tp
+        await self._every.start()
 
-    async def _read(self, tp: Any) -> None:
-        from aiokafka.errors import KafkaError
-
-        consumer = self._consumer
-        away = False
-        while True:
-            try:
-                batches = await consumer.getmany(tp, timeout_ms=1000)
-            except KafkaError as exc:
-                # Kafka away: keep the controls we know; one line per outage.
-                if not away:
-                    log.warning("controls: cannot read %s (%s); retrying", self.topic, exc)
-                away = True
-                await asyncio.sleep(1.0)
-                continue
-            away = False
-            for records in batches.values():
-                for record in records:
-                    if record.value is None:
-                        continue
-                    try:
-                        control = self.decode(record.value)
-                    except ValueError as exc:
-                        log.error("control record %d does not decode: %s", record.offset, exc)
-                        continue
-                    self.controls.apply(control, self.clock())
-            highwater = consumer.highwater(tp)
-            if highwater is not None and await consumer.position(tp) >= highwater:
-                self.caught_up.set()
+    async def _read_once(self) -> None:
+        consumer, tp = self._consumer, self._tp
+        batches = await consumer.getmany(tp, timeout_ms=1000)
+        for records in batches.values():
+            for record in records:
+                if record.value is None:
+                    continue
+                try:
+                    control = self.decode(record.value)
+                except ValueError as exc:
+                    log.error("control record %d does not decode: %s", record.offset, exc)
+                    continue
+                self.controls.apply(control, self.clock())
+        highwater = consumer.highwater(tp)
+        if highwater is not None and await consumer.position(tp) >= highwater:
+            self.caught_up.set()
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        await self._every.stop()
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
             await consumer.stop()

@@ -41,6 +41,17 @@ class BrokerFlavor(enum.StrEnum):
     TANSU = "tansu"
 
 
+class EndOffsetSource(enum.StrEnum):
+    """Where a partition's latest offset (its high watermark) is read from."""
+
+    LIST_OFFSETS = "list_offsets"
+    """The ListOffsets request (``consumer.end_offsets``): one request for every partition."""
+    HIGH_WATERMARK = "high_watermark"
+    """The high watermark of a fetch response (``consumer.highwater``): one fetch per
+    partition. Tansu answers ListOffsets wrong after multi-record batches (the last
+    batch's base offset + 1); its fetch responses are right."""
+
+
 class KafkaSettings(SettingsBase):
     """The Kafka cluster (``ZAPSTREAM_KAFKA_*``)."""
 
@@ -63,6 +74,18 @@ class KafkaSettings(SettingsBase):
     matters when idle; 10 for Tansu, which does not answer a waiting fetch early, so every
     consuming hop would otherwise wait the full time."""
 
+    end_offsets: EndOffsetSource | None = None
+    """How the lag monitor reads a partition's latest offset. None: ``list_offsets`` for
+    Apache Kafka, ``high_watermark`` for Tansu."""
+
+    @property
+    def end_offset_source(self) -> EndOffsetSource:
+        if self.end_offsets is not None:
+            return self.end_offsets
+        if self.flavor is BrokerFlavor.KAFKA:
+            return EndOffsetSource.LIST_OFFSETS
+        return EndOffsetSource.HIGH_WATERMARK
+
     @property
     def consumer_fetch_max_wait_ms(self) -> int:
         if self.fetch_max_wait_ms is not None:
@@ -78,6 +101,33 @@ class KafkaSettings(SettingsBase):
     @property
     def bootstrap_servers(self) -> list[str]:
         return [b.strip() for b in self.brokers.split(",") if b.strip()]
+
+
+def _default_lag_groups() -> dict[str, list[str]]:
+    from streams.contract import BULK_INTENTS, INTENTS, INVALID, STATE
+
+    return {"zapstream-worker": [INTENTS, BULK_INTENTS], "zapstream-state-sink": [STATE, INVALID]}
+
+
+class LagMonitorSettings(SettingsBase):
+    """Consumer lag (``ZAPSTREAM_LAG_*``): ``zapstream lag-monitor``, and each worker's own."""
+
+    model_config = SettingsConfigDict(env_prefix="ZAPSTREAM_LAG_", extra="ignore")
+
+    interval_s: float = Field(default=10.0, gt=0)
+    """How often committed offsets, latest offsets and the oldest unconsumed records are read."""
+    read_timeout_s: float = Field(default=5.0, gt=0)
+    """How long one reading waits for Kafka's answers before it keeps the last values."""
+    groups: dict[str, list[str]] = Field(default_factory=_default_lag_groups)
+    """``zapstream lag-monitor`` only: the consumer groups watched and the topics each
+    consumes, JSON (default: the worker's and the state sink's groups). A worker watches
+    its own group (``ZAPSTREAM_WORKER_APP_ID``) on the intent topics."""
+    metrics_port: int = Field(default=6068, ge=1, le=65535)
+    """``zapstream lag-monitor`` serves its metrics at ``http://HOST:PORT/metrics``."""
+    metrics_bind_local: bool = True
+    """Serve metrics on 127.0.0.1 only; false binds 0.0.0.0 (containers)."""
+
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
 
 
 class PostgresSettings(SettingsBase):

@@ -20,6 +20,10 @@ partition the sink has not committed on yet has no time, so nothing of it is
 forgotten. When the committed offset is the partition's high watermark (from the
 fetch response, which Tansu reports correctly), the sink has everything, and the
 time is when we asked. While the sink lags, the table grows instead of losing the only record.
+
+The worker runs :meth:`SinkProgress.refresh` from a timer wrapped in
+:func:`streams.kafka_reader.guarded`: an error other than Kafka's (which is
+handled here) is logged and counted, and the worker keeps running.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from aiokafka.errors import KafkaError
 from prometheus_client import Gauge
 
 from streams.contract import STATE
+from streams.kafka_reader import admin_client, group_less_consumer
 
 log = logging.getLogger(__name__)
 
@@ -69,16 +74,9 @@ class SinkProgress:
         self._warned = False
 
     async def start(self) -> None:
-        self._admin = AIOKafkaAdminClient(
-            bootstrap_servers=self.bootstrap_servers, client_id=self.client_id
-        )
+        self._admin = admin_client(self.bootstrap_servers, self.client_id)
         await self._admin.start()
-        self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap_servers,
-            client_id=self.client_id,
-            group_id=None,
-            enable_auto_commit=False,
-        )
+        self._consumer = group_less_consumer(self.bootstrap_servers, self.client_id)
         await self._consumer.start()
 
     async def stop(self) -> None:

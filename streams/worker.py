@@ -16,6 +16,7 @@ from faust.types import TP
 from streams.agents import Dispatcher
 from streams.app import Resource, WorkerApp, build_app
 from streams.contract import (
+    BULK_INTENTS,
     CONTROLS,
     INTENTS,
     ContractError,
@@ -30,6 +31,8 @@ from streams.faust_monitor import setup_lean_prometheus
 from streams.instance_pauses import InstancePauses
 from streams.job_history import JobHistory, LateRedeliveries
 from streams.job_processor import JobProcessor, RetryPolicy
+from streams.kafka_reader import guarded
+from streams.lag_monitor import LagMonitor
 from streams.pacing import Limit, Pacer
 from streams.parking import ParkingLot
 from streams.ports import Gateway
@@ -125,6 +128,16 @@ def build_worker_app(
         clock=time.time,
     )
     resources = [*resources, reader]
+    if settings.lag_monitor:
+        # Every worker exports every partition of its group (aggregate with max).
+        lag = LagMonitor(
+            settings.kafka,
+            {settings.app_id: [INTENTS, BULK_INTENTS]},
+            interval_s=settings.lag.interval_s,
+            read_timeout_s=settings.lag.read_timeout_s,
+            client_id="zapstream-worker-lag-monitor",
+        )
+        resources = [*resources, lag]
     app = build_app(settings, resources=[gateway, *resources])
     partitions = settings.kafka.partitions
     topics = register_topics(app, partitions)
@@ -210,7 +223,9 @@ def build_worker_app(
             async def read_sink_progress() -> None:
                 await sink.refresh(p for p in range(partitions) if owns(p))
 
-            app.timer(settings.dedup_sink_check_s, name="sink_progress")(read_sink_progress)
+            app.timer(settings.dedup_sink_check_s, name="sink_progress")(
+                guarded("sink progress", read_sink_progress)
+            )
 
         async def forget_settled_jobs() -> None:
             await horizon.tick()

@@ -5,7 +5,13 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 from pydantic_settings import SettingsConfigDict
 
-from streams.settings import GatewaySettings, KafkaSettings, PostgresSettings, SettingsBase
+from streams.settings import (
+    GatewaySettings,
+    KafkaSettings,
+    LagMonitorSettings,
+    PostgresSettings,
+    SettingsBase,
+)
 
 
 class InstanceLimit(BaseModel):
@@ -90,6 +96,13 @@ class WorkerSettings(SettingsBase):
     """A bulk send waits this long in its lane for a token; longer, it parks."""
     rate_limit_min_block_s: float = Field(default=1.0, gt=0)
     """After a rate limit without ``Retry-After``, the instance waits at least this long."""
+
+    lag_monitor: bool = True
+    """Export the consumer lag of this worker's group (every partition, whichever worker
+    owns it) on ``/metrics``, read every ``ZAPSTREAM_LAG_INTERVAL_S``; ``zapstream
+    lag-monitor`` exports the same while every worker is down."""
+    lag: LagMonitorSettings = Field(default_factory=LagMonitorSettings)
+    """Only ``interval_s`` and ``read_timeout_s`` (``ZAPSTREAM_LAG_*``) apply to a worker."""
 
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
