@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 ARGS   ?=
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup postgres dev test unit integration lint bench clean
+.PHONY: setup postgres promtool dev test unit integration lint bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +21,15 @@ postgres:
 		$(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q postgresql; \
 	fi
 
-setup: $(BIN)/.installed postgres
+# promtool checks the Prometheus alert rules and the dashboard's queries in the tests
+# (Debian's prometheus package; its server is not needed and not started here).
+promtool:
+	@if command -v promtool >/dev/null 2>&1; then :; else \
+		echo "installing Debian's prometheus package (promtool)"; \
+		$(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends prometheus; \
+	fi
+
+setup: $(BIN)/.installed postgres promtool
 
 dev: setup
 	$(BIN)/python -m devtools.dev_runner $(ARGS)

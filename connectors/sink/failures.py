@@ -159,6 +159,8 @@ class Outage(OutageLog):
             on_end=lambda took: self._ended(took),
         )
         self.dependency = dependency
+        # A series from the start (0), so dashboards and alerts see "no outage", not nothing.
+        metrics.OUTAGE.labels(dependency).set(0)
 
     def _ended(self, took: float) -> None:
         metrics.OUTAGE.labels(self.dependency).set(0)
