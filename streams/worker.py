@@ -28,6 +28,7 @@ from streams.controls import Controls, ControlsReader
 from streams.dedup_horizon import DedupHorizon
 from streams.failure_log import FailureLog
 from streams.faust_monitor import setup_lean_prometheus
+from streams.health import add_health_pages
 from streams.instance_pauses import InstancePauses
 from streams.job_history import JobHistory, LateRedeliveries
 from streams.job_processor import JobProcessor, RetryPolicy
@@ -234,4 +235,5 @@ def build_worker_app(
     app.after_streams_stopped.append(dispatcher.drain)
     app.after_streams_stopped.append(bulk.drain)
     setup_lean_prometheus(app)
+    add_health_pages(app)
     return app, dispatcher
