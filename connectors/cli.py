@@ -11,7 +11,7 @@ state sink and the relay are built here and handed to the parts that use them.
     zapstream sink                job states from Kafka back into PostgreSQL
     zapstream webhook             gateway status callbacks (receipts), HMAC-signed
     zapstream lag-monitor         consumer lag of the worker's and sink's groups, on /metrics
-    zapstream jobs list|cancel|reprocess   operators: see, cancel and re-send jobs
+    zapstream jobs list|show|cancel|reprocess   operators: see, cancel and re-send jobs
     zapstream instances|campaigns pause|resume|list   operators: hold and release sending
     zapstream doctor [--json]     check database, slot, Kafka, topics and gateway credentials
     zapstream status [--json]     every hop on one screen (exit 0 healthy, 1 attention)
