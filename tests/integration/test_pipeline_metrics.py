@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 
+import httpx
 import psycopg
 import pytest
 from prometheus_client import REGISTRY
@@ -20,7 +22,9 @@ from connectors.outbox.enqueue import enqueue
 from connectors.sink import pipeline_metrics
 from connectors.sink.pipeline_metrics import PipelineGauges
 from devtools.devstack import find_free_port
+from devtools.local_pipeline import LocalPipeline
 from streams.settings import PostgresSettings
+from tests.integration.support import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -154,3 +158,60 @@ async def _until(predicate: object, timeout_s: float = 10.0) -> None:
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError("timed out")
         await asyncio.sleep(0.02)
+
+
+# --- the real `zapstream sink` process -------------------------------------------------------
+
+
+def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    body = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(body)
+        for s in family.samples
+    }
+
+
+def test_the_sink_process_serves_the_gauges_and_outlives_a_database_outage(
+    tmp_path: Path,
+) -> None:
+    with LocalPipeline(tmp_path, partitions=2, with_sink=False, proxied=True) as pipeline:
+        port = find_free_port()
+        sink = pipeline.start_sink(
+            env={
+                "ZAPSTREAM_SINK_METRICS_PORT": str(port),
+                "ZAPSTREAM_SINK_PIPELINE_METRICS_INTERVAL_S": "0.3",
+            }
+        )
+        dsn = pipeline.dsn
+        for n in range(3):
+            _job(dsn, f"proc-{n}", "proc-shop", purpose="launch")
+        pending = ("zapstream_jobs", (("state", "PENDING"),))
+        oldest = (
+            "zapstream_oldest_pending_seconds",
+            (("instance", "proc-shop"), ("purpose", "launch")),
+        )
+        wait_until(lambda: _scrape(port).get(pending) == 3, 20, "3 PENDING jobs in the gauge")
+        assert _scrape(port)[("zapstream_jobs", (("state", "REVIEW"),))] == 0
+        assert oldest in _scrape(port)
+
+        proxy = pipeline.pg_proxy
+        assert proxy is not None
+        proxy.cut()
+        failures = ("zapstream_pipeline_metrics_failures_total", ())
+        wait_until(lambda: _scrape(port).get(failures, 0) >= 3, 30, "failed reads while cut")
+        assert sink.is_running
+        proxy.restore()
+
+        _sql(dsn, "UPDATE outbox_jobs SET status = 'ACCEPTED' WHERE instance_id = 'proc-shop'")
+        wait_until(lambda: oldest not in _scrape(port), 30, "the series to go")
+        assert _scrape(port).get(pending) == 0
+        log = sink.log_tail(400)
+        assert sink.is_running
+    outage = [
+        line for line in log.splitlines() if "pipeline gauges (PostgreSQL) unavailable" in line
+    ]
+    assert len(outage) == 1, log
+    assert "pipeline gauges (PostgreSQL) available again" in log
