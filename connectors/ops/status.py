@@ -39,11 +39,13 @@ from typing import TYPE_CHECKING, Any, TextIO
 import psycopg
 
 from connectors.ops.config_errors import error_detail, mask_secrets
-from connectors.ops.doctor import SlotState, read_slot
 from connectors.ops.pipeline_sql import PendingGroup, job_counts, pending_groups
 from connectors.outbox.controls import Control
 
 if TYPE_CHECKING:
+    # Imported when used: `zapstream` itself must load on the base install (no
+    # pydantic-settings, no Kafka client), where `status` then names the extra.
+    from connectors.ops.doctor import SlotState
     from connectors.ops.status_settings import StatusSettings
 
 __all__ = [
@@ -240,6 +242,8 @@ def _age(seconds: float) -> str:
 async def _read_postgres(
     dsn: str, slot_name: str, timeout_s: float
 ) -> tuple[dt.datetime, SlotState | None, dict[str, int], list[PendingGroup], list[Control]]:
+    from connectors.ops.doctor import read_slot
+
     conn = await psycopg.AsyncConnection.connect(
         dsn,
         autocommit=True,

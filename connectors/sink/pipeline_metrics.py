@@ -113,7 +113,8 @@ class PipelineGauges:
         for gone in self._ages.keys() - ages.keys():
             with contextlib.suppress(KeyError):
                 metrics.OLDEST_PENDING.remove(*gone)
-        for key in ages.keys() - self._ages.keys():
+        for key in ages:
+            # Every time, not only for new series: a child may still call another reader.
             metrics.OLDEST_PENDING.labels(*key).set_function(self._age_of(key))
         self._ages, self._read_at = ages, read_at
         metrics.PIPELINE_READ_SECONDS.set(read_at - started)
