@@ -12,6 +12,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import psycopg
 import pytest
 
@@ -250,3 +251,41 @@ def test_the_command_line_reads_its_settings(
     assert payload["jobs"]["REVIEW"] == 1
     assert "1 REVIEW job(s): zapstream jobs list --state REVIEW" in payload["attention"]
     assert not any("PENDING" in reason for reason in payload["attention"])
+
+
+def test_the_real_pipeline_relay_and_lag_monitor(tmp_path: Path) -> None:
+    """`zapstream status` as a process, against a streaming relay and `zapstream lag-monitor`."""
+    from connectors.ops.status import parse_lag_metrics
+    from devtools.local_pipeline import LocalPipeline
+
+    with LocalPipeline(tmp_path / "pipeline", partitions=2, with_sink=False) as pipeline:
+        pipeline.start_relay()
+        _, url = pipeline.start_lag_monitor(env={"ZAPSTREAM_LAG_INTERVAL_S": "0.5"})
+        for n in range(10):
+            _job(pipeline.dsn, f"st-lag-{n}", "st-lag-shop")
+
+        def worker_lag() -> float:
+            return sum(
+                p.messages or 0.0
+                for p in parse_lag_metrics(httpx.get(url, timeout=2).text)
+                if p.group == "zapstream-worker" and p.topic == "zapstream.intents"
+            )
+
+        # No worker runs: the 10 intents the relay streamed wait in Kafka.
+        wait_until(lambda: worker_lag() >= 10, 30, "10 records of worker lag on the monitor")
+        status = pipeline.process("status", ["status", "--json"], {"ZAPSTREAM_STATUS_LAG_URL": url})
+        status.start()
+        code = status.wait(60)
+        output = status.log_tail(200)
+    payload = json.loads(next(line for line in output.splitlines() if line.startswith("{")))
+    assert code == EXIT_HEALTHY, output
+    assert payload["slot"]["active"] is True and payload["slot"]["active_pid"] > 0
+    assert payload["jobs"]["PENDING"] == 10
+    assert payload["oldest_pending"][0]["instance"] == "st-lag-shop"
+    lag = [
+        p
+        for p in payload["consumer_lag"]["partitions"]
+        if p["group"] == "zapstream-worker" and p["topic"] == "zapstream.intents"
+    ]
+    assert len(lag) == 2 and sum(p["lag_messages"] for p in lag) >= 10
+    assert payload["consumer_lag"]["error"] is None
