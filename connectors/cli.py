@@ -11,9 +11,10 @@ state sink and the relay are built here and handed to the parts that use them.
     zapstream sink                job states from Kafka back into PostgreSQL
     zapstream webhook             gateway status callbacks (receipts), HMAC-signed
     zapstream lag-monitor         consumer lag of the worker's and sink's groups, on /metrics
-    zapstream jobs list|cancel|reprocess   operators: see, cancel and re-send jobs
+    zapstream jobs list|show|cancel|reprocess   operators: see, cancel and re-send jobs
     zapstream instances|campaigns pause|resume|list   operators: hold and release sending
     zapstream doctor [--json]     check database, slot, Kafka, topics and gateway credentials
+    zapstream status [--json]     every hop on one screen (exit 0 healthy, 1 attention)
 
 A configuration error (an invalid value, a misspelt ``ZAPSTREAM_*`` variable, a
 topic with the wrong partition count, a connection that cannot be made) is one
@@ -40,6 +41,7 @@ from typing import TYPE_CHECKING
 
 from connectors.ops.controls_cli import add_controls_parser
 from connectors.ops.jobs_cli import add_jobs_parser
+from connectors.ops.status import add_status_parser
 
 if TYPE_CHECKING:
     from streams.settings import KafkaSettings
@@ -328,6 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
     ).set_defaults(func=_cmd_lag_monitor)
     add_jobs_parser(sub)
     add_controls_parser(sub)
+    add_status_parser(sub)
     return parser
 
 

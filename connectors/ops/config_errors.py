@@ -33,6 +33,7 @@ SETTINGS_MODULES = (
     "connectors.cdc.settings",
     "connectors.sink.settings",
     "connectors.webhook.settings",
+    "connectors.ops.status_settings",
 )
 """Modules holding settings classes; every ``SettingsBase`` subclass they define counts."""
 

@@ -194,16 +194,55 @@ async def _publication(
     return [_ok("publication", f"{name} publishes {', '.join(tables)}")]
 
 
-async def _slot(conn: psycopg.AsyncConnection[Any], relay: RelaySettings) -> list[CheckResult]:
-    name = relay.slot
-    cur = await conn.execute(
-        "SELECT plugin, slot_type, database, active, "
-        "pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint "
-        "FROM pg_replication_slots WHERE slot_name = %s",
-        (name,),
-    )
+# Lag: WAL written since the relay's last confirmation; retained: WAL the slot keeps
+# on disk (from restart_lsn), what fills the disk while no relay streams.
+SLOT_QUERY = """
+    SELECT plugin, slot_type, database, active, active_pid,
+           pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint,
+           pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint
+    FROM pg_replication_slots WHERE slot_name = %s
+"""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SlotState:
+    """A replication slot as ``pg_replication_slots`` shows it (``doctor``, ``status``)."""
+
+    name: str
+    plugin: str | None
+    slot_type: str
+    database: str | None
+    active: bool
+    active_pid: int | None
+    lag_bytes: int | None
+    """WAL written since the slot's confirmed flush position (None before the first one)."""
+    retained_bytes: int | None
+    """WAL the slot keeps from its ``restart_lsn``."""
+
+
+async def read_slot(conn: psycopg.AsyncConnection[Any], name: str) -> SlotState | None:
+    """The slot called ``name``, or None when it does not exist."""
+    cur = await conn.execute(SLOT_QUERY, (name,))
     row = await cur.fetchone()
     if row is None:
+        return None
+    plugin, slot_type, database, active, pid, lag, retained = row
+    return SlotState(
+        name,
+        plugin,
+        str(slot_type),
+        database,
+        bool(active),
+        None if pid is None else int(pid),
+        None if lag is None else int(lag),
+        None if retained is None else int(retained),
+    )
+
+
+async def _slot(conn: psycopg.AsyncConnection[Any], relay: RelaySettings) -> list[CheckResult]:
+    name = relay.slot
+    slot = await read_slot(conn, name)
+    if slot is None:
         return [
             _fail(
                 "slot",
@@ -211,7 +250,13 @@ async def _slot(conn: psycopg.AsyncConnection[Any], relay: RelaySettings) -> lis
                 "run `zapstream db migrate` (or start `zapstream relay`) to create it",
             )
         ]
-    plugin, slot_type, database, active, lag = row
+    plugin, slot_type, database, active, lag = (
+        slot.plugin,
+        slot.slot_type,
+        slot.database,
+        slot.active,
+        slot.lag_bytes,
+    )
     if slot_type != "logical" or plugin != "pgoutput":
         return [
             _fail(

@@ -3,14 +3,18 @@
 ::
 
     zapstream jobs list [--state S]... [--instance I] [--since ISO | --last 1h] [--until ISO]
-                        [--limit 50] [--page 1]
+                        [--limit 50] [--page 1] [--json]
+    zapstream jobs show ID | --key KEY [--json]
     zapstream jobs cancel ID --reason R --by WHO [--wait 30]
     zapstream jobs reprocess ID --reason R --by WHO [--wait 30] [--yes]
     zapstream jobs reprocess --state S [--state S2] [--instance I] [--since 2h|ISO]
                              [--until ISO] --reason R --by WHO [--dry-run] [--yes]
                              [--limit 1000]
 
-``list`` shows jobs with their recipient masked and never their text. ``cancel``
+``list`` shows jobs with their recipient masked and never their text; ``show``
+one job's whole story: its columns (recipient masked, text never read), every
+attempt, every event with who and why, the commands asked for it and their
+answers, restreams, and the pauses holding it now. ``cancel``
 and ``reprocess`` write a command into ``outbox_commands`` (see
 :mod:`connectors.outbox.commands`) in their own transaction; the worker applies it and
 answers with an event in ``outbox_job_events`` that carries the command's id and
@@ -51,7 +55,10 @@ import psycopg
 from connectors.ops.jobs_render import (
     events_table,
     human_age,
+    job_history_json,
+    job_history_text,
     job_summary,
+    jobs_json,
     jobs_table,
     page_footer,
     when,
@@ -63,6 +70,7 @@ from connectors.ops.jobs_sql import (
     count_jobs,
     database_now,
     fetch_events,
+    fetch_history,
     fetch_job,
     fetch_job_page,
     matching_job_ids,
@@ -91,6 +99,7 @@ __all__ = [
     "parse_since",
     "reprocess_job",
     "reprocess_matching",
+    "show_job",
 ]
 
 EXIT_DONE = 0
@@ -179,6 +188,7 @@ def list_jobs(
     page: int = 1,
     out: TextIO | None = None,
     now: dt.datetime | None = None,
+    as_json: bool = False,
 ) -> int:
     """Print one page of jobs, newest first; ``since``/``until`` bound their creation time."""
     out = out or sys.stdout
@@ -199,8 +209,36 @@ def list_jobs(
             limit=limit,
             page=page,
         )
+    if as_json:
+        print(jobs_json(result.jobs, now=now, page=page, limit=limit, total=result.total), file=out)
+        return EXIT_DONE
     print(jobs_table(result.jobs, now=now), file=out)
     print(page_footer(page=page, limit=limit, total=result.total), file=out)
+    return EXIT_DONE
+
+
+# --- jobs show ---------------------------------------------------------------------------
+
+
+def show_job(
+    dsn: str,
+    job_id: int | None = None,
+    *,
+    key: str | None = None,
+    as_json: bool = False,
+    out: TextIO | None = None,
+) -> int:
+    """Print one job and everything that happened to it; exit 2 when there is no such job."""
+    out = out or sys.stdout
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        now = database_now(conn)
+        history = fetch_history(conn, job_id=job_id, key=key)
+    if history is None:
+        # The key is the caller's own; it is not repeated (keys stay out of output and logs).
+        print(f"no job {job_id}" if job_id is not None else "no job with that key", file=out)
+        return EXIT_REFUSED
+    text = job_history_json if as_json else job_history_text
+    print(text(history, now=now), file=out)
     return EXIT_DONE
 
 
@@ -611,7 +649,14 @@ def _cmd_list(args: argparse.Namespace) -> int:
         until=args.until,
         limit=args.limit,
         page=args.page,
+        as_json=args.json,
     )
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    if (args.job_id is None) == (args.key is None):
+        args.error("give a job ID or --key KEY (one of them)")
+    return show_job(_dsn(), args.job_id, key=args.key, as_json=args.json)
 
 
 def _cmd_cancel(args: argparse.Namespace) -> int:
@@ -670,8 +715,8 @@ def _add_command_options(parser: argparse.ArgumentParser, *, optional_id: bool =
 
 
 def add_jobs_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register ``jobs list|cancel|reprocess``; each sets ``func(args) -> exit code``."""
-    jobs = subparsers.add_parser("jobs", help="list, cancel and reprocess jobs")
+    """Register ``jobs list|show|cancel|reprocess``; each sets ``func(args) -> exit code``."""
+    jobs = subparsers.add_parser("jobs", help="list, show, cancel and reprocess jobs")
     jobs_sub = jobs.add_subparsers(dest="jobs_command", required=True)
 
     ls = jobs_sub.add_parser(
@@ -703,7 +748,19 @@ def add_jobs_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
     )
     ls.add_argument("--limit", type=_arg(_positive_int), default=50, help="jobs per page")
     ls.add_argument("--page", type=_arg(_positive_int), default=1, help="page number, from 1")
+    ls.add_argument("--json", action="store_true", help="one JSON object on stdout")
     ls.set_defaults(func=_cmd_list)
+
+    show = jobs_sub.add_parser(
+        "show",
+        help="one job's whole history: attempts, events, commands (recipient masked, no text)",
+    )
+    show.add_argument(
+        "job_id", metavar="ID", type=_arg(_positive_int), nargs="?", help="the job's id"
+    )
+    show.add_argument("--key", metavar="KEY", help="find the job by its idempotency key instead")
+    show.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    show.set_defaults(func=_cmd_show, error=show.error)
 
     cancel = jobs_sub.add_parser("cancel", help="cancel a job that has not been sent yet")
     _add_command_options(cancel)

@@ -19,13 +19,20 @@ import psycopg
 from psycopg import sql
 
 __all__ = [
+    "Attempt",
     "Job",
+    "JobCommand",
+    "JobDetail",
     "JobEvent",
+    "JobHistory",
+    "JobReplay",
     "JobFilter",
     "JobPage",
     "ListedJob",
+    "attempts_of",
     "count_jobs",
     "database_now",
+    "fetch_history",
     "fetch_events",
     "fetch_job",
     "fetch_job_page",
@@ -221,3 +228,152 @@ def poll_events(
         if settled(events) or remaining <= 0:
             return events
         time.sleep(min(poll_interval_s, remaining))
+
+
+# --- one job's whole story (``jobs show``) ---------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobDetail:
+    """Every column of a job an operator may see; ``recipient`` and ``conversation_key`` are
+    unmasked (never print them as they are), and the text is never read."""
+
+    id: int
+    instance_id: str
+    recipient: str | None
+    conversation_key: str | None
+    payload_type: str | None
+    status: str
+    priority: str
+    purpose: str | None
+    attempts: int
+    max_attempts: int
+    state_version: int
+    gateway_job_id: str | None
+    last_error: str | None
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    sent_at: dt.datetime | None
+    expires_at: dt.datetime | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobCommand:
+    """A cancel or reprocess asked for the job (``outbox_commands``), with who and why."""
+
+    id: int
+    command: str
+    actor: str
+    reason: str
+    created_at: dt.datetime
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobReplay:
+    """A restream of the job (``outbox_replays``, ``zapstream outbox restream``)."""
+
+    id: int
+    actor: str
+    reason: str
+    created_at: dt.datetime
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Attempt:
+    """One gateway attempt, derived from the events: a move into ATTEMPTING and what followed."""
+
+    number: int
+    """Counts every attempt ever made, across reprocessing, like the worker's attempt ids."""
+    started_at: dt.datetime
+    outcome: str | None
+    """The status the attempt ended in; None while it is still in progress."""
+    reason: str | None
+    ended_at: dt.datetime | None
+
+    def reference(self, job_id: int) -> str:
+        """The attempt id the gateway saw (``Idempotency-Key``, reference): ``<job>-<n>``."""
+        return f"{job_id}-{self.number}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobHistory:
+    """What ``jobs show`` prints: the job, its events, commands, restreams and active pauses."""
+
+    job: JobDetail
+    events: list[JobEvent]
+    commands: list[JobCommand]
+    replays: list[JobReplay]
+    paused_by: list[tuple[str, str, str, str, dt.datetime]]
+    """Pauses in force on the job's instance or campaign: (kind, target, actor, reason, since)."""
+
+    @property
+    def attempts(self) -> list[Attempt]:
+        return attempts_of(self.events)
+
+
+_DETAIL = """
+    SELECT id, instance_id, payload ->> 'to', conversation_key, payload ->> 'type', status,
+           priority, purpose, attempts, max_attempts, state_version, gateway_job_id,
+           last_error, created_at, updated_at, sent_at, expires_at
+    FROM outbox_jobs
+"""
+_COMMANDS = """
+    SELECT id, command, actor, reason, created_at FROM outbox_commands
+    WHERE job_id = %s ORDER BY created_at, id
+"""
+_REPLAYS = """
+    SELECT id, actor, reason, created_at FROM outbox_replays
+    WHERE job_id = %s ORDER BY created_at, id
+"""
+_PAUSED_FOR = """
+    SELECT kind, target, actor, reason, at FROM zapstream_controls
+    WHERE paused AND ((kind = 'instance' AND target = %s) OR (kind = 'campaign' AND target = %s))
+    ORDER BY kind, target
+"""
+
+
+def attempts_of(events: Sequence[JobEvent]) -> list[Attempt]:
+    """The job's attempts from its events, in order.
+
+    An attempt starts with a move into ATTEMPTING from another status (an
+    ATTEMPTING -> ATTEMPTING event is a note on the attempt in progress, such as
+    a reconciliation that will ask again) and ends with the next move out of it.
+    """
+    attempts: list[Attempt] = []
+    open_at: dt.datetime | None = None
+    for event in events:
+        if event.to_status == "ATTEMPTING" and event.from_status != "ATTEMPTING":
+            open_at = event.at
+            attempts.append(Attempt(len(attempts) + 1, event.at, None, None, None))
+        elif open_at is not None and event.to_status != "ATTEMPTING":
+            last = attempts[-1]
+            attempts[-1] = dataclasses.replace(
+                last, outcome=event.to_status, reason=event.reason, ended_at=event.at
+            )
+            open_at = None
+    return attempts
+
+
+def fetch_history(
+    conn: psycopg.Connection[Any], *, job_id: int | None = None, key: str | None = None
+) -> JobHistory | None:
+    """The job with this id (or idempotency key) and everything that happened to it, or None."""
+    if (job_id is None) == (key is None):
+        raise ValueError("give a job id or an idempotency key")
+    if job_id is not None:
+        row = conn.execute(_DETAIL + " WHERE id = %s", (job_id,)).fetchone()
+    else:
+        row = conn.execute(_DETAIL + " WHERE idempotency_key = %s", (key,)).fetchone()
+    if row is None:
+        return None
+    job = JobDetail(*row)
+    return JobHistory(
+        job=job,
+        events=fetch_events(conn, job.id),
+        commands=[JobCommand(*r) for r in conn.execute(_COMMANDS, (job.id,))],
+        replays=[JobReplay(*r) for r in conn.execute(_REPLAYS, (job.id,))],
+        paused_by=[
+            (str(k), str(t), str(a), str(r), at)
+            for k, t, a, r, at in conn.execute(_PAUSED_FOR, (job.instance_id, job.purpose))
+        ],
+    )

@@ -35,3 +35,35 @@ OUTAGE_SECONDS = Counter(
     "Seconds spent waiting out outages (added when each ends)",
     ["dependency"],
 )
+
+# The pipeline as PostgreSQL sees it, read every ZAPSTREAM_SINK_PIPELINE_METRICS_INTERVAL_S
+# on a connection of its own (connectors.sink.pipeline_metrics).
+JOBS = Gauge(
+    "zapstream_jobs",
+    "outbox_jobs rows by status (every status, 0 included), as of the last read",
+    ["state"],
+)
+OLDEST_PENDING = Gauge(
+    "zapstream_oldest_pending_seconds",
+    "Age of the oldest PENDING job per instance and purpose ('' without one); no series "
+    "when none is pending. Grows between reads",
+    ["instance", "purpose"],
+)
+OLDEST_PENDING_MAX = Gauge(
+    "zapstream_oldest_pending_max_seconds",
+    "Age of the oldest PENDING job over every instance and purpose (0 when none). Grows "
+    "between reads",
+)
+PIPELINE_READ_SECONDS = Gauge(
+    "zapstream_pipeline_metrics_read_seconds",
+    "How long the last read of the pipeline gauges took in PostgreSQL",
+)
+PIPELINE_READ_TIMESTAMP = Gauge(
+    "zapstream_pipeline_metrics_last_success_timestamp_seconds",
+    "Unix time of the last successful read of the pipeline gauges (0: never); "
+    "alert when it falls behind",
+)
+PIPELINE_READ_FAILURES = Counter(
+    "zapstream_pipeline_metrics_failures_total",
+    "Reads of the pipeline gauges that failed (the gauges keep their last values)",
+)

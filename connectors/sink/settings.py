@@ -29,6 +29,9 @@ class SinkSettings(SettingsBase):
     """Prometheus metrics at ``http://HOST:PORT/metrics``; 0 switches them off."""
     metrics_bind_local: bool = True
     """Serve metrics on 127.0.0.1 only; false binds 0.0.0.0."""
+    pipeline_metrics_interval_s: float = Field(default=15.0, gt=0)
+    """How often the pipeline gauges (jobs per status, oldest PENDING job) are read from
+    PostgreSQL, on a connection of their own; only while metrics are served."""
 
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     postgres: PostgresSettings = Field(default_factory=PostgresSettings)

@@ -47,6 +47,7 @@ from aiokafka.errors import KafkaError
 from connectors.failures import MIGRATE, Backoff
 from connectors.sink import metrics
 from connectors.sink.failures import Outage, SinkConfigError, Verdict, classify
+from connectors.sink.pipeline_metrics import PipelineGauges
 from connectors.sink.settings import SinkSettings
 from streams.contract import (
     DEAD,
@@ -244,6 +245,7 @@ class StateSink:
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._metrics_server: Any = None
         self._metrics_url: str | None = None
+        self._gauges: PipelineGauges | None = None
         self._stopping = asyncio.Event()
         self._started = False
         self._started_at = time.monotonic()
@@ -275,6 +277,7 @@ class StateSink:
         self._started = True
         try:
             self._start_metrics()
+            await self._start_gauges()
             await self._retry(self._connect_postgres)
             await self._retry(self._start_kafka)
         except _Stopped:
@@ -299,6 +302,9 @@ class StateSink:
 
     async def stop(self) -> None:
         self._stopping.set()
+        gauges, self._gauges = self._gauges, None
+        if gauges is not None:
+            await gauges.stop()
         await self._stop_kafka()
         await self._drop_postgres()
         if self._metrics_server is not None:
@@ -559,6 +565,17 @@ class StateSink:
             await consumer.stop()
         if producer is not None:
             await producer.stop()
+
+    async def _start_gauges(self) -> None:
+        """Read the pipeline gauges on a timer, on their own connection (only with metrics)."""
+        if self._metrics_server is None:
+            return
+        self._gauges = PipelineGauges(
+            self._settings.postgres,
+            interval_s=self._settings.pipeline_metrics_interval_s,
+            connect_timeout_s=self._settings.connect_timeout_s,
+        )
+        await self._gauges.start()
 
     def _start_metrics(self) -> None:
         port = self._settings.metrics_port
