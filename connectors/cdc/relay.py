@@ -93,7 +93,6 @@ from connectors.cdc.metrics import (
     ROWS,
     TRANSACTIONS,
     LatencyWindow,
-    MetricsServer,
 )
 from connectors.cdc.outbox_rows import (
     INTENT_COLUMNS,
@@ -126,6 +125,7 @@ from connectors.cdc.replication_stream import (
 from connectors.cdc.settings import RelaySettings
 from connectors.cdc.slot_monitor import SlotMonitor
 from connectors.cdc.source import ReplicationSource
+from connectors.http_endpoints import MetricsServer
 from streams.contract import (
     CONTROLS,
     HEADER_JOB_ID,

@@ -309,8 +309,18 @@ class StateSink:
         await self._drop_postgres()
         if self._metrics_server is not None:
             server, self._metrics_server = self._metrics_server, None
-            await asyncio.to_thread(server.shutdown)  # waits for its serving thread's poll
-            server.server_close()
+            await asyncio.to_thread(server.stop)  # waits for its serving thread's poll
+
+    def _readiness(self) -> tuple[bool, str]:
+        """``/readyz``: consuming and writing, or why not (read from the HTTP thread)."""
+        if self._stopping.is_set():
+            return False, "stopping"
+        if self._consumer is None:
+            return False, "starting"
+        for dependency, outage in self._outages.items():
+            if outage.ongoing:
+                return False, f"{dependency} unavailable"
+        return True, "consuming"
 
     async def run(self) -> None:
         """Write batches until :meth:`request_stop`; then log one summary line."""
@@ -581,14 +591,22 @@ class StateSink:
         port = self._settings.metrics_port
         if port == 0:
             return
-        from prometheus_client import start_http_server
+        from connectors.http_endpoints import MetricsServer
 
         host = "127.0.0.1" if self._settings.metrics_bind_local else "0.0.0.0"  # noqa: S104
+        server = MetricsServer(
+            port,
+            bind_local=self._settings.metrics_bind_local,
+            log=log,
+            ready=self._readiness,
+            name="state sink",
+        )
         try:
-            self._metrics_server, _ = start_http_server(port, addr=host)
+            server.start()
         except OSError as exc:
             raise self._fatal(
                 f"cannot serve metrics on {host}:{port} ({exc}): set ZAPSTREAM_SINK_METRICS_PORT "
                 "to a free port, or 0 to switch metrics off"
             ) from exc
+        self._metrics_server = server
         self._metrics_url = f"http://{host}:{port}/metrics"

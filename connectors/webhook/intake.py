@@ -288,6 +288,8 @@ class WebhookIntake:
                 else:
                     app.router.add_post(f"/v1/webhooks/{gateway.value}", self._handler(gateway))
             app.router.add_get("/v1/webhooks/health", self._health)
+            app.router.add_get("/healthz", self._healthz)
+            app.router.add_get("/readyz", self._readyz)
             runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5)
             await runner.setup()
             self._runner = runner
@@ -354,6 +356,16 @@ class WebhookIntake:
 
     async def _health(self, request: web.Request) -> web.Response:
         return _json({"ok": True}, 200)
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        """Liveness: the process serves HTTP."""
+        return web.Response(text="ok\n")
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        """Readiness: callbacks can be published to Kafka (the producer runs)."""
+        if self._producer is None:
+            return web.Response(text="not ready: starting or stopping\n", status=503)
+        return web.Response(text="ready\n")
 
     def _labels(self, gateway: GatewayKind) -> Mapping[str, str]:
         g = self.settings.gateway

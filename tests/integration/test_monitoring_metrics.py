@@ -140,11 +140,11 @@ def test_every_metric_the_alerts_and_the_dashboard_use_is_exported(
     assert len(wanted) >= 20
 
 
-def test_worker_and_relay_answer_health_and_readiness(
+def test_relay_worker_and_sink_answer_health_and_readiness(
     pages: tuple[LocalPipeline, list[str]],
 ) -> None:
     _, urls = pages
-    for url in urls[:2]:  # the relay's and the worker's
+    for url in urls[:3]:  # the relay's, the worker's and the sink's
         base = url.removesuffix("/metrics")
         assert httpx.get(f"{base}/healthz", timeout=10).status_code == 200
         wait_until(

@@ -317,6 +317,9 @@ async def test_an_empty_configured_secret_rejects_everything(outbox_db: str, bro
                 )
                 assert response.status_code == 401
             assert (await http.get("/v1/webhooks/health")).status_code == 200
+            assert (await http.get("/healthz")).status_code == 200
+            ready = await http.get("/readyz")
+            assert ready.status_code == 200 and ready.text == "ready\n"
         assert intake.stats["unauthorized"] == 2
         assert intake.stats["accepted"] == 0
 
