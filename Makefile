@@ -34,8 +34,11 @@ setup: $(BIN)/.installed postgres promtool
 dev: setup
 	$(BIN)/python -m devtools.dev_runner $(ARGS)
 
+# Two test processes, whole files each (a file shares one pipeline); then the timing
+# measurements (marked serial) on their own, so no other test's load skews them.
 test: setup
-	$(BIN)/pytest -q -p no:cacheprovider
+	$(BIN)/pytest -q -p no:cacheprovider -n 2 --dist loadfile -m "not serial"
+	$(BIN)/pytest -q -p no:cacheprovider -m serial
 
 unit: setup
 	$(BIN)/pytest -q tests/unit

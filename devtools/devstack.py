@@ -28,6 +28,7 @@ import atexit
 import importlib.util
 import os
 import pwd
+import random
 import re
 import shlex
 import shutil
@@ -66,12 +67,34 @@ class DevStackError(RuntimeError):
     """A dev/test process could not be found, started, or did not log what was awaited."""
 
 
+_PORT_RANGE_START = 20_000
+_PORT_SLICES = 4
+_PORT_RANGE_SIZE = 3_000
+"""Ports handed out below the kernel's ephemeral range (32768-60999 on Linux), so neither a
+client socket nor another test process's kernel-picked port lands on one we handed out."""
+
+
 def find_free_port() -> int:
     """Return a TCP port on 127.0.0.1 that nothing listens on right now.
 
-    The kernel picks it; another process could take it before ours binds, which
-    then fails with the log tail naming the bind error.
+    Under pytest-xdist each worker (``PYTEST_XDIST_WORKER`` gw0, gw1, ...) draws from
+    its own slice of ports 20000-31999, so two test processes never hand out the same
+    port between choosing it and binding it. Elsewhere the kernel picks it; another
+    process could take it before ours binds, which then fails with the log tail naming
+    the bind error.
     """
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if worker.startswith("gw") and worker[2:].isdigit():
+        index = int(worker[2:]) % _PORT_SLICES
+        low = _PORT_RANGE_START + index * _PORT_RANGE_SIZE
+        for _ in range(200):
+            candidate = random.randrange(low, low + _PORT_RANGE_SIZE)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind(("127.0.0.1", candidate))
+                except OSError:
+                    continue
+                return candidate
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]

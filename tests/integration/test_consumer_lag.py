@@ -28,7 +28,7 @@ from devtools.local_pipeline import LocalPipeline
 from streams.contract import BULK_INTENTS, INTENTS
 from tests.integration.support import enqueue_conversations, wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 GROUP = "zapstream-worker"
 

@@ -27,7 +27,7 @@ from streams.contract import INTENTS, ContractError, IntentCaptured
 from tests.integration.support import count_rows, wait_until
 from tests.integration.topic_reader import read_topic
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 INSTANCES = [f"fc-{i}" for i in range(5)]
 
