@@ -299,7 +299,9 @@ class Dispatcher:
             if outcome.state is not None and outcome.state.sent_at and intent.committed_at:
                 sent = dt.datetime.fromisoformat(outcome.state.sent_at)
                 committed = dt.datetime.fromisoformat(intent.committed_at)
-                metrics.COMMIT_TO_GATEWAY.observe((sent - committed).total_seconds())
+                metrics.COMMIT_TO_GATEWAY.labels(intent.instance_id, intent.priority).observe(
+                    (sent - committed).total_seconds()
+                )
         return outcome
 
     async def _poison(self, event: Any, reason: str) -> None:

@@ -63,7 +63,7 @@ from streams.errors import (
 from streams.failure_log import FailureLog
 from streams.instance_pauses import InstancePauses
 from streams.job_history import LateRedeliveries, LateVerdict
-from streams.metrics import RECEIPTS_IGNORED
+from streams.metrics import ACCEPTED_TO_DELIVERED, GATEWAY_CALL, RECEIPTS_IGNORED
 from streams.pacing import OPERATIONAL, Pacer
 from streams.ports import CancelOutcome, Gateway, ListedJob, SendAccepted, TextMessage
 from streams.receipts import ignored_because, remember_event
@@ -728,6 +728,11 @@ class JobProcessor:
         except InvalidTransition as exc:
             log.warning("receipt not applied: %s", exc)
             return None
+        if status is S.ACCEPTED and target in (S.DELIVERED, S.READ) and current.sent_at:
+            delivered_after = self.now() - dt.datetime.fromisoformat(current.sent_at)
+            ACCEPTED_TO_DELIVERED.labels(receipt.instance_id).observe(
+                max(0.0, delivered_after.total_seconds())
+            )
         events = remember_event(current.receipt_events, receipt.event_id)
         return await self._put(dataclasses.replace(moved, receipt_events=events), partition)
 
@@ -848,6 +853,11 @@ class JobProcessor:
         **fields: str | None,
     ) -> Awaitable[object]:
         """Queue the attempt's outcome on ``zapstream.results``; await the result for the ack."""
+        finished = self.now()
+        if started is not None:
+            GATEWAY_CALL.labels(self.gateway.name, outcome).observe(
+                max(0.0, (finished - started).total_seconds())
+            )
         record = AttemptFinished(
             job_id=intent.job_id,
             idempotency_key=intent.idempotency_key,
@@ -857,8 +867,8 @@ class JobProcessor:
             attempt_id=f"{intent.job_id}-{seq}",
             outcome=outcome,
             gateway=self.gateway.name,
-            started_at=(started or self.now()).isoformat(),
-            finished_at=self.now().isoformat(),
+            started_at=(started or finished).isoformat(),
+            finished_at=finished.isoformat(),
             committed_at=intent.committed_at,
             **fields,
         )

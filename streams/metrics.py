@@ -23,10 +23,24 @@ IN_FLIGHT = Gauge(
     "Intents queued or being sent in conversation lanes, by priority",
     ["priority"],
 )
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 COMMIT_TO_GATEWAY = Histogram(
     "zapstream_commit_to_gateway_seconds",
-    "From the outbox transaction's commit to the gateway's acceptance",
-    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+    "From the outbox transaction's commit to the gateway's acceptance, by instance and priority",
+    ["instance", "priority"],
+    buckets=LATENCY_BUCKETS,
+)
+ACCEPTED_TO_DELIVERED = Histogram(
+    "zapstream_accepted_to_delivered_seconds",
+    "From the gateway's acceptance to the first receipt saying delivered (or read), by instance",
+    ["instance"],
+    buckets=(*LATENCY_BUCKETS, 900, 3600),
+)
+GATEWAY_CALL = Histogram(
+    "zapstream_gateway_call_seconds",
+    "One send to the gateway, from the request to its answer or failure, by gateway and outcome",
+    ["gateway", "outcome"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
 INSTANCE_PAUSED = Gauge(
     "zapstream_instance_paused",

@@ -35,8 +35,8 @@ HELD, OFF, OK = "mon-held", "mon-off", "mon-ok"
 
 
 @pytest.fixture(scope="module")
-def pages() -> Iterator[tuple[LocalPipeline, list[str]]]:
-    """The pipeline and the ``/metrics`` URLs of its relay, worker, sink and lag monitor."""
+def pages() -> Iterator[tuple[LocalPipeline, dict[str, str]]]:
+    """The pipeline and the base URLs of its relay, worker, sink, lag monitor and webhook."""
     relay_port, worker_port, sink_port = find_free_port(), find_free_port(), find_free_port()
     with LocalPipeline(partitions=4, with_sink=False) as p:
         p.start_relay(
@@ -61,14 +61,16 @@ def pages() -> Iterator[tuple[LocalPipeline, list[str]]]:
                 ).decode(),
             }
         )
+        webhook = p.start_webhook()
         yield (
             p,
-            [
-                f"http://127.0.0.1:{relay_port}/metrics",
-                f"http://127.0.0.1:{worker_port}/metrics",
-                f"http://127.0.0.1:{sink_port}/metrics",
-                lag_url,
-            ],
+            {
+                "relay": f"http://127.0.0.1:{relay_port}",
+                "worker": f"http://127.0.0.1:{worker_port}",
+                "sink": f"http://127.0.0.1:{sink_port}",
+                "lag monitor": lag_url.removesuffix("/metrics"),
+                "webhook": webhook,  # no /metrics: health and readiness only
+            },
         )
 
 
@@ -81,17 +83,19 @@ async def _poison_state_record(bootstrap: str) -> None:
         await producer.stop()
 
 
-def _exported(urls: list[str]) -> set[str]:
+def _exported(bases: dict[str, str]) -> set[str]:
     names: set[str] = set()
-    for url in urls:
-        names |= mc.exported_names(httpx.get(url, timeout=10).text)
+    for service in ("relay", "worker", "sink", "lag monitor"):
+        response = httpx.get(f"{bases[service]}/metrics", timeout=10)
+        response.raise_for_status()
+        names |= mc.exported_names(response.text)
     return names
 
 
 def test_every_metric_the_alerts_and_the_dashboard_use_is_exported(
-    pages: tuple[LocalPipeline, list[str]],
+    pages: tuple[LocalPipeline, dict[str, str]],
 ) -> None:
-    pipeline, urls = pages
+    pipeline, bases = pages
     run = uuid.uuid4().hex[:8]
     pipeline.sim_config(
         invalid_recipients=["5511900000201"],
@@ -124,7 +128,7 @@ def test_every_metric_the_alerts_and_the_dashboard_use_is_exported(
     missing: dict[str, set[str]] = {}
 
     def all_exported() -> bool:
-        exported = _exported(urls)
+        exported = _exported(bases)
         missing.clear()
         missing.update({name: where for name, where in wanted.items() if name not in exported})
         return not missing
@@ -140,12 +144,12 @@ def test_every_metric_the_alerts_and_the_dashboard_use_is_exported(
     assert len(wanted) >= 20
 
 
-def test_relay_worker_and_sink_answer_health_and_readiness(
-    pages: tuple[LocalPipeline, list[str]],
+def test_relay_worker_sink_and_webhook_answer_health_and_readiness(
+    pages: tuple[LocalPipeline, dict[str, str]],
 ) -> None:
-    _, urls = pages
-    for url in urls[:3]:  # the relay's, the worker's and the sink's
-        base = url.removesuffix("/metrics")
+    _, bases = pages
+    for service in ("relay", "worker", "sink", "webhook"):
+        base = bases[service]
         assert httpx.get(f"{base}/healthz", timeout=10).status_code == 200
         wait_until(
             lambda base=base: httpx.get(f"{base}/readyz", timeout=10).status_code == 200,  # type: ignore[misc]

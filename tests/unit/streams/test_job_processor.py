@@ -599,3 +599,24 @@ async def test_a_held_instance_parks_its_jobs_unchanged_and_a_reprocess_goes_thr
     p.controls.apply(Ctl("campaign", "promo", "resume"), NOW.timestamp())
     done = await p.on_intent(_intent(purpose="promo"), 0)
     assert isinstance(done, Done) and done.state and done.state.status == "ACCEPTED"
+
+
+def _sample(name: str, **labels: str) -> float:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+async def test_gateway_call_and_accepted_to_delivered_are_observed() -> None:
+    gw = ScriptedGateway(OK)
+    p, _, _ = _processor(gw)
+    calls = _sample("zapstream_gateway_call_seconds_count", gateway=gw.name, outcome="accepted")
+    delivered = _sample("zapstream_accepted_to_delivered_seconds_count", instance="i")
+    await p.on_intent(_intent(), 0)
+    assert (
+        _sample("zapstream_gateway_call_seconds_count", gateway=gw.name, outcome="accepted")
+        == calls + 1
+    )
+    await p.on_receipt(_receipt("delivered", "DELIVERED", "e1"), 0)
+    await p.on_receipt(_receipt("read", "READ", "e2"), 0)  # not from ACCEPTED: not again
+    assert _sample("zapstream_accepted_to_delivered_seconds_count", instance="i") == delivered + 1
