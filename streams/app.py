@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import faust
 
-from streams.transport import KafkaTransport
+from streams.transport import AgentQueue, KafkaTransport
 from streams.worker_settings import WorkerSettings
 
 
@@ -45,6 +45,16 @@ class WorkerApp(faust.App):
         # Faust's own aiokafka transport, but its consumer honours fetch_max_wait_ms.
         return KafkaTransport(self.conf.broker_consumer, self)
 
+    def FlowControlQueue(  # noqa: N802 (Faust's name)
+        self, maxsize: int | None = None, *, clear_on_resume: bool = False
+    ) -> AgentQueue:
+        """Agents' queues: fetching pauses at ``maxsize``'s mark; a put never waits."""
+        return AgentQueue(
+            pause_at=maxsize or STREAM_BUFFER_MAXSIZE,
+            flow_control=self.flow_control,
+            clear_on_resume=clear_on_resume,
+        )
+
     async def on_start(self) -> None:
         for resource in self.resources:
             await resource.start()
@@ -61,11 +71,8 @@ class WorkerApp(faust.App):
             await resource.stop()
 
 
-STREAM_BUFFER_MAXSIZE = 4096
-"""Events an agent's queue holds (Faust's default); fetching its topic stops at 80%."""
-MAX_POLL_RECORDS = 500
-"""Records one poll returns: under the 20% of an agent's queue left above the mark."""
-assert MAX_POLL_RECORDS < STREAM_BUFFER_MAXSIZE - int(STREAM_BUFFER_MAXSIZE / 1.25)
+STREAM_BUFFER_MAXSIZE = 20_000
+"""Events an agent's queue holds before the worker stops fetching its topic (at 80%)."""
 
 
 def build_app(settings: WorkerSettings, resources: Sequence[Resource] = ()) -> WorkerApp:
@@ -94,14 +101,10 @@ def build_app(settings: WorkerSettings, resources: Sequence[Resource] = ()) -> W
         consumer_auto_offset_reset="earliest",
         # Faust's conductor hands each fetched record to its agent's queue and, when that
         # queue is full, waits for room with every other topic's records behind it: a bulk
-        # backlog whose agent waits for tokens would hold operational intents back. It
-        # never fills: the consumer stops fetching a topic once its queue is 80% full
-        # (streams/transport.py: every partition of the topic, not just the one whose
-        # record crossed the mark), and a poll returns at most MAX_POLL_RECORDS, under the
-        # 20% left. Measured in tests/integration/test_flow_control.py (100,000-message
-        # campaign).
+        # backlog whose agent waits for tokens would hold operational intents back. Here a
+        # queue is never full (streams/transport.py: AgentQueue); the worker stops fetching
+        # a topic, every partition of it, once its queue passes 80% of this size.
         stream_buffer_maxsize=STREAM_BUFFER_MAXSIZE,
-        broker_max_poll_records=MAX_POLL_RECORDS,
         producer_acks=-1,
         table_standby_replicas=0,
         stream_ack_exceptions=False,

@@ -13,21 +13,28 @@ before the consumer starts (aiokafka reads it when it builds its fetcher, in
 Flow control: an agent reads one queue per topic, fed by every partition of the
 topic. Faust stops fetching a partition when a record of *that partition* finds
 the queue 80% full (``Consumer.on_buffer_full``); the other partitions go on
-until one of their own records finds it so, each adding a whole poll. With
-several partitions of a backlogged topic (the bulk intents) the queue filled,
-and Faust's conductor then waited for room with every other topic's records
-behind it: operational intents stalled for up to a minute behind a campaign
-(measured, tests/integration/test_flow_control.py). :class:`_Consumer` stops and
-restarts fetching for every partition of the topic together.
+until one of their own records finds it so, each adding what was fetched for it,
+and when the queue was full Faust's conductor waited for room with every other
+topic's records behind it: operational intents stalled for up to a minute behind
+a bulk campaign (measured, tests/integration/test_flow_control.py). Here
+:class:`_Consumer` stops and restarts fetching every partition of the topic
+together, and :class:`AgentQueue` never makes the conductor wait: what was
+already fetched goes in. A bounded poll (``broker_max_poll_records``) would bound
+that overshoot too, but restarted workers stalled with it (worker-kill tests, under
+load), and Tansu ignores fetch size limits, so it is not used. The overshoot is
+one poll: on Apache Kafka at most ``consumer_max_fetch_size`` per partition; on
+Tansu, which returns a partition's whole backlog in one fetch, up to that.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import aiokafka
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
+from mode.utils.queues import ThrowableQueue
 
 
 class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
@@ -38,6 +45,26 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
             # The constructor's argument, stored as is; start() passes it to the fetcher.
             consumer._fetch_max_wait_ms = int(wait_ms)
         return consumer
+
+
+class AgentQueue(ThrowableQueue):  # type: ignore[type-arg]
+    """An agent's queue that never blocks a put; fetching pauses at 80% of ``pause_at``.
+
+    Faust derives both its pause marks and its blocking bound from one ``maxsize``;
+    here the marks come from ``pause_at`` and the queue itself is unbounded.
+    """
+
+    def __init__(self, *, pause_at: int, **kwargs: Any) -> None:
+        super().__init__(maxsize=0, **kwargs)
+        self.pause_at = pause_at
+
+    @property
+    def pressure_high_size(self) -> int:
+        return math.floor(self.pause_at / self.pressure_high_ratio)
+
+    @property
+    def pressure_drop_size(self) -> int:
+        return math.floor(self.pause_at * self.pressure_drop_ratio)
 
 
 class _Consumer(faust_aiokafka.Consumer):

@@ -56,3 +56,26 @@ def test_worker_app_hands_faust_our_transport_with_the_settings_wait(tmp_path: A
     app = build_app(WorkerSettings(kafka=kafka, data_dir=str(tmp_path)))
     assert app.fetch_max_wait_ms == 10
     assert isinstance(app._new_transport(), KafkaTransport)
+
+
+def test_an_agent_queue_pauses_at_its_mark_and_never_blocks_a_put() -> None:
+    from mode.utils.queues import FlowControlEvent
+
+    from streams.transport import AgentQueue
+
+    queue = AgentQueue(pause_at=100, flow_control=FlowControlEvent())
+    high: list[int] = []
+    drops: list[int] = []
+
+    def on_drop() -> None:  # one partition's callback: the same object at every put
+        drops.append(1)
+
+    for i in range(300):  # three times the size: a whole poll fetched past the mark
+        queue.put_nowait_enhanced(
+            i, on_pressure_high=lambda i=i: high.append(i), on_pressure_drop=on_drop
+        )
+    assert not queue.full() and queue.qsize() == 300
+    assert high == [80]  # once, at 80% of 100 (one callback per partition: one here)
+    while queue.qsize():
+        queue.get_nowait()
+    assert drops == [1]  # fetching resumes once it drained to 40%
