@@ -118,8 +118,20 @@ def _html(text: str, status: int = 200) -> web.Response:
     )
 
 
+def _who(request: web.Request) -> Operator | None:
+    operators: dict[str, Operator] = request.app[_OPERATOR]
+    return authenticate(
+        operators,
+        authorization=request.headers.get("Authorization"),
+        cookie=request.cookies.get(COOKIE),
+    )
+
+
 def _operator(request: web.Request) -> Operator:
-    operator: Operator = request["operator"]
+    """The operator of a request the guard let through (it checked there is one)."""
+    operator = _who(request)
+    if operator is None:
+        raise web.HTTPUnauthorized()
     return operator
 
 
@@ -139,19 +151,13 @@ async def _guard(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
     """Authenticate, refuse cross-site posts, turn an unreachable database into a 503."""
-    operators: dict[str, Operator] = request.app[_OPERATOR]
-    operator = authenticate(
-        operators,
-        authorization=request.headers.get("Authorization"),
-        cookie=request.cookies.get(COOKIE),
-    )
+    operator = _who(request)
     status = 500
     try:
         if request.path not in _PUBLIC:
             if operator is None:
                 status = 401
                 return _html(pages.login_page(failed=False), status=401)
-            request["operator"] = operator
         if request.method == "POST" and not _same_origin(request):
             status = 403
             return _html(pages.message_page("Refused", "cross-site request", operator), 403)

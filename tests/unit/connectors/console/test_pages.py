@@ -1,0 +1,109 @@
+"""The console's filters from a query string, its lag parsing and what its pages show."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from connectors.console.app import FilterError, parse_filter
+from connectors.console.lag import PartitionLag, parse_lag
+from connectors.console.pages import job_page, jobs_page, lag_page
+from connectors.console.queries import JobDetail, JobStory, PageOfJobs
+from connectors.console.settings import Operator, Role
+from connectors.ops.jobs_sql import JobEvent, ListedJob
+
+NOW = dt.datetime(2026, 1, 31, 12, tzinfo=dt.UTC)
+PHONE = "5511987654321"
+
+
+def test_a_query_string_becomes_a_filter_and_a_page() -> None:
+    job_filter, page, form = parse_filter(
+        {"state": "pending", "instance": " shop ", "period": "1h", "q": "k-1", "page": "2"},
+        now=NOW,
+    )
+    assert list(job_filter.statuses) == ["PENDING"] and job_filter.instance == "shop"
+    assert job_filter.since == NOW - dt.timedelta(hours=1) and job_filter.search == "k-1"
+    assert job_filter.priority is None and job_filter.purpose is None and page == 2
+    assert form["state"] == "PENDING"
+
+
+def test_an_empty_query_is_every_job_on_page_one() -> None:
+    job_filter, page, _ = parse_filter({}, now=NOW)
+    assert job_filter.where()[1] == [] and page == 1
+
+
+@pytest.mark.parametrize(
+    ("query", "field"),
+    [({"state": "SENT"}, "state"), ({"period": "soon"}, "period"), ({"page": "0"}, "page")],
+)
+def test_a_bad_field_is_named(query: dict[str, str], field: str) -> None:
+    with pytest.raises(FilterError, match=f"^{field}:"):
+        parse_filter(query, now=NOW)
+
+
+def test_lag_is_read_per_partition_from_the_lag_monitors_text() -> None:
+    text = (
+        "# HELP kafka_consumergroup_group_lag Records\n"
+        "# TYPE kafka_consumergroup_group_lag gauge\n"
+        'kafka_consumergroup_group_lag{group="w",topic="zapstream.intents",partition="1"} 7.0\n'
+        'kafka_consumergroup_group_lag{group="w",topic="zapstream.intents",partition="0"} 3.0\n'
+        "# TYPE kafka_consumergroup_group_sum_lag gauge\n"
+        'kafka_consumergroup_group_sum_lag{group="w"} 10.0\n'
+    )
+    assert parse_lag(text) == [
+        PartitionLag("w", "zapstream.intents", 0, 3.0),
+        PartitionLag("w", "zapstream.intents", 1, 7.0),
+    ]
+
+
+def _job(status: str = "FAILED") -> ListedJob:
+    return ListedJob(7, "shop", PHONE, status, 2, NOW, "boom <b>", NOW)
+
+
+def test_the_list_masks_recipients_and_escapes_errors() -> None:
+    page = PageOfJobs(jobs=[_job()], total=1, page=1, page_size=50)
+    html = jobs_page(page, {}, Operator("alice", Role.OPERATOR), now=NOW)
+    assert PHONE not in html and "5511*****4321" in html
+    assert "boom &lt;b&gt;" in html and 'id="bulk"' in html
+
+
+def test_a_viewer_gets_no_bulk_form() -> None:
+    page = PageOfJobs(jobs=[_job()], total=1, page=1, page_size=50)
+    assert 'id="bulk"' not in jobs_page(page, {}, Operator("v", Role.VIEWER), now=NOW)
+
+
+def _story(status: str) -> JobStory:
+    detail = JobDetail(
+        7, "shop", PHONE, status, 1, 5, "operational", None, NOW, NOW, None, None, None, None, None
+    )
+    event = JobEvent(1, 1, "ATTEMPTING", status, "worker", "read timeout", NOW)
+    return JobStory(job=detail, events=[event], commands=[], replays=[])
+
+
+def test_only_an_admin_sees_the_text() -> None:
+    story = _story("FAILED")
+    admin = job_page(story, Operator("ada", Role.ADMIN), text="hello <there>")
+    operator = job_page(story, Operator("alice", Role.OPERATOR), text=None)
+    assert "hello &lt;there&gt;" in admin and 'id="text"' not in operator
+    assert PHONE not in admin + operator
+
+
+def test_an_uncertain_job_warns_that_it_may_be_sent_twice() -> None:
+    html = job_page(_story("UNCERTAIN"), Operator("alice", Role.OPERATOR), text=None)
+    assert 'id="uncertain-warning"' in html and "TWICE" in html
+    assert 'name="accept_duplicate"' in html
+    calm = job_page(_story("FAILED"), Operator("alice", Role.OPERATOR), text=None)
+    assert 'id="uncertain-warning"' not in calm and 'id="reprocess"' in calm
+
+
+def test_a_viewer_gets_no_action_forms() -> None:
+    html = job_page(_story("FAILED"), Operator("v", Role.VIEWER), text=None)
+    assert 'id="cancel"' not in html and 'id="reprocess"' not in html
+
+
+def test_lag_not_configured_is_said() -> None:
+    html = lag_page(
+        consumer=None, consumer_error=None, slots=[], operator=Operator("a", Role.VIEWER)
+    )
+    assert "not configured" in html
