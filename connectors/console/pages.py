@@ -18,7 +18,7 @@ from connectors.console.queries import JobStory, PageOfJobs, SlotLag
 from connectors.console.settings import Operator
 from connectors.ops.jobs_render import cut, human_age, masked, when
 from streams.contract import JobStatus
-from streams.state_machine import REPROCESSABLE
+from streams.state_machine import ALLOWED, REPROCESSABLE
 
 __all__ = [
     "PERIODS",
@@ -256,13 +256,15 @@ def job_page(
         facts = [*facts, ("Text", f'<span id="text">{e(text)}</span>')]
     details = "<dl>" + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts) + "</dl>"
     actions = ""
-    if operator.role.can_act and job.status != JobStatus.INVALID:
-        actions = (
-            '<section class="actions"><h2>Actions</h2>'
-            f'<form method="post" action="/jobs/{job.id}/cancel" id="cancel">'
-            '<label>Reason <input name="reason" id="cancel-reason" required size="40"></label> '
-            '<button id="cancel-button">Cancel job</button></form>'
-        )
+    cancellable = any(job.status == s and JobStatus.CANCELLED in to for s, to in ALLOWED.items())
+    if operator.role.can_act and (cancellable or job.status in REPROCESSABLE):
+        actions = '<section class="actions"><h2>Actions</h2>'
+        if cancellable:
+            actions += (
+                f'<form method="post" action="/jobs/{job.id}/cancel" id="cancel">'
+                '<label>Reason <input name="reason" id="cancel-reason" required size="40">'
+                '</label> <button id="cancel-button">Cancel job</button></form>'
+            )
         if job.status in REPROCESSABLE:
             risky = looks_uncertain(story)
             warning = (

@@ -149,6 +149,16 @@ def _no_full_number(page: str, phones: list[str]) -> None:
     assert not shown, f"{len(shown)} full phone number(s) in the page"
 
 
+def _screenshot(browser: WebDriver, stage: Stage, name: str) -> None:
+    """Save the page under the pipeline's directory and copy it to tests/artifacts/."""
+    shot = stage.pipeline.dir / name
+    assert browser.save_screenshot(str(shot))
+    artifacts = REPO_ROOT / "tests" / "artifacts"
+    artifacts.mkdir(exist_ok=True)
+    shutil.copy(shot, artifacts / name)
+    print(f"\nconsole screenshot: {artifacts / name}")
+
+
 def test_without_a_token_it_is_401_and_a_viewer_cannot_act(stage: Stage) -> None:
     assert httpx.get(f"{stage.url}/jobs").status_code == 401
     bad = httpx.get(f"{stage.url}/jobs", headers={"Authorization": "Bearer " + "x" * 32})
@@ -200,12 +210,7 @@ def test_an_operator_logs_in_filters_reads_a_history_and_cancels(
     masked = [r.find_element(By.CLASS_NAME, "recipient").text for r in rows]
     assert all("*" in m for m in masked), masked
     _no_full_number(browser.page_source, stage.phones)
-    shot = stage.pipeline.dir / "console.png"
-    assert browser.save_screenshot(str(shot))
-    artifacts = REPO_ROOT / "tests" / "artifacts"
-    artifacts.mkdir(exist_ok=True)
-    shutil.copy(shot, artifacts / "console.png")
-    print(f"\nconsole screenshot: {shot} (copied to {artifacts / 'console.png'})")
+    _screenshot(browser, stage, "console.png")
 
     Select(browser.find_element(By.ID, "f-state")).select_by_value("PENDING")
     browser.find_element(By.ID, "apply").click()
@@ -237,6 +242,31 @@ def test_an_operator_logs_in_filters_reads_a_history_and_cancels(
     history = browser.find_element(By.ID, "events").text
     assert "CANCELLED" in history and "wrong recipient list" in history
     assert "alice" in browser.find_element(By.ID, "commands").text
+    _screenshot(browser, stage, "console-job.png")
+
+
+def test_a_bulk_reprocess_previews_the_count_then_records_one_command_per_job(
+    stage: Stage, browser: WebDriver
+) -> None:
+    browser.get(f"{stage.url}/jobs?state=FAILED&instance={SENT}")  # the cookie from the login
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#jobs tr.job")) == 2
+    bulk = browser.find_element(By.ID, "bulk")
+    Select(bulk.find_element(By.NAME, "action")).select_by_value("reprocess")
+    bulk.find_element(By.NAME, "reason").send_keys("gateway fixed the number check")
+    bulk.find_element(By.TAG_NAME, "button").click()
+    assert browser.find_element(By.ID, "preview").text.startswith("2 matching job(s)")
+    browser.find_element(By.CSS_SELECTOR, "#bulk-confirm button").click()
+    assert "reprocess requested for 2 job(s) by alice" in browser.find_element(By.ID, "notice").text
+    ids = [_job_id(stage.pipeline.dsn, key) for key in stage.keys["FAILED"]]
+    with psycopg.connect(stage.pipeline.dsn, autocommit=True) as conn:
+        commands = conn.execute(
+            "SELECT job_id, command, actor, reason FROM outbox_commands WHERE job_id = ANY(%s)"
+            " ORDER BY job_id",
+            (ids,),
+        ).fetchall()
+    assert commands == [
+        (job_id, "reprocess", "alice", "gateway fixed the number check") for job_id in sorted(ids)
+    ]
 
 
 def test_the_lag_page_charts_partitions_and_the_slot(stage: Stage, browser: WebDriver) -> None:
@@ -251,3 +281,4 @@ def test_the_lag_page_charts_partitions_and_the_slot(stage: Stage, browser: WebD
     assert "zapstream" in chart
     slots = browser.find_element(By.ID, "slots").text
     assert "zapstream" in slots.lower()
+    _screenshot(browser, stage, "console-lag.png")

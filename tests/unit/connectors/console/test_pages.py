@@ -97,6 +97,16 @@ def test_an_uncertain_job_warns_that_it_may_be_sent_twice() -> None:
     assert 'id="uncertain-warning"' not in calm and 'id="reprocess"' in calm
 
 
+def test_only_what_the_state_allows_is_offered() -> None:
+    operator = Operator("alice", Role.OPERATOR)
+    pending = job_page(_story("PENDING"), operator, text=None)
+    assert 'id="cancel"' in pending and 'id="reprocess"' not in pending
+    done = job_page(_story("CANCELLED"), operator, text=None)
+    assert 'id="cancel"' not in done and 'id="reprocess"' not in done
+    failed = job_page(_story("FAILED"), operator, text=None)
+    assert 'id="cancel"' not in failed and 'id="reprocess"' in failed
+
+
 def test_a_viewer_gets_no_action_forms() -> None:
     html = job_page(_story("FAILED"), Operator("v", Role.VIEWER), text=None)
     assert 'id="cancel"' not in html and 'id="reprocess"' not in html
