@@ -61,6 +61,16 @@ _T = TypeVar("_T")
 _OPERATOR: web.AppKey[dict[str, Operator]] = web.AppKey("operators")
 _SETTINGS = web.AppKey("settings", ConsoleSettings)
 _HTTP = web.AppKey("http", aiohttp.ClientSession)
+
+
+@dataclasses.dataclass(slots=True)
+class _Outage:
+    """Whether the database was unreachable at the last try: logged once per outage."""
+
+    down: bool = False
+
+
+_DB_STATE = web.AppKey("db_state", _Outage)
 FILTER_FIELDS = ("state", "instance", "priority", "purpose", "period", "q")
 _PUBLIC = frozenset({"/login"})
 
@@ -161,10 +171,16 @@ async def _guard(
         if request.method == "POST" and not _same_origin(request):
             status = 403
             return _html(pages.message_page("Refused", "cross-site request", operator), 403)
+        outage = request.app[_DB_STATE]
         try:
             response = await handler(request)
+            if outage.down:
+                outage.down = False
+                log.info("console: database reachable again")
         except psycopg.OperationalError as exc:
-            log.warning("console: database unreachable (%s)", type(exc).__name__)
+            if not outage.down:
+                outage.down = True
+                log.warning("console: database unreachable (%s)", type(exc).__name__)
             response = _html(
                 pages.message_page(
                     "Database unreachable",
@@ -434,6 +450,7 @@ def build_app(settings: ConsoleSettings) -> web.Application:
     app = web.Application(middlewares=[_guard], client_max_size=64 * 1024)
     app[_SETTINGS] = settings
     app[_OPERATOR] = settings.operators()
+    app[_DB_STATE] = _Outage()
 
     async def http_client(app: web.Application) -> Any:
         app[_HTTP] = aiohttp.ClientSession()
