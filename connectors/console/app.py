@@ -24,26 +24,24 @@ import signal
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
-import aiohttp
 import psycopg
 from aiohttp import web
 
 from connectors.console import pages
 from connectors.console.auth import COOKIE, authenticate
-from connectors.console.lag import PartitionLag, parse_lag
 from connectors.console.queries import (
     BULK_CANCELLABLE,
     ConsoleFilter,
     count_matching,
     fetch_page,
-    fetch_story,
     fetch_text,
     matching_ids,
     slot_lags,
 )
 from connectors.console.settings import ConsoleSettings, Operator
 from connectors.ops.jobs_cli import parse_duration
-from connectors.ops.jobs_sql import database_now
+from connectors.ops.jobs_sql import JobHistory, database_now, fetch_history
+from connectors.ops.status import read_consumer_lag
 from connectors.outbox.commands import (
     InvalidCommand,
     request_cancel_by_id,
@@ -60,7 +58,6 @@ log = logging.getLogger("zapstream.console")
 _T = TypeVar("_T")
 _OPERATOR: web.AppKey[dict[str, Operator]] = web.AppKey("operators")
 _SETTINGS = web.AppKey("settings", ConsoleSettings)
-_HTTP = web.AppKey("http", aiohttp.ClientSession)
 
 
 @dataclasses.dataclass(slots=True)
@@ -73,6 +70,8 @@ class _Outage:
 _DB_STATE = web.AppKey("db_state", _Outage)
 FILTER_FIELDS = ("state", "instance", "priority", "purpose", "period", "q")
 _PUBLIC = frozenset({"/login"})
+LAG_TIMEOUT_S = 3.0
+"""How long the lag page waits for the lag monitor's metrics."""
 
 
 class FilterError(ValueError):
@@ -270,8 +269,8 @@ async def _job(request: web.Request) -> web.Response:
     operator = _operator(request)
     job_id = _job_id(request)
 
-    def load(conn: psycopg.Connection[Any]) -> tuple[Any, str | None]:
-        story = fetch_story(conn, job_id)
+    def load(conn: psycopg.Connection[Any]) -> tuple[JobHistory | None, str | None]:
+        story = fetch_history(conn, job_id=job_id)
         text = fetch_text(conn, job_id) if story and operator.role.sees_text else None
         return story, text
 
@@ -301,7 +300,7 @@ async def _cancel(request: web.Request) -> web.StreamResponse:
     reason, _ = await _reason(request)
 
     def act(conn: psycopg.Connection[Any]) -> str:
-        story = fetch_story(conn, job_id)
+        story = fetch_history(conn, job_id=job_id)
         if story is None:
             return f"no job {job_id}"
         if story.job.status == JobStatus.INVALID:
@@ -331,7 +330,7 @@ async def _reprocess(request: web.Request) -> web.StreamResponse:
     accepted = data.get("accept_duplicate") == "yes"
 
     def act(conn: psycopg.Connection[Any]) -> str:
-        story = fetch_story(conn, job_id)
+        story = fetch_history(conn, job_id=job_id)
         if story is None:
             return f"no job {job_id}"
         if story.job.status not in REPROCESSABLE:
@@ -418,28 +417,10 @@ async def _bulk(request: web.Request) -> web.StreamResponse:
     raise web.HTTPSeeOther(f"/jobs?{query}")
 
 
-async def _consumer_lag(app: web.Application) -> tuple[list[PartitionLag] | None, str | None]:
-    url = app[_SETTINGS].lag_url
-    if not url:
-        return None, None
-    try:
-        async with app[_HTTP].get(url, timeout=aiohttp.ClientTimeout(total=3)) as response:
-            response.raise_for_status()
-            return parse_lag(await response.text()), None
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        return None, f"{type(exc).__name__} reading the lag monitor's metrics"
-    except ValueError as exc:
-        return None, f"the lag monitor's metrics do not parse ({exc})"
-
-
 async def _lag(request: web.Request) -> web.Response:
-    consumer, error = await _consumer_lag(request.app)
+    consumer = await read_consumer_lag(request.app[_SETTINGS].lag_url, LAG_TIMEOUT_S)
     slots = await _db(request, slot_lags)
-    return _html(
-        pages.lag_page(
-            consumer=consumer, consumer_error=error, slots=slots, operator=_operator(request)
-        )
-    )
+    return _html(pages.lag_page(consumer=consumer, slots=slots, operator=_operator(request)))
 
 
 # --- the app ------------------------------------------------------------------------------------
@@ -452,12 +433,6 @@ def build_app(settings: ConsoleSettings) -> web.Application:
     app[_OPERATOR] = settings.operators()
     app[_DB_STATE] = _Outage()
 
-    async def http_client(app: web.Application) -> Any:
-        app[_HTTP] = aiohttp.ClientSession()
-        yield
-        await app[_HTTP].close()
-
-    app.cleanup_ctx.append(http_client)
     app.router.add_get("/", _root)
     app.router.add_get("/login", _login_form)
     app.router.add_post("/login", _login)

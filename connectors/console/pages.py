@@ -13,10 +13,11 @@ import html
 from collections.abc import Iterable, Mapping, Sequence
 from urllib.parse import urlencode
 
-from connectors.console.lag import PartitionLag
-from connectors.console.queries import JobStory, PageOfJobs, SlotLag
+from connectors.console.queries import PageOfJobs, SlotLag
 from connectors.console.settings import Operator
 from connectors.ops.jobs_render import cut, human_age, masked, when
+from connectors.ops.jobs_sql import JobHistory
+from connectors.ops.status import ConsumerLag, PartitionLag
 from streams.contract import JobStatus
 from streams.state_machine import ALLOWED, REPROCESSABLE
 
@@ -188,7 +189,7 @@ def jobs_page(
     return _layout("Jobs", body, operator, notice)
 
 
-def _events(story: JobStory) -> str:
+def _events(story: JobHistory) -> str:
     if not story.events:
         return "<p>No transitions recorded yet.</p>"
     rows = "".join(
@@ -204,14 +205,31 @@ def _events(story: JobStory) -> str:
     )
 
 
-def _commands(story: JobStory) -> str:
-    asked = [*story.commands, *story.replays]
+def _attempts(story: JobHistory) -> str:
+    attempts = story.attempts
+    if not attempts:
+        return "<p>No attempt yet.</p>"
+    rows = "".join(
+        f"<tr><td>{e(a.reference(story.job.id))}</td><td>{e(when(a.started_at))}</td>"
+        f"<td>{_status(a.outcome) if a.outcome else 'in progress'}</td><td>{e(a.reason)}</td>"
+        f"<td>{e(when(a.ended_at))}</td></tr>"
+        for a in attempts
+    )
+    return (
+        '<table id="attempts"><thead><tr><th>Attempt</th><th>Started (UTC)</th><th>Outcome</th>'
+        f"<th>Reason / error</th><th>Ended (UTC)</th></tr></thead><tbody>{rows}</tbody></table>"
+    )
+
+
+def _commands(story: JobHistory) -> str:
+    asked = [(c.id, c.command, c.actor, c.reason, c.created_at) for c in story.commands]
+    asked += [(r.id, "restream", r.actor, r.reason, r.created_at) for r in story.replays]
     if not asked:
         return "<p>No operator actions.</p>"
     rows = "".join(
-        f"<tr><td>{c.id}</td><td>{e(c.command)}</td><td>{e(c.actor)}</td>"
-        f"<td>{e(c.reason)}</td><td>{e(when(c.created_at))}</td></tr>"
-        for c in sorted(asked, key=lambda c: c.created_at)
+        f"<tr><td>{i}</td><td>{e(what)}</td><td>{e(actor)}</td>"
+        f"<td>{e(reason)}</td><td>{e(when(at))}</td></tr>"
+        for i, what, actor, reason, at in sorted(asked, key=lambda c: c[4])
     )
     return (
         '<table id="commands"><thead><tr><th>Id</th><th>Action</th><th>By</th><th>Why</th>'
@@ -225,7 +243,7 @@ UNCERTAIN_WARNING = (
 )
 
 
-def looks_uncertain(story: JobStory) -> bool:
+def looks_uncertain(story: JobHistory) -> bool:
     """Whether the last attempt may have reached the gateway (a resend may duplicate it)."""
     if story.job.status == JobStatus.UNCERTAIN:
         return True
@@ -233,7 +251,7 @@ def looks_uncertain(story: JobStory) -> bool:
 
 
 def job_page(
-    story: JobStory, operator: Operator, *, text: str | None, notice: str | None = None
+    story: JobHistory, operator: Operator, *, text: str | None, notice: str | None = None
 ) -> str:
     """One job: its columns, its text (admins), its events and the actions asked for it."""
     job = story.job
@@ -247,11 +265,13 @@ def job_page(
         ("Created", e(when(job.created_at))),
         ("Updated", e(when(job.updated_at))),
         ("Sent", e(when(job.sent_at))),
-        ("Next retry", e(when(job.next_retry_at))),
         ("Expires", e(when(job.expires_at))),
         ("Gateway job", e(job.gateway_job_id)),
         ("Last error", e(job.last_error)),
     ]
+    for kind, target, actor, reason, since in story.paused_by:
+        held = f"{kind} {target} paused by {actor} since {when(since)}: {reason}"
+        facts = [*facts, ("Held", e(held))]
     if operator.role.sees_text:
         facts = [*facts, ("Text", f'<span id="text">{e(text)}</span>')]
     details = "<dl>" + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts) + "</dl>"
@@ -282,7 +302,8 @@ def job_page(
             )
         actions += "</section>"
     body = (
-        f"{details}{actions}<section><h2>History</h2>{_events(story)}</section>"
+        f"{details}{actions}<section><h2>Attempts</h2>{_attempts(story)}</section>"
+        f"<section><h2>History</h2>{_events(story)}</section>"
         f"<section><h2>Operator actions</h2>{_commands(story)}</section>"
     )
     return _layout(f"Job {job.id}", body, operator, notice)
@@ -327,18 +348,19 @@ def bulk_preview_page(
 def _lag_chart(lags: Sequence[PartitionLag]) -> str:
     """Horizontal bars, one per group/topic/partition, as inline SVG."""
     bar_h, label_w, width = 18, 340, 360
-    top = max((lag.records for lag in lags), default=0) or 1
+    top = max((lag.messages or 0 for lag in lags), default=0) or 1
     height = bar_h * len(lags) + 4
     bars = []
     for i, lag in enumerate(lags):
         y = i * bar_h + 2
-        w = max(1.0, width * lag.records / top) if lag.records else 0
-        label = f"{lag.group} {lag.topic}[{lag.partition}]"
+        records = lag.messages or 0
+        w = max(1.0, width * records / top) if records else 0
+        label = f"{lag.group} {lag.topic}[{lag.partition or '*'}]"
         bars.append(
             f'<text x="0" y="{y + 13}" font-size="12">{e(label)}</text>'
             f'<rect x="{label_w}" y="{y + 2}" width="{w:.1f}" height="{bar_h - 5}" '
             'fill="#0969da"/>'
-            f'<text x="{label_w + w + 4:.1f}" y="{y + 13}" font-size="12">{lag.records:g}</text>'
+            f'<text x="{label_w + w + 4:.1f}" y="{y + 13}" font-size="12">{records:g}</text>'
         )
     return (
         f'<svg id="lag-chart" xmlns="http://www.w3.org/2000/svg" width="{label_w + width + 80}" '
@@ -347,25 +369,17 @@ def _lag_chart(lags: Sequence[PartitionLag]) -> str:
     )
 
 
-def lag_page(
-    *,
-    consumer: Sequence[PartitionLag] | None,
-    consumer_error: str | None,
-    slots: Iterable[SlotLag],
-    operator: Operator,
-) -> str:
+def lag_page(*, consumer: ConsumerLag, slots: Iterable[SlotLag], operator: Operator) -> str:
     """Consumer lag per partition (from the lag monitor) and the replication slots' lag."""
-    if consumer is None and consumer_error is None:
+    if not consumer.configured:
         kafka = (
             '<p id="lag-not-configured">Consumer lag: not configured (set '
             "ZAPSTREAM_CONSOLE_LAG_URL to the lag monitor's metrics URL).</p>"
         )
-    elif consumer_error is not None:
-        kafka = f'<p class="error">Consumer lag unavailable: {e(consumer_error)}</p>'
-    elif not consumer:
-        kafka = "<p>The lag monitor reports no partitions yet.</p>"
+    elif consumer.error is not None:
+        kafka = f'<p class="error" id="lag-error">Consumer lag unavailable: {e(consumer.error)}</p>'
     else:
-        kafka = _lag_chart(consumer)
+        kafka = _lag_chart(consumer.partitions)
     rows = "".join(
         f"<tr><td>{e(s.slot)}</td><td>{'yes' if s.active else 'no'}</td>"
         f"<td>{e(s.lag_bytes)}</td></tr>"

@@ -1,11 +1,11 @@
-"""The console's SQL: one query per page of jobs, one job's whole story, the slots' lag.
+"""The console's SQL: one query per page of jobs, bulk selections, the slots' lag.
 
 Sync psycopg on a connection the caller opens (the web handlers run these in a
 thread). Filters become SQL with parameters here and nowhere else, so the unit
 tests can check the SQL a form produces without a database. The row types and a
-job's events are :mod:`connectors.ops.jobs_sql`'s (``ListedJob``, ``fetch_events``);
-what ``jobs_sql.JobFilter`` lacks (priority, purpose, search, the total in the
-same query) is added here.
+job's story are :mod:`connectors.ops.jobs_sql`'s (``ListedJob``, ``fetch_history``,
+the same as ``zapstream jobs show``); what ``jobs_sql.JobFilter`` lacks (priority,
+purpose, search, the total in the same query) is added here.
 """
 
 from __future__ import annotations
@@ -18,20 +18,16 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from connectors.ops.jobs_sql import JobEvent, ListedJob, fetch_events
+from connectors.ops.jobs_sql import ListedJob
 from streams.contract import JobStatus
 
 __all__ = [
     "BULK_CANCELLABLE",
-    "CommandRow",
     "ConsoleFilter",
-    "JobDetail",
-    "JobStory",
     "PageOfJobs",
     "SlotLag",
     "count_matching",
     "fetch_page",
-    "fetch_story",
     "fetch_text",
     "matching_ids",
     "page_query",
@@ -164,76 +160,6 @@ def matching_ids(
     where, params = job_filter.where()
     query = sql.SQL("SELECT id FROM outbox_jobs") + where + sql.SQL(" ORDER BY id LIMIT %s")
     return [int(r[0]) for r in conn.execute(query, [*params, limit])]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class JobDetail:
-    """One job's columns for its page; ``recipient`` is unmasked, never render it as is."""
-
-    id: int
-    instance_id: str
-    recipient: str | None
-    status: str
-    attempts: int
-    max_attempts: int
-    priority: str
-    purpose: str | None
-    created_at: dt.datetime
-    updated_at: dt.datetime
-    sent_at: dt.datetime | None
-    next_retry_at: dt.datetime | None
-    expires_at: dt.datetime | None
-    gateway_job_id: str | None
-    last_error: str | None
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class CommandRow:
-    """An operator's (or application's) command on the job: what, who, why, when."""
-
-    id: int
-    command: str
-    actor: str
-    reason: str
-    created_at: dt.datetime
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class JobStory:
-    """A job, its events in version order, and the commands and replays asked for it."""
-
-    job: JobDetail
-    events: list[JobEvent]
-    commands: list[CommandRow]
-    replays: list[CommandRow]
-
-
-_DETAIL = """
-    SELECT id, instance_id, payload ->> 'to', status, attempts, max_attempts, priority, purpose,
-           created_at, updated_at, sent_at, next_retry_at, expires_at, gateway_job_id, last_error
-    FROM outbox_jobs WHERE id = %s
-"""
-_COMMANDS = """
-    SELECT id, command, actor, reason, created_at FROM outbox_commands
-    WHERE job_id = %s ORDER BY id
-"""
-_REPLAYS = """
-    SELECT id, 'restream', actor, reason, created_at FROM outbox_replays
-    WHERE job_id = %s ORDER BY id
-"""
-
-
-def fetch_story(conn: psycopg.Connection[Any], job_id: int) -> JobStory | None:
-    """Everything recorded about job ``job_id``, or None when there is no such job."""
-    row = conn.execute(_DETAIL, (job_id,)).fetchone()
-    if row is None:
-        return None
-    return JobStory(
-        job=JobDetail(*row),
-        events=fetch_events(conn, job_id),
-        commands=[CommandRow(*r) for r in conn.execute(_COMMANDS, (job_id,))],
-        replays=[CommandRow(*r) for r in conn.execute(_REPLAYS, (job_id,))],
-    )
 
 
 def fetch_text(conn: psycopg.Connection[Any], job_id: int) -> str | None:

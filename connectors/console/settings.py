@@ -94,6 +94,13 @@ class ConsoleSettings(SettingsBase):
         parse_tokens(value.get_secret_value())
         return value
 
+    @field_validator("lag_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if value and not value.startswith(("http://", "https://")):
+            raise ValueError("must be an http(s) URL, e.g. http://127.0.0.1:6068/metrics")
+        return value
+
     def operators(self) -> dict[str, Operator]:
         """Token -> operator."""
         return parse_tokens(self.tokens.get_secret_value())

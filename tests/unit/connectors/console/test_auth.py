@@ -174,3 +174,10 @@ async def test_a_cross_site_post_is_refused(client: TestClient) -> None:  # type
 async def test_an_operator_reaches_the_database(client: TestClient) -> None:  # type: ignore[type-arg]
     response = await client.get("/jobs", headers={"Authorization": f"Bearer {ALICE}"})
     assert response.status == 503  # authorised; the database is unreachable on purpose
+
+
+def test_a_lag_url_must_be_http(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ZAPSTREAM_CONSOLE_TOKENS", TOKENS_JSON)
+    monkeypatch.setenv("ZAPSTREAM_CONSOLE_LAG_URL", "127.0.0.1:6068/metrics")
+    with pytest.raises(ValidationError, match="http"):
+        ConsoleSettings()

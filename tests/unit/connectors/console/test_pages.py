@@ -1,4 +1,4 @@
-"""The console's filters from a query string, its lag parsing and what its pages show."""
+"""The console's filters from a query string, and what its pages show (and never show)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import datetime as dt
 import pytest
 
 from connectors.console.app import FilterError, parse_filter
-from connectors.console.lag import PartitionLag, parse_lag
 from connectors.console.pages import job_page, jobs_page, lag_page
-from connectors.console.queries import JobDetail, JobStory, PageOfJobs
+from connectors.console.queries import PageOfJobs, SlotLag
 from connectors.console.settings import Operator, Role
-from connectors.ops.jobs_sql import JobEvent, ListedJob
+from connectors.ops.jobs_sql import JobCommand, JobDetail, JobEvent, JobHistory, ListedJob
+from connectors.ops.status import ConsumerLag, PartitionLag
 
 NOW = dt.datetime(2026, 1, 31, 12, tzinfo=dt.UTC)
 PHONE = "5511987654321"
@@ -42,21 +42,6 @@ def test_a_bad_field_is_named(query: dict[str, str], field: str) -> None:
         parse_filter(query, now=NOW)
 
 
-def test_lag_is_read_per_partition_from_the_lag_monitors_text() -> None:
-    text = (
-        "# HELP kafka_consumergroup_group_lag Records\n"
-        "# TYPE kafka_consumergroup_group_lag gauge\n"
-        'kafka_consumergroup_group_lag{group="w",topic="zapstream.intents",partition="1"} 7.0\n'
-        'kafka_consumergroup_group_lag{group="w",topic="zapstream.intents",partition="0"} 3.0\n'
-        "# TYPE kafka_consumergroup_group_sum_lag gauge\n"
-        'kafka_consumergroup_group_sum_lag{group="w"} 10.0\n'
-    )
-    assert parse_lag(text) == [
-        PartitionLag("w", "zapstream.intents", 0, 3.0),
-        PartitionLag("w", "zapstream.intents", 1, 7.0),
-    ]
-
-
 def _job(status: str = "FAILED") -> ListedJob:
     return ListedJob(7, "shop", PHONE, status, 2, NOW, "boom <b>", NOW)
 
@@ -73,12 +58,31 @@ def test_a_viewer_gets_no_bulk_form() -> None:
     assert 'id="bulk"' not in jobs_page(page, {}, Operator("v", Role.VIEWER), now=NOW)
 
 
-def _story(status: str) -> JobStory:
+def _story(status: str) -> JobHistory:
     detail = JobDetail(
-        7, "shop", PHONE, status, 1, 5, "operational", None, NOW, NOW, None, None, None, None, None
+        7,
+        "shop",
+        PHONE,
+        PHONE,
+        "text",
+        status,
+        "operational",
+        None,
+        1,
+        5,
+        2,
+        None,
+        None,
+        NOW,
+        NOW,
+        None,
+        None,
     )
-    event = JobEvent(1, 1, "ATTEMPTING", status, "worker", "read timeout", NOW)
-    return JobStory(job=detail, events=[event], commands=[], replays=[])
+    events = [
+        JobEvent(1, 1, "PENDING", "ATTEMPTING", "worker", None, NOW),
+        JobEvent(2, 2, "ATTEMPTING", status, "worker", "read timeout", NOW),
+    ]
+    return JobHistory(job=detail, events=events, commands=[], replays=[], paused_by=[])
 
 
 def test_only_an_admin_sees_the_text() -> None:
@@ -87,6 +91,14 @@ def test_only_an_admin_sees_the_text() -> None:
     operator = job_page(story, Operator("alice", Role.OPERATOR), text=None)
     assert "hello &lt;there&gt;" in admin and 'id="text"' not in operator
     assert PHONE not in admin + operator
+
+
+def test_the_history_shows_attempts_events_and_who_asked_what() -> None:
+    story = _story("FAILED")
+    story.commands.append(JobCommand(3, "reprocess", "alice", "number fixed", NOW))
+    html = job_page(story, Operator("alice", Role.OPERATOR), text=None)
+    assert 'id="attempts"' in html and "7-1" in html and "read timeout" in html
+    assert 'id="events"' in html and "number fixed" in html and "alice" in html
 
 
 def test_an_uncertain_job_warns_that_it_may_be_sent_twice() -> None:
@@ -113,7 +125,26 @@ def test_a_viewer_gets_no_action_forms() -> None:
 
 
 def test_lag_not_configured_is_said() -> None:
-    html = lag_page(
-        consumer=None, consumer_error=None, slots=[], operator=Operator("a", Role.VIEWER)
+    viewer = Operator("a", Role.VIEWER)
+    html = lag_page(consumer=ConsumerLag(url=None), slots=[], operator=viewer)
+    assert 'id="lag-not-configured"' in html and "not configured" in html
+
+
+def test_lag_is_a_bar_per_partition_and_the_slot_lag_in_bytes() -> None:
+    partitions = (
+        PartitionLag("w", "zapstream.intents", "0", 0.0),
+        PartitionLag("w", "zapstream.intents", "1", 8.0),
     )
-    assert "not configured" in html
+    html = lag_page(
+        consumer=ConsumerLag("http://lag/metrics", partitions),
+        slots=[SlotLag("zapstream_outbox", True, 4096)],
+        operator=Operator("a", Role.VIEWER),
+    )
+    assert html.count("<rect") == 2 and "zapstream.intents[1]" in html and ">8</text>" in html
+    assert "4096" in html and "zapstream_outbox" in html
+
+
+def test_an_unreadable_lag_monitor_is_said() -> None:
+    lag = ConsumerLag("http://lag/metrics", error="cannot read http://lag/metrics: refused")
+    html = lag_page(consumer=lag, slots=[], operator=Operator("a", Role.VIEWER))
+    assert 'id="lag-error"' in html and "refused" in html
