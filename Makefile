@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 ARGS   ?=
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup postgres promtool dev test unit integration lint bench clean
+.PHONY: setup postgres promtool chromium dev test unit integration lint bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,7 +29,15 @@ promtool:
 		$(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends prometheus; \
 	fi
 
-setup: $(BIN)/.installed postgres promtool
+# The console's end-to-end test drives a headless Chromium through Selenium
+# (Debian's chromium and chromium-driver packages; nothing downloaded at test time).
+chromium:
+	@if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then :; else \
+		echo "installing Debian's chromium and chromium-driver packages (console test)"; \
+		$(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends chromium chromium-driver; \
+	fi
+
+setup: $(BIN)/.installed postgres promtool chromium
 
 dev: setup
 	$(BIN)/python -m devtools.dev_runner $(ARGS)

@@ -15,6 +15,7 @@ state sink and the relay are built here and handed to the parts that use them.
     zapstream instances|campaigns pause|resume|list   operators: hold and release sending
     zapstream doctor [--json]     check database, slot, Kafka, topics and gateway credentials
     zapstream status [--json]     every hop on one screen (exit 0 healthy, 1 attention)
+    zapstream console             operators' web console: jobs, history, cancel/reprocess, lag
 
 A configuration error (an invalid value, a misspelt ``ZAPSTREAM_*`` variable, a
 topic with the wrong partition count, a connection that cannot be made) is one
@@ -39,6 +40,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from connectors.console.cli import add_console_parser
 from connectors.ops.controls_cli import add_controls_parser
 from connectors.ops.jobs_cli import add_jobs_parser
 from connectors.ops.status import add_status_parser
@@ -331,6 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_jobs_parser(sub)
     add_controls_parser(sub)
     add_status_parser(sub)
+    add_console_parser(sub)
     return parser
 
 

@@ -1,0 +1,471 @@
+"""``zapstream console``: the operators' web console, an aiohttp app served by the process.
+
+Routes: ``/login`` (token form, sets an HttpOnly cookie), ``/jobs`` (filters,
+pagination, bulk cancel/reprocess with a count preview), ``/jobs/{id}`` (one
+job's history, cancel, reprocess), ``/lag`` (consumer lag per partition and the
+replication slots' lag). Every other request needs a token, from the cookie or
+an ``Authorization: Bearer`` header; without one the answer is 401.
+
+Database calls are sync psycopg run in a thread (:func:`asyncio.to_thread`), a
+connection per request. Commands go through :mod:`connectors.outbox.commands`,
+like ``zapstream jobs cancel|reprocess``, with the operator's name from the token
+as the actor; the worker applies them through Kafka and answers in the job's
+events. aiohttp's access log is off (a query string may hold an idempotency
+key); one line per request says method, path, status and operator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime as dt
+import logging
+import signal
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
+
+import psycopg
+from aiohttp import web
+
+from connectors.console import pages
+from connectors.console.auth import COOKIE, authenticate
+from connectors.console.queries import (
+    BULK_CANCELLABLE,
+    ConsoleFilter,
+    count_matching,
+    fetch_page,
+    fetch_text,
+    matching_ids,
+    slot_lags,
+)
+from connectors.console.settings import ConsoleSettings, Operator
+from connectors.ops.jobs_cli import parse_duration
+from connectors.ops.jobs_sql import JobHistory, database_now, fetch_history
+from connectors.ops.status import read_consumer_lag
+from connectors.outbox.commands import (
+    InvalidCommand,
+    request_cancel_by_id,
+    request_reprocess,
+    request_reprocess_many,
+)
+from streams.contract import JobStatus
+from streams.state_machine import REPROCESSABLE
+
+__all__ = ["FilterError", "build_app", "parse_filter", "serve"]
+
+log = logging.getLogger("zapstream.console")
+
+_T = TypeVar("_T")
+_OPERATOR: web.AppKey[dict[str, Operator]] = web.AppKey("operators")
+_SETTINGS = web.AppKey("settings", ConsoleSettings)
+
+
+@dataclasses.dataclass(slots=True)
+class _Outage:
+    """Whether the database was unreachable at the last try: logged once per outage."""
+
+    down: bool = False
+
+
+_DB_STATE = web.AppKey("db_state", _Outage)
+FILTER_FIELDS = ("state", "instance", "priority", "purpose", "period", "q")
+_PUBLIC = frozenset({"/login"})
+LAG_TIMEOUT_S = 3.0
+"""How long the lag page waits for the lag monitor's metrics."""
+
+
+class FilterError(ValueError):
+    """A filter field the console cannot use; the message names it."""
+
+
+def parse_filter(
+    query: Mapping[str, str], *, now: dt.datetime
+) -> tuple[ConsoleFilter, int, dict[str, str]]:
+    """The filter, the page number and the cleaned form fields of a ``/jobs`` query."""
+    form = {name: query.get(name, "").strip() for name in FILTER_FIELDS}
+    statuses: list[str] = []
+    if form["state"]:
+        try:
+            statuses = [JobStatus(form["state"].upper()).value]
+        except ValueError:
+            raise FilterError(f"state: unknown status {form['state']!r}") from None
+        form["state"] = statuses[0]
+    since = None
+    if form["period"]:
+        try:
+            since = now - parse_duration(form["period"])
+        except ValueError as exc:
+            raise FilterError(f"period: {exc}") from None
+    raw_page = query.get("page", "1").strip() or "1"
+    if not raw_page.isdigit() or int(raw_page) < 1:
+        raise FilterError(f"page: must be a positive integer, not {raw_page!r}")
+    job_filter = ConsoleFilter(
+        statuses=statuses,
+        instance=form["instance"] or None,
+        priority=form["priority"] or None,
+        purpose=form["purpose"] or None,
+        since=since,
+        search=form["q"] or None,
+    )
+    return job_filter, int(raw_page), form
+
+
+# --- plumbing ---------------------------------------------------------------------------------
+
+
+def _html(text: str, status: int = 200) -> web.Response:
+    return web.Response(
+        text=text,
+        status=status,
+        content_type="text/html",
+        headers={
+            "Cache-Control": "no-store",
+            "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; "
+            "img-src 'self'; form-action 'self'; frame-ancestors 'none'",
+            "X-Content-Type-Options": "nosniff",
+        },
+    )
+
+
+def _who(request: web.Request) -> Operator | None:
+    operators: dict[str, Operator] = request.app[_OPERATOR]
+    return authenticate(
+        operators,
+        authorization=request.headers.get("Authorization"),
+        cookie=request.cookies.get(COOKIE),
+    )
+
+
+def _operator(request: web.Request) -> Operator:
+    """The operator of a request the guard let through (it checked there is one)."""
+    operator = _who(request)
+    if operator is None:
+        raise web.HTTPUnauthorized()
+    return operator
+
+
+async def _db(request: web.Request, work: Callable[[psycopg.Connection[Any]], _T]) -> _T:
+    """Run ``work`` on a fresh autocommit connection, in a thread."""
+    dsn = request.app[_SETTINGS].postgres.dsn
+
+    def run() -> _T:
+        with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
+            return work(conn)
+
+    return await asyncio.to_thread(run)
+
+
+@web.middleware
+async def _guard(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Authenticate, refuse cross-site posts, turn an unreachable database into a 503."""
+    operator = _who(request)
+    status = 500
+    try:
+        if request.path not in _PUBLIC:
+            if operator is None:
+                status = 401
+                return _html(pages.login_page(failed=False), status=401)
+        if request.method == "POST" and not _same_origin(request):
+            status = 403
+            return _html(pages.message_page("Refused", "cross-site request", operator), 403)
+        outage = request.app[_DB_STATE]
+        try:
+            response = await handler(request)
+            if outage.down:
+                outage.down = False
+                log.info("console: database reachable again")
+        except psycopg.OperationalError as exc:
+            if not outage.down:
+                outage.down = True
+                log.warning("console: database unreachable (%s)", type(exc).__name__)
+            response = _html(
+                pages.message_page(
+                    "Database unreachable",
+                    "PostgreSQL cannot be reached (ZAPSTREAM_DATABASE_URL); try again.",
+                    operator,
+                ),
+                status=503,
+            )
+        status = response.status
+        return response
+    except web.HTTPException as exc:
+        status = exc.status
+        raise
+    finally:
+        who = operator.name if operator is not None else "-"
+        log.info("%s %s %d %s", request.method, request.path, status, who)
+
+
+def _same_origin(request: web.Request) -> bool:
+    origin = request.headers.get("Origin")
+    if origin is None or origin == "null":
+        return origin is None
+    return origin.split("://", 1)[-1] == request.host
+
+
+def _may_act(request: web.Request) -> web.Response | None:
+    operator = _operator(request)
+    if operator.role.can_act:
+        return None
+    return _html(
+        pages.message_page("Not allowed", "viewers cannot cancel or reprocess jobs", operator),
+        status=403,
+    )
+
+
+# --- handlers ---------------------------------------------------------------------------------
+
+
+async def _login_form(request: web.Request) -> web.Response:
+    return _html(pages.login_page(failed=False))
+
+
+async def _login(request: web.Request) -> web.StreamResponse:
+    token = str((await request.post()).get("token", "")).strip()
+    operators: dict[str, Operator] = request.app[_OPERATOR]
+    if authenticate(operators, authorization=None, cookie=token) is None:
+        return _html(pages.login_page(failed=True), status=401)
+    response = web.HTTPSeeOther("/jobs")
+    response.set_cookie(COOKIE, token, httponly=True, samesite="Strict", path="/")
+    raise response
+
+
+async def _logout(request: web.Request) -> web.StreamResponse:
+    response = web.HTTPSeeOther("/login")
+    response.del_cookie(COOKIE, path="/")
+    raise response
+
+
+async def _root(request: web.Request) -> web.StreamResponse:
+    raise web.HTTPSeeOther("/jobs")
+
+
+async def _jobs(request: web.Request) -> web.Response:
+    operator = _operator(request)
+    settings = request.app[_SETTINGS]
+    now = await _db(request, database_now)
+    try:
+        job_filter, page_number, form = parse_filter(request.query, now=now)
+    except FilterError as exc:
+        return _html(pages.message_page("Bad filter", str(exc), operator), status=400)
+    page = await _db(
+        request,
+        lambda conn: fetch_page(conn, job_filter, page=page_number, page_size=settings.page_size),
+    )
+    notice = request.query.get("notice")
+    return _html(pages.jobs_page(page, form, operator, now=now, notice=notice))
+
+
+def _job_id(request: web.Request) -> int:
+    raw = request.match_info["job_id"]
+    if not raw.isdigit() or len(raw) > 18:
+        raise web.HTTPNotFound()
+    return int(raw)
+
+
+async def _job(request: web.Request) -> web.Response:
+    operator = _operator(request)
+    job_id = _job_id(request)
+
+    def load(conn: psycopg.Connection[Any]) -> tuple[JobHistory | None, str | None]:
+        story = fetch_history(conn, job_id=job_id)
+        text = fetch_text(conn, job_id) if story and operator.role.sees_text else None
+        return story, text
+
+    story, text = await _db(request, load)
+    if story is None:
+        return _html(pages.message_page("No such job", f"no job {job_id}", operator), 404)
+    notice = request.query.get("notice")
+    return _html(pages.job_page(story, operator, text=text, notice=notice))
+
+
+async def _reason(request: web.Request) -> tuple[str, Mapping[str, str]]:
+    data = {k: str(v) for k, v in (await request.post()).items()}
+    return data.get("reason", "").strip(), data
+
+
+def _back_to_job(job_id: int, notice: str) -> web.HTTPSeeOther:
+    from urllib.parse import urlencode
+
+    return web.HTTPSeeOther(f"/jobs/{job_id}?{urlencode({'notice': notice})}")
+
+
+async def _cancel(request: web.Request) -> web.StreamResponse:
+    if (refused := _may_act(request)) is not None:
+        return refused
+    operator = _operator(request)
+    job_id = _job_id(request)
+    reason, _ = await _reason(request)
+
+    def act(conn: psycopg.Connection[Any]) -> str:
+        story = fetch_history(conn, job_id=job_id)
+        if story is None:
+            return f"no job {job_id}"
+        if story.job.status == JobStatus.INVALID:
+            return f"job {job_id} is INVALID: it was never sent; nothing to cancel"
+        try:
+            with conn.transaction():
+                command_id = request_cancel_by_id(conn, job_id, reason, operator.name)
+        except InvalidCommand as exc:
+            return f"cannot cancel job {job_id}: {exc}"
+        log.info(
+            "console: %s asked to cancel job %d (command %d)", operator.name, job_id, command_id
+        )
+        return (
+            f"cancel requested (command {command_id}) by {operator.name}; "
+            "the worker's answer appears in the history"
+        )
+
+    raise _back_to_job(job_id, await _db(request, act))
+
+
+async def _reprocess(request: web.Request) -> web.StreamResponse:
+    if (refused := _may_act(request)) is not None:
+        return refused
+    operator = _operator(request)
+    job_id = _job_id(request)
+    reason, data = await _reason(request)
+    accepted = data.get("accept_duplicate") == "yes"
+
+    def act(conn: psycopg.Connection[Any]) -> str:
+        story = fetch_history(conn, job_id=job_id)
+        if story is None:
+            return f"no job {job_id}"
+        if story.job.status not in REPROCESSABLE:
+            allowed = ", ".join(sorted(REPROCESSABLE))
+            return f"not reprocessed: job {job_id} is {story.job.status}; only {allowed} can be"
+        if pages.looks_uncertain(story) and not accepted:
+            return "not reprocessed: " + pages.UNCERTAIN_WARNING + " Tick the box to accept it."
+        try:
+            with conn.transaction():
+                command_id = request_reprocess(conn, job_id, reason, operator.name)
+        except InvalidCommand as exc:
+            return f"cannot reprocess job {job_id}: {exc}"
+        log.info(
+            "console: %s asked to reprocess job %d (command %d)", operator.name, job_id, command_id
+        )
+        return f"reprocess requested (command {command_id}) by {operator.name}"
+
+    raise _back_to_job(job_id, await _db(request, act))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _BulkOutcome:
+    count: int = 0
+    uncertain: int = 0
+    requested: int = 0
+
+
+async def _bulk(request: web.Request) -> web.StreamResponse:
+    if (refused := _may_act(request)) is not None:
+        return refused
+    operator = _operator(request)
+    settings = request.app[_SETTINGS]
+    reason, data = await _reason(request)
+    action = data.get("action", "")
+    if action not in ("cancel", "reprocess"):
+        return _html(pages.message_page("Bad request", "unknown action", operator), 400)
+    if not reason:
+        return _html(pages.message_page("Bad request", "a reason is required", operator), 400)
+    now = await _db(request, database_now)
+    try:
+        job_filter, _, form = parse_filter(data, now=now)
+    except FilterError as exc:
+        return _html(pages.message_page("Bad filter", str(exc), operator), status=400)
+    allowed = frozenset(BULK_CANCELLABLE if action == "cancel" else REPROCESSABLE)
+    narrowed = job_filter.with_statuses(allowed)
+    confirmed = data.get("confirm") == "yes"
+
+    def preview(conn: psycopg.Connection[Any]) -> _BulkOutcome:
+        uncertain = 0
+        if action == "reprocess":
+            uncertain = count_matching(
+                conn, narrowed.with_statuses(frozenset({JobStatus.UNCERTAIN}))
+            )
+        return _BulkOutcome(count=count_matching(conn, narrowed), uncertain=uncertain)
+
+    def act(conn: psycopg.Connection[Any]) -> _BulkOutcome:
+        with conn.transaction():
+            ids = matching_ids(conn, narrowed, limit=settings.bulk_limit)
+            if action == "reprocess":
+                commands = request_reprocess_many(conn, ids, reason, operator.name)
+            else:
+                commands = [request_cancel_by_id(conn, i, reason, operator.name) for i in ids]
+        return _BulkOutcome(requested=len(commands))
+
+    if not confirmed:
+        shown = await _db(request, preview)
+        fields = {**form, "action": action, "reason": reason}
+        return _html(
+            pages.bulk_preview_page(
+                action=action,
+                count=shown.count,
+                uncertain=shown.uncertain,
+                limit=settings.bulk_limit,
+                fields=fields,
+                operator=operator,
+            )
+        )
+    done = await _db(request, act)
+    log.info("console: %s asked to %s %d jobs in bulk", operator.name, action, done.requested)
+    from urllib.parse import urlencode
+
+    notice = f"{action} requested for {done.requested} job(s) by {operator.name}"
+    query = urlencode({**{k: v for k, v in form.items() if v}, "notice": notice})
+    raise web.HTTPSeeOther(f"/jobs?{query}")
+
+
+async def _lag(request: web.Request) -> web.Response:
+    consumer = await read_consumer_lag(request.app[_SETTINGS].lag_url, LAG_TIMEOUT_S)
+    slots = await _db(request, slot_lags)
+    return _html(pages.lag_page(consumer=consumer, slots=slots, operator=_operator(request)))
+
+
+# --- the app ------------------------------------------------------------------------------------
+
+
+def build_app(settings: ConsoleSettings) -> web.Application:
+    """The console's routes, guarded by the tokens of ``settings``."""
+    app = web.Application(middlewares=[_guard], client_max_size=64 * 1024)
+    app[_SETTINGS] = settings
+    app[_OPERATOR] = settings.operators()
+    app[_DB_STATE] = _Outage()
+
+    app.router.add_get("/", _root)
+    app.router.add_get("/login", _login_form)
+    app.router.add_post("/login", _login)
+    app.router.add_post("/logout", _logout)
+    app.router.add_get("/jobs", _jobs)
+    app.router.add_post("/jobs/bulk", _bulk)
+    app.router.add_get("/jobs/{job_id}", _job)
+    app.router.add_post("/jobs/{job_id}/cancel", _cancel)
+    app.router.add_post("/jobs/{job_id}/reprocess", _reprocess)
+    app.router.add_get("/lag", _lag)
+    return app
+
+
+async def serve(settings: ConsoleSettings) -> None:
+    """Serve the console until SIGTERM or SIGINT."""
+    host = "127.0.0.1" if settings.bind_local else "0.0.0.0"  # noqa: S104
+    runner = web.AppRunner(build_app(settings), access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, settings.port)
+        await site.start()
+        stopping = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stopping.set)
+        log.info(
+            "console listening on http://%s:%d (%d operator token(s), lag %s)",
+            host,
+            settings.port,
+            len(settings.operators()),
+            "from " + settings.lag_url if settings.lag_url else "not configured",
+        )
+        await stopping.wait()
+    finally:
+        await runner.cleanup()
+        log.info("console stopped")

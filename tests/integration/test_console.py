@@ -1,0 +1,284 @@
+"""``zapstream console`` end to end: a real pipeline, the console process, headless Chromium.
+
+A :class:`LocalPipeline` (relay, worker, sink, gateway simulator, lag monitor)
+holds jobs in several states: ACCEPTED, FAILED (the simulator refuses their
+recipient), PENDING (their instance is paused), CANCELLED (the application
+cancelled one). The console runs as a ``zapstream console`` subprocess with
+operator tokens; Chromium (Debian's ``chromium`` and ``chromium-driver``, through
+Selenium) logs in, filters by state, opens a job's history and cancels a PENDING
+job with a reason; PostgreSQL then says the job is CANCELLED by that operator.
+The jobs list is saved as a screenshot (path printed; copied to
+``tests/artifacts/console.png``) for a person to look at.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import uuid
+from collections.abc import Iterator
+
+import httpx
+import psycopg
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from selenium import webdriver
+from selenium.webdriver.chrome.options import Options
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.ui import Select
+
+from connectors.outbox.commands import cancel
+from connectors.outbox.controls import pause_instance
+from connectors.outbox.enqueue import enqueue
+from devtools.devstack import ManagedProcess, find_free_port
+from devtools.local_pipeline import REPO_ROOT, LocalPipeline
+from tests.integration.support import wait_for_status, wait_until
+
+pytestmark = pytest.mark.integration
+
+OPERATOR_TOKEN = "op-" + "a" * 29
+VIEWER_TOKEN = "view-" + "b" * 27
+ADMIN_TOKEN = "adm-" + "c" * 28
+TOKENS = {
+    OPERATOR_TOKEN: {"operator": "alice", "role": "operator"},
+    VIEWER_TOKEN: {"operator": "victor", "role": "viewer"},
+    ADMIN_TOKEN: {"operator": "ada", "role": "admin"},
+}
+SENT, HELD = "shop-sent", "shop-held"
+TEXT = "your order 4711 has shipped"
+
+
+class Stage:
+    """The running pipeline, the console's URL, and the jobs by the state they were put in."""
+
+    def __init__(self, pipeline: LocalPipeline, url: str, console: ManagedProcess) -> None:
+        self.pipeline = pipeline
+        self.url = url
+        self.console = console
+        self.keys: dict[str, list[str]] = {}
+        self.phones: list[str] = []
+
+
+def _enqueue(dsn: str, instance: str, phones: list[str]) -> list[str]:
+    keys = [f"console-{uuid.uuid4().hex[:10]}" for _ in phones]
+    with psycopg.connect(dsn) as conn:
+        for key, phone in zip(keys, phones, strict=True):
+            enqueue(conn, instance_id=instance, to=phone, text=TEXT, idempotency_key=key)
+    return keys
+
+
+def _paused(worker_metrics: str, instance: str) -> bool:
+    try:
+        text = httpx.get(worker_metrics, timeout=2.0).text
+    except httpx.HTTPError:
+        return False
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name != "zapstream_control_paused":
+                continue
+            if sample.labels.get("target") == instance:
+                return sample.value == 1
+    return False
+
+
+@pytest.fixture(scope="module")
+def stage() -> Iterator[Stage]:
+    with LocalPipeline(partitions=4) as pipeline:
+        web_port = find_free_port()
+        pipeline.start_relay()
+        pipeline.start_worker(env={"ZAPSTREAM_WORKER_WEB_PORT": str(web_port)})
+        _, lag_url = pipeline.start_lag_monitor(env={"ZAPSTREAM_LAG_INTERVAL_S": "1"})
+        dsn = pipeline.dsn
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            pause_instance(conn, HELD, reason="number under review", actor="ana")
+        wait_until(
+            lambda: _paused(f"http://127.0.0.1:{web_port}/metrics", HELD),
+            60,
+            "the worker learning the pause",
+        )
+        accepted = [f"55119876500{i:02d}" for i in range(3)]
+        failed = [f"55119876510{i:02d}" for i in range(2)]
+        held = [f"55119876520{i:02d}" for i in range(4)]
+        pipeline.sim_config(invalid_recipients=failed)
+        port = find_free_port()
+        console = pipeline.process(
+            "console",
+            ["console"],
+            {
+                "ZAPSTREAM_CONSOLE_TOKENS": json.dumps(TOKENS),
+                "ZAPSTREAM_CONSOLE_PORT": str(port),
+                "ZAPSTREAM_CONSOLE_LAG_URL": lag_url,
+            },
+        )
+        console.start()
+        s = Stage(pipeline, f"http://127.0.0.1:{port}", console)
+        s.phones = accepted + failed + held
+        s.keys["ACCEPTED"] = _enqueue(dsn, SENT, accepted)
+        s.keys["FAILED"] = _enqueue(dsn, SENT, failed)
+        s.keys["PENDING"] = _enqueue(dsn, HELD, held)
+        with psycopg.connect(dsn) as conn:
+            cancel(conn, s.keys["PENDING"][0], "customer changed their mind")
+        s.keys["CANCELLED"] = [s.keys["PENDING"].pop(0)]
+        for status in ("ACCEPTED", "FAILED", "CANCELLED"):
+            wait_for_status(dsn, s.keys[status], status, 60)
+        console.wait_for_log(r"console listening", timeout_s=30)
+        yield s
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[WebDriver]:
+    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    assert chromium and driver, "chromium and chromedriver missing: run `make chromium`"
+    options = Options()
+    options.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
+        options.add_argument(arg)
+    options.add_argument("--window-size=1400,900")
+    chrome = webdriver.Chrome(options=options, service=Service(driver))
+    chrome.implicitly_wait(5)
+    try:
+        yield chrome
+    finally:
+        chrome.quit()
+
+
+def _no_full_number(page: str, phones: list[str]) -> None:
+    shown = [p for p in phones if p in page or p[2:] in page]
+    assert not shown, f"{len(shown)} full phone number(s) in the page"
+
+
+def _screenshot(browser: WebDriver, stage: Stage, name: str) -> None:
+    """Save the page under the pipeline's directory and copy it to tests/artifacts/."""
+    shot = stage.pipeline.dir / name
+    assert browser.save_screenshot(str(shot))
+    artifacts = REPO_ROOT / "tests" / "artifacts"
+    artifacts.mkdir(exist_ok=True)
+    shutil.copy(shot, artifacts / name)
+    print(f"\nconsole screenshot: {artifacts / name}")
+
+
+def test_without_a_token_it_is_401_and_a_viewer_cannot_act(stage: Stage) -> None:
+    assert httpx.get(f"{stage.url}/jobs").status_code == 401
+    bad = httpx.get(f"{stage.url}/jobs", headers={"Authorization": "Bearer " + "x" * 32})
+    assert bad.status_code == 401
+    job_id = _job_id(stage.pipeline.dsn, stage.keys["PENDING"][-1])
+    viewer = {"Authorization": f"Bearer {VIEWER_TOKEN}"}
+    listed = httpx.get(f"{stage.url}/jobs", headers=viewer)
+    assert listed.status_code == 200 and "victor" in listed.text
+    refused = httpx.post(
+        f"{stage.url}/jobs/{job_id}/cancel", data={"reason": "try"}, headers=viewer
+    )
+    assert refused.status_code == 403
+    with psycopg.connect(stage.pipeline.dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM outbox_commands WHERE job_id = %s", (job_id,)
+        ).fetchone()
+    assert row is not None and row[0] == 0
+    # Only an admin sees the text.
+    operator = httpx.get(
+        f"{stage.url}/jobs/{job_id}", headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"}
+    )
+    admin = httpx.get(
+        f"{stage.url}/jobs/{job_id}", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    )
+    assert operator.status_code == admin.status_code == 200
+    assert TEXT not in operator.text and TEXT in admin.text
+    _no_full_number(admin.text, stage.phones)
+    assert OPERATOR_TOKEN not in stage.console.log_tail(200)
+
+
+def _job_id(dsn: str, key: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT id FROM outbox_jobs WHERE idempotency_key = %s", (key,))
+        found = row.fetchone()
+    assert found is not None
+    return int(found[0])
+
+
+def test_an_operator_logs_in_filters_reads_a_history_and_cancels(
+    stage: Stage, browser: WebDriver
+) -> None:
+    browser.get(f"{stage.url}/jobs")
+    browser.find_element(By.ID, "token").send_keys(OPERATOR_TOKEN)
+    browser.find_element(By.ID, "login").click()
+    rows = browser.find_elements(By.CSS_SELECTOR, "#jobs tr.job")
+    states = {row.get_attribute("data-status") for row in rows}
+    assert {"ACCEPTED", "FAILED", "PENDING", "CANCELLED"} <= states, states
+    assert len(rows) == len(stage.phones)
+    masked = [r.find_element(By.CLASS_NAME, "recipient").text for r in rows]
+    assert all("*" in m for m in masked), masked
+    _no_full_number(browser.page_source, stage.phones)
+    _screenshot(browser, stage, "console.png")
+
+    Select(browser.find_element(By.ID, "f-state")).select_by_value("PENDING")
+    browser.find_element(By.ID, "apply").click()
+    pending = browser.find_elements(By.CSS_SELECTOR, "#jobs tr.job")
+    assert len(pending) == len(stage.keys["PENDING"])
+    assert {r.get_attribute("data-status") for r in pending} == {"PENDING"}
+
+    target = _job_id(stage.pipeline.dsn, stage.keys["PENDING"][0])
+    browser.find_element(By.LINK_TEXT, str(target)).click()
+    assert browser.find_element(By.TAG_NAME, "h1").text == f"Job {target}"
+    assert browser.find_elements(By.ID, "text") == []  # an operator, not an admin
+    _no_full_number(browser.page_source, stage.phones)
+    browser.find_element(By.ID, "cancel-reason").send_keys("wrong recipient list")
+    browser.find_element(By.ID, "cancel-button").click()
+    assert "cancel requested" in browser.find_element(By.ID, "notice").text
+
+    wait_for_status(stage.pipeline.dsn, stage.keys["PENDING"][:1], "CANCELLED", 30)
+    with psycopg.connect(stage.pipeline.dsn, autocommit=True) as conn:
+        command = conn.execute(
+            "SELECT command, actor, reason FROM outbox_commands WHERE job_id = %s", (target,)
+        ).fetchall()
+        event = conn.execute(
+            "SELECT outcome FROM outbox_job_events WHERE job_id = %s AND to_status = 'CANCELLED'",
+            (target,),
+        ).fetchall()
+    assert command == [("cancel", "alice", "wrong recipient list")]
+    assert event == [("cancelled",)]
+    browser.refresh()
+    history = browser.find_element(By.ID, "events").text
+    assert "CANCELLED" in history and "wrong recipient list" in history
+    assert "alice" in browser.find_element(By.ID, "commands").text
+    _screenshot(browser, stage, "console-job.png")
+
+
+def test_a_bulk_reprocess_previews_the_count_then_records_one_command_per_job(
+    stage: Stage, browser: WebDriver
+) -> None:
+    browser.get(f"{stage.url}/jobs?state=FAILED&instance={SENT}")  # the cookie from the login
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#jobs tr.job")) == 2
+    bulk = browser.find_element(By.ID, "bulk")
+    Select(bulk.find_element(By.NAME, "action")).select_by_value("reprocess")
+    bulk.find_element(By.NAME, "reason").send_keys("gateway fixed the number check")
+    bulk.find_element(By.TAG_NAME, "button").click()
+    assert browser.find_element(By.ID, "preview").text.startswith("2 matching job(s)")
+    browser.find_element(By.CSS_SELECTOR, "#bulk-confirm button").click()
+    assert "reprocess requested for 2 job(s) by alice" in browser.find_element(By.ID, "notice").text
+    ids = [_job_id(stage.pipeline.dsn, key) for key in stage.keys["FAILED"]]
+    with psycopg.connect(stage.pipeline.dsn, autocommit=True) as conn:
+        commands = conn.execute(
+            "SELECT job_id, command, actor, reason FROM outbox_commands WHERE job_id = ANY(%s)"
+            " ORDER BY job_id",
+            (ids,),
+        ).fetchall()
+    assert commands == [
+        (job_id, "reprocess", "alice", "gateway fixed the number check") for job_id in sorted(ids)
+    ]
+
+
+def test_the_lag_page_charts_partitions_and_the_slot(stage: Stage, browser: WebDriver) -> None:
+    browser.get(f"{stage.url}/lag")  # the cookie from the login above
+    wait_until(
+        lambda: bool(browser.find_elements(By.ID, "lag-chart")) or not browser.refresh(),
+        20,
+        "the lag monitor's first partitions",
+        interval_s=1.0,
+    )
+    chart = browser.find_element(By.ID, "lag-chart").get_attribute("innerHTML") or ""
+    assert "zapstream" in chart
+    slots = browser.find_element(By.ID, "slots").text
+    assert "zapstream" in slots.lower()
+    _screenshot(browser, stage, "console-lag.png")
