@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import sys
 
 __all__ = ["add_console_parser"]
@@ -34,11 +33,6 @@ def _cmd_console(args: argparse.Namespace) -> int:
 
 def add_console_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``console``; it sets ``func(args) -> exit code``."""
-    # The unknown-variable check finds settings classes by walking SettingsBase's
-    # subclasses: importing ours makes ZAPSTREAM_CONSOLE_* known to every command.
-    # (Base install: no pydantic-settings, and nothing checks variables then.)
-    with contextlib.suppress(ModuleNotFoundError):
-        import connectors.console.settings  # noqa: F401
     subparsers.add_parser(
         "console", help="the operators' web console: jobs, history, cancel/reprocess, lag"
     ).set_defaults(func=_cmd_console)

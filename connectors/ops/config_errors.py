@@ -34,6 +34,7 @@ SETTINGS_MODULES = (
     "connectors.sink.settings",
     "connectors.webhook.settings",
     "connectors.ops.status_settings",
+    "connectors.console.settings",
 )
 """Modules holding settings classes; every ``SettingsBase`` subclass they define counts."""
 
