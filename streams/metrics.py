@@ -9,8 +9,8 @@ INTENTS = Counter(
 )
 ATTEMPTS = Counter(
     "zapstream_gateway_attempts_total",
-    "Gateway attempts by gateway and outcome",
-    ["gateway", "outcome"],
+    "Gateway attempts by gateway, instance and outcome (accepted, transient, permanent, ...)",
+    ["gateway", "instance", "outcome"],
 )
 STATES = Counter(
     "zapstream_job_states_total", "Job state changes written, by new status", ["status"]

@@ -94,7 +94,7 @@ class FaustPublisher:
 
     async def attempt_finished(self, record: AttemptFinished, key: bytes) -> Awaitable[Any]:
         ack = await self.writer.send(RESULTS, key, record.dumps())
-        ATTEMPTS.labels(record.gateway, record.outcome).inc()
+        ATTEMPTS.labels(record.gateway, record.instance_id, record.outcome).inc()
         return ack
 
     async def job_dead(self, record: JobDead) -> None:
