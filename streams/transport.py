@@ -22,8 +22,8 @@ together, and :class:`AgentQueue` never makes the conductor wait: what was
 already fetched goes in. A bounded poll (``broker_max_poll_records``) would bound
 that overshoot too, but restarted workers stalled with it (worker-kill tests, under
 load), and Tansu ignores fetch size limits, so it is not used. The overshoot is
-one poll: on Apache Kafka at most ``consumer_max_fetch_size`` per partition; on
-Tansu, which returns a partition's whole backlog in one fetch, up to that.
+one poll, at most one fetch: the worker's consumer asks for :data:`FETCH_MAX_BYTES`
+per fetch (Tansu ignores the per-partition bound but honours this one).
 """
 
 from __future__ import annotations
@@ -36,10 +36,17 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 from mode.utils.queues import ThrowableQueue
 
+FETCH_MAX_BYTES = 1024 * 1024
+"""A fetch request's size bound (aiokafka's default is 50 MiB): about 1,500 intents. Tansu
+ignores the per-partition bound (``max_partition_fetch_bytes``) but honours this one."""
+
 
 class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
     def _create_worker_consumer(self, transport: Any) -> aiokafka.AIOKafkaConsumer:
         consumer = super()._create_worker_consumer(transport)
+        # One poll hands Faust at most what one fetch brought: bounded, so a backlogged
+        # topic's records never hold the loop (and the other topics) for seconds.
+        consumer._fetch_max_bytes = FETCH_MAX_BYTES
         wait_ms = getattr(self.app, "fetch_max_wait_ms", None)
         if wait_ms is not None:
             # The constructor's argument, stored as is; start() passes it to the fetcher.
