@@ -71,8 +71,11 @@ class WorkerApp(faust.App):
             await resource.stop()
 
 
-STREAM_BUFFER_MAXSIZE = 20_000
-"""Events an agent's queue holds before the worker stops fetching its topic (at 80%)."""
+STREAM_BUFFER_MAXSIZE = 4096
+"""Faust's default. The worker stops fetching a topic once its agent's queue holds 80% of it
+(3,276 events) and fetches again at 40%: a bulk backlog costs a few thousand events of memory,
+and filling the queue takes a fraction of a second. With 20,000 the first fill (16,000 bulk
+events decoded) held the first operational messages up to 4.5 s in 3 of 6 runs."""
 
 
 def build_app(settings: WorkerSettings, resources: Sequence[Resource] = ()) -> WorkerApp:

@@ -301,12 +301,6 @@ def test_a_disconnected_instance_waits_and_ramps_up_after_it_returns(
     assert counts[first] < max(counts), counts
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="issue 9: steady state passes (operational p99 25-50 ms beside the campaign), but "
-    "in 3 of 6 runs the first ~10 operational messages waited up to 2.1 s at the worker "
-    "(Kafka -> gateway), cause not found yet",
-)
 def test_operational_messages_overtake_a_100k_bulk_campaign_on_the_same_instance(
     pipeline: LocalPipeline,
 ) -> None:
