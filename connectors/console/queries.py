@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from connectors.ops.jobs_sql import ListedJob
+from connectors.ops.jobs_sql import ListedJob, count_jobs, matching_job_ids
 from streams.contract import JobStatus
 
 __all__ = [
@@ -148,18 +148,14 @@ def fetch_page(
 
 def count_matching(conn: psycopg.Connection[Any], job_filter: ConsoleFilter) -> int:
     """How many jobs match (a bulk action's preview)."""
-    where, params = job_filter.where()
-    row = conn.execute(sql.SQL("SELECT count(*) FROM outbox_jobs") + where, params).fetchone()
-    return int(row[0]) if row is not None else 0
+    return count_jobs(conn, job_filter)
 
 
 def matching_ids(
     conn: psycopg.Connection[Any], job_filter: ConsoleFilter, *, limit: int
 ) -> list[int]:
     """The ids of the first ``limit`` matching jobs, oldest first."""
-    where, params = job_filter.where()
-    query = sql.SQL("SELECT id FROM outbox_jobs") + where + sql.SQL(" ORDER BY id LIMIT %s")
-    return [int(r[0]) for r in conn.execute(query, [*params, limit])]
+    return matching_job_ids(conn, job_filter, limit=limit)
 
 
 def fetch_text(conn: psycopg.Connection[Any], job_id: int) -> str | None:

@@ -13,7 +13,7 @@ import dataclasses
 import datetime as dt
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 from psycopg import sql
@@ -191,7 +191,13 @@ def fetch_job(conn: psycopg.Connection[Any], job_id: int) -> Job | None:
     return Job(*row) if row is not None else None
 
 
-def count_jobs(conn: psycopg.Connection[Any], job_filter: JobFilter) -> int:
+class SqlFilter(Protocol):
+    """A filter that renders its ``WHERE`` clause (:class:`JobFilter`, the console's)."""
+
+    def where(self) -> tuple[sql.Composable, list[Any]]: ...
+
+
+def count_jobs(conn: psycopg.Connection[Any], job_filter: SqlFilter) -> int:
     """How many jobs match ``job_filter``."""
     where, params = job_filter.where()
     row = conn.execute(sql.SQL("SELECT count(*) FROM outbox_jobs") + where, params).fetchone()
@@ -199,7 +205,7 @@ def count_jobs(conn: psycopg.Connection[Any], job_filter: JobFilter) -> int:
 
 
 def matching_job_ids(
-    conn: psycopg.Connection[Any], job_filter: JobFilter, *, limit: int
+    conn: psycopg.Connection[Any], job_filter: SqlFilter, *, limit: int
 ) -> list[int]:
     """The ids of the first ``limit`` jobs that match, oldest first."""
     where, params = job_filter.where()
