@@ -86,8 +86,11 @@ def test_relay_sigkill_mid_stream_loses_nothing_and_sends_each_key_once(
     half_committed = threading.Event()
     killed = threading.Event()
 
+    commits = [0]
+
     def pace(committed: int) -> None:
         # The application keeps committing, steadily, while the relay dies and comes back.
+        commits[0] = committed
         if committed >= 2_500:
             half_committed.set()
             if not killed.is_set():
@@ -107,6 +110,13 @@ def test_relay_sigkill_mid_stream_loses_nothing_and_sends_each_key_once(
     wait_until(
         lambda: _slot_confirmed(pipeline.dsn) > start_confirmed, 30, "the relay to confirm some WAL"
     )
+    # Kill inside a confirmation window, never right after one: wait for a fresh
+    # confirmation, then for five more transactions (the relay produces them at once and
+    # confirms them only at its next status, 3 s later).
+    confirmed = _slot_confirmed(pipeline.dsn)
+    wait_until(lambda: _slot_confirmed(pipeline.dsn) > confirmed, 30, "a fresh confirmation")
+    after = commits[0]
+    wait_until(lambda: commits[0] >= after + 5, 30, "five transactions after it")
     assert producer.is_alive(), "the application stopped writing before the kill"
     relay.kill(signal.SIGKILL)
     relay.wait(timeout_s=10)
