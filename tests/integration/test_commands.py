@@ -1071,6 +1071,10 @@ def pipeline() -> Iterator[LocalPipeline]:
         "ZAPSTREAM_KAFKA_ONE_RECORD_PER_BATCH": "true",
         "ZAPSTREAM_WORKER_RETRY_SCHEDULE_S": "[0.3]",
         "ZAPSTREAM_WORKER_RETRY_SCAN_INTERVAL_S": "0.2",
+        # These tests make jobs DEAD on purpose (every send a 5xx); five in a row would trip
+        # the instance breaker, and reprocessed jobs would then wait for its 30 s probe. The
+        # breaker has its own tests (test_faults_gateway.py, test_flow_control.py).
+        "ZAPSTREAM_WORKER_BREAKER_FAILURES": "0",
     }
     with LocalPipeline(partitions=2, worker_env=env) as p:
         p.start_relay()
