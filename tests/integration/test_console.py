@@ -27,7 +27,8 @@ from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
-from selenium.webdriver.support.ui import Select
+from selenium.webdriver.support import expected_conditions
+from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from connectors.outbox.commands import cancel
 from connectors.outbox.controls import pause_instance
@@ -189,6 +190,18 @@ def test_without_a_token_it_is_401_and_a_viewer_cannot_act(stage: Stage) -> None
     assert OPERATOR_TOKEN not in stage.console.log_tail(200)
 
 
+def _navigate(browser: WebDriver, by: str, value: str) -> None:
+    """Click what loads a new page, and return once that page has replaced the old one.
+
+    WebDriver's click does not wait for a form's navigation: reading rows right
+    after it can read the previous page's (a CI run saw all nine jobs after the
+    PENDING filter was applied). The old page's root going stale is the signal.
+    """
+    old_root = browser.find_element(By.TAG_NAME, "html")
+    browser.find_element(by, value).click()
+    WebDriverWait(browser, 20).until(expected_conditions.staleness_of(old_root))
+
+
 def _job_id(dsn: str, key: str) -> int:
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute("SELECT id FROM outbox_jobs WHERE idempotency_key = %s", (key,))
@@ -202,7 +215,7 @@ def test_an_operator_logs_in_filters_reads_a_history_and_cancels(
 ) -> None:
     browser.get(f"{stage.url}/jobs")
     browser.find_element(By.ID, "token").send_keys(OPERATOR_TOKEN)
-    browser.find_element(By.ID, "login").click()
+    _navigate(browser, By.ID, "login")
     rows = browser.find_elements(By.CSS_SELECTOR, "#jobs tr.job")
     states = {row.get_attribute("data-status") for row in rows}
     assert {"ACCEPTED", "FAILED", "PENDING", "CANCELLED"} <= states, states
@@ -213,18 +226,18 @@ def test_an_operator_logs_in_filters_reads_a_history_and_cancels(
     _screenshot(browser, stage, "console.png")
 
     Select(browser.find_element(By.ID, "f-state")).select_by_value("PENDING")
-    browser.find_element(By.ID, "apply").click()
+    _navigate(browser, By.ID, "apply")
     pending = browser.find_elements(By.CSS_SELECTOR, "#jobs tr.job")
     assert len(pending) == len(stage.keys["PENDING"])
     assert {r.get_attribute("data-status") for r in pending} == {"PENDING"}
 
     target = _job_id(stage.pipeline.dsn, stage.keys["PENDING"][0])
-    browser.find_element(By.LINK_TEXT, str(target)).click()
+    _navigate(browser, By.LINK_TEXT, str(target))
     assert browser.find_element(By.TAG_NAME, "h1").text == f"Job {target}"
     assert browser.find_elements(By.ID, "text") == []  # an operator, not an admin
     _no_full_number(browser.page_source, stage.phones)
     browser.find_element(By.ID, "cancel-reason").send_keys("wrong recipient list")
-    browser.find_element(By.ID, "cancel-button").click()
+    _navigate(browser, By.ID, "cancel-button")
     assert "cancel requested" in browser.find_element(By.ID, "notice").text
 
     wait_for_status(stage.pipeline.dsn, stage.keys["PENDING"][:1], "CANCELLED", 30)
@@ -253,9 +266,9 @@ def test_a_bulk_reprocess_previews_the_count_then_records_one_command_per_job(
     bulk = browser.find_element(By.ID, "bulk")
     Select(bulk.find_element(By.NAME, "action")).select_by_value("reprocess")
     bulk.find_element(By.NAME, "reason").send_keys("gateway fixed the number check")
-    bulk.find_element(By.TAG_NAME, "button").click()
+    _navigate(browser, By.CSS_SELECTOR, "#bulk button")
     assert browser.find_element(By.ID, "preview").text.startswith("2 matching job(s)")
-    browser.find_element(By.CSS_SELECTOR, "#bulk-confirm button").click()
+    _navigate(browser, By.CSS_SELECTOR, "#bulk-confirm button")
     assert "reprocess requested for 2 job(s) by alice" in browser.find_element(By.ID, "notice").text
     ids = [_job_id(stage.pipeline.dsn, key) for key in stage.keys["FAILED"]]
     with psycopg.connect(stage.pipeline.dsn, autocommit=True) as conn:
