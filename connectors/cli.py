@@ -7,6 +7,7 @@ state sink and the relay are built here and handed to the parts that use them.
     zapstream topics ensure       create every Kafka topic with explicit partitions
     zapstream relay               stream outbox inserts into Kafka (CDC)
     zapstream outbox restream     re-publish PENDING jobs the relay never streamed
+    zapstream outbox prune        keep old settled jobs as audit stubs (retention)
     zapstream worker              the Faust dispatcher: sends through the gateway
     zapstream sink                job states from Kafka back into PostgreSQL
     zapstream webhook             gateway status callbacks (receipts), HMAC-signed
@@ -115,6 +116,34 @@ def _cmd_restream(args: argparse.Namespace) -> int:
         print(f"{result.pending} PENDING jobs older than {args.older_than} {would}{span}")
     else:
         print(f"restreamed {result.replayed} PENDING jobs older than {args.older_than}{span}")
+    return 0
+
+
+def _cmd_prune(args: argparse.Namespace) -> int:
+    from connectors.cdc.restream import parse_duration
+    from connectors.outbox.retention import RetentionError, prune
+    from streams.settings import PostgresSettings
+
+    try:
+        result = prune(
+            PostgresSettings().dsn,
+            older_than=parse_duration(args.older_than),
+            dry_run=args.dry_run,
+            batch=args.batch,
+        )
+    except (ValueError, RetentionError) as exc:
+        print(f"zapstream: outbox prune: {exc}", file=sys.stderr)
+        return 2
+    kept = ", ".join(f"{status} {n}" for status, n in result.unresolved.items())
+    if args.dry_run:
+        print(f"{result.jobs} settled jobs older than {args.older_than} would be pruned")
+    else:
+        print(
+            f"pruned {result.jobs} settled jobs older than {args.older_than}"
+            f" ({result.events_deleted} earlier state changes deleted)"
+        )
+    if kept:
+        print(f"kept for an operator's decision (never pruned): {kept}")
     return 0
 
 
@@ -307,6 +336,16 @@ def build_parser() -> argparse.ArgumentParser:
     restream_parser.add_argument("--reason", default="restream: PENDING and never streamed")
     restream_parser.add_argument("--by", default="operator", help="who asks (recorded)")
     restream_parser.set_defaults(func=_cmd_restream)
+    prune_parser = outbox_sub.add_parser(
+        "prune",
+        help="keep old settled jobs as audit stubs: message and recipient removed, last state kept",
+    )
+    prune_parser.add_argument(
+        "--older-than", required=True, help="jobs last changed before now minus this (>= 7d)"
+    )
+    prune_parser.add_argument("--dry-run", action="store_true", help="only count them")
+    prune_parser.add_argument("--batch", type=int, default=5000, help="jobs per transaction")
+    prune_parser.set_defaults(func=_cmd_prune)
 
     topics = sub.add_parser("topics", help="Kafka topics")
     topics_sub = topics.add_subparsers(dest="topics_command", required=True)
