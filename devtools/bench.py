@@ -47,14 +47,6 @@ SECTIONS = ("relay", "worker", "scaling", "e2e")
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-def peak_rss_mib(pid: int) -> float:
-    """VmHWM (peak resident set) of a live process, from /proc."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def _mb(mib: float) -> float:
     return mib * 1.048576
 

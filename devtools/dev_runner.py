@@ -23,6 +23,7 @@ from typing import TextIO
 import psycopg
 
 from connectors.outbox.enqueue import enqueue
+from devtools.bench_support import proc_status_mib
 from devtools.delivery_audit import DeliveryReport, audit, demo_key, demo_text
 from devtools.local_pipeline import LocalPipeline
 
@@ -178,6 +179,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             + ", ".join(f"{p.name} (pid {p.pid})" for p in pipeline.processes if p.is_running)
         )
         print(f"outbox_jobs by status:    {states}")
+        print(
+            "peak RSS (VmHWM):         "
+            + ", ".join(
+                f"{p.name} {proc_status_mib(p.pid, 'VmHWM'):.0f} MiB"
+                for p in pipeline.processes
+                if p.is_running
+            )
+        )
         ok = report.ok and states.get("ACCEPTED", 0) == len(keys)
         print("result: OK" if ok else "result: PROBLEMS (see above)", flush=True)
         if not args.exit:
