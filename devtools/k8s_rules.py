@@ -29,11 +29,12 @@ HEADER = """\
 """
 
 
-class _Dumper(yaml.SafeDumper):
-    """Block style for multi-line strings, so long expressions stay readable."""
+# Block style for multi-line strings, so long expressions stay readable (a subclass, not
+# SafeDumper itself: registering on it would change every yaml.safe_dump in the process).
+_Dumper: Any = type("_Dumper", (yaml.SafeDumper,), {})
 
 
-def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+def _str(dumper: Any, value: str) -> Any:
     style = "|" if "\n" in value else None
     return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
 
@@ -57,7 +58,7 @@ def prometheus_rule(rules_text: str) -> dict[str, Any]:
 
 def render(rules_text: str) -> str:
     """The text of ``prometheusrule.yaml`` for this rule file."""
-    body = yaml.dump(
+    body: str = yaml.dump(
         prometheus_rule(rules_text),
         Dumper=_Dumper,
         sort_keys=False,
