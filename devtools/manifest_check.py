@@ -117,15 +117,28 @@ def kubectl() -> str:
     return found
 
 
-def render(overlay: Path) -> list[Obj]:
-    """The objects ``kubectl kustomize overlay`` renders."""
-    done = subprocess.run(
-        [kubectl(), "kustomize", str(overlay)], capture_output=True, text=True, check=False
-    )
-    if done.returncode != 0:
-        raise RenderFailed(f"kubectl kustomize {overlay} failed: {done.stderr.strip()}")
+def render(*overlays: Path) -> list[list[Obj]]:
+    """The objects ``kubectl kustomize`` renders for each overlay (rendered concurrently)."""
+    command = kubectl()
+    running = [
+        (overlay, subprocess.Popen(
+            [command, "kustomize", str(overlay)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        ))
+        for overlay in overlays
+    ]  # fmt: skip
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    return [doc for doc in yaml.load_all(done.stdout, Loader=loader) if doc]
+    rendered = []
+    failures = []
+    for overlay, process in running:
+        out, err = process.communicate()
+        if process.returncode != 0:
+            failures.append(f"kubectl kustomize {overlay} failed: {err.strip()}")
+            continue
+        rendered.append([doc for doc in yaml.load_all(out, Loader=loader) if doc])
+    if failures:
+        raise RenderFailed("; ".join(failures))
+    return rendered
 
 
 def label(obj: Obj) -> str:
@@ -283,14 +296,8 @@ def _env_problems(r: Render, container: Obj, known_env: frozenset[str]) -> list[
         if "configMapRef" in source:
             ref = source["configMapRef"]
             name = ref.get("name")
-            if name not in r.config_maps:
-                if not ref.get("optional"):
-                    problems.append(f"envFrom ConfigMap {name} is not rendered")
-                continue
-            for key in r.config_maps[name].get("data", {}):
-                full = source.get("prefix", "") + key
-                if full not in known_env:
-                    problems.append(f"ConfigMap {name} sets {full}, which no setting reads")
+            if name not in r.config_maps and not ref.get("optional"):
+                problems.append(f"envFrom ConfigMap {name} is not rendered")
         if "secretRef" in source:
             name = source["secretRef"].get("name")
             if name not in r.secrets and name not in EXTERNAL_SECRETS:
@@ -308,6 +315,25 @@ def _env_problems(r: Render, container: Obj, known_env: frozenset[str]) -> list[
             if (data is None or ref.get("key") not in data) and not ref.get("optional"):
                 problems.append(f"env {name}: ConfigMap key {ref.get('name')}/{ref.get('key')}"
                                 " is not rendered")  # fmt: skip
+    return problems
+
+
+def check_environment_maps(r: Render, facts: Obj) -> list[str]:
+    """Every key of a ConfigMap that containers take their environment from is a setting."""
+    known_env = frozenset(facts["env_names"])
+    sources = {
+        (source["configMapRef"].get("name"), source.get("prefix", ""))
+        for _, template in r.workloads()
+        for container in template.get("spec", {}).get("initContainers", [])
+        + template.get("spec", {}).get("containers", [])
+        for source in container.get("envFrom", [])
+        if "configMapRef" in source
+    }
+    problems = []
+    for name, prefix in sorted(sources):
+        for key in r.config_maps.get(name, {}).get("data", {}):
+            if prefix + key not in known_env:
+                problems.append(f"ConfigMap/{name}: sets {prefix + key}, which no setting reads")
     return problems
 
 
@@ -587,6 +613,7 @@ def check(objects: list[Obj], facts: Obj, schemas: SchemaChecker | None = None) 
         problems += schemas.problems(obj)
     r = Render(objects)
     problems += check_workloads(r, facts)
+    problems += check_environment_maps(r, facts)
     problems += check_selectors(r)
     problems += check_scaled_objects(r)
     problems += check_topics(r, facts)
@@ -611,13 +638,13 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     facts = json.loads(args.facts.read_text())
     schemas = SchemaChecker()
+    try:
+        rendered = render(*args.overlay)
+    except RenderFailed as exc:
+        print(exc)
+        return 2
     status = 0
-    for overlay in args.overlay:
-        try:
-            objects = render(overlay)
-        except RenderFailed as exc:
-            print(exc)
-            return 2
+    for overlay, objects in zip(args.overlay, rendered, strict=True):
         problems = check(objects, facts, schemas)
         for line in problems:
             print(f"{overlay}: {line}")
