@@ -97,7 +97,7 @@ def command(service: Mapping[str, Any]) -> list[str]:
     return shlex.split(raw) if isinstance(raw, str) else [str(part) for part in raw]
 
 
-def _references(service: Mapping[str, Any], kind: str) -> list[tuple[str, str]]:
+def mounts(service: Mapping[str, Any], kind: str) -> list[tuple[str, str]]:
     """(source, file name in the container) of each secret or config a service mounts."""
     found = []
     for item in service.get(kind) or []:
@@ -195,7 +195,7 @@ def problems(
                 found.append(f"{name}: depends_on {dep!r}, which is no service")
         for kind in ("secrets", "configs"):
             defined = _mapping(compose.get(kind))
-            for source, _ in _references(svc, kind):
+            for source, _ in mounts(svc, kind):
                 if source not in defined:
                     found.append(f"{name}: {kind} {source!r} is not defined at the top level")
         if is_zapstream(svc):
@@ -219,7 +219,7 @@ def _zapstream_problems(
     for variable in sorted(env):
         if variable not in known:
             found.append(f"{name}: {variable} is read by no zapstream setting (exit 2)")
-    for _, filename in _references(svc, "secrets"):
+    for _, filename in mounts(svc, "secrets"):
         if filename not in known:
             found.append(f"{name}: secret file {filename} is named after no zapstream setting")
     spec = METRICS_PORTS.get(argv[0]) if argv else None

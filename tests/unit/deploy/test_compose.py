@@ -11,6 +11,7 @@ services do with them. No Docker engine is needed.
 from __future__ import annotations
 
 import copy
+import os
 import re
 import subprocess
 from collections.abc import Callable
@@ -354,3 +355,67 @@ def test_the_metrics_port_defaults_match_the_settings() -> None:
     }
     for command, field in fields.items():
         assert cc.METRICS_PORTS[command][1] == field.default, command
+
+
+def _settings_of(argv: list[str]) -> Any:
+    """Build the settings the command builds in ``main()`` (from the current environment)."""
+    from connectors.cdc.settings import RelaySettings
+    from connectors.console.settings import ConsoleSettings
+    from connectors.sink.settings import SinkSettings
+    from connectors.webhook.settings import WebhookSettings
+    from streams.settings import KafkaSettings, LagMonitorSettings, PostgresSettings
+    from streams.worker_settings import WorkerSettings
+
+    build: dict[str, Callable[[], Any]] = {
+        "db migrate": lambda: (PostgresSettings(), RelaySettings()),
+        "topics ensure": KafkaSettings,
+        "relay": RelaySettings,
+        "worker": WorkerSettings,
+        "sink": SinkSettings,
+        "webhook": WebhookSettings,
+        "lag-monitor": LagMonitorSettings,
+        "console": ConsoleSettings,
+    }
+    return build[" ".join(argv)]()
+
+
+@pytest.mark.parametrize("service", sorted(ZAPSTREAM_SERVICES))
+def test_each_service_starts_from_its_environment_and_secret_files(
+    compose: dict[str, Any], service: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The variables compose sets and the files it mounts in /run/secrets (here a temp dir
+    holding .env.example's values) give valid settings, and no variable is refused."""
+    from connectors.ops.config_errors import unknown_env_lines
+
+    svc = compose["services"][service]
+    demo = _dotenv(ENV_EXAMPLE)
+    for name in list(os.environ):
+        if name.startswith(("ZAPSTREAM_", "STACKZAP_", "ZAP_", "META_")):
+            monkeypatch.delenv(name)
+    env = cc.environment(svc)
+    assert env["ZAPSTREAM_SECRETS_DIR"] == "/run/secrets"
+    env["ZAPSTREAM_SECRETS_DIR"] = str(tmp_path)
+    for source, filename in cc.mounts(svc, "secrets"):
+        (tmp_path / filename).write_text(demo[compose["secrets"][source]["environment"]])
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert unknown_env_lines(env) == []
+
+    settings = _settings_of(cc.command(svc))
+    dsn = demo["ZAPSTREAM_DATABASE_URL"]
+    if cc.command(svc) == ["db", "migrate"]:
+        assert settings[0].dsn == dsn
+    for block in ("postgres",):
+        if hasattr(settings, block):
+            assert getattr(settings, block).dsn == dsn, service
+    if hasattr(settings, "kafka"):
+        assert settings.kafka.brokers == "kafka:9092"
+    if service.startswith("worker"):
+        assert settings.gateway.stackzap_api_key.get_secret_value() == demo["STACKZAP_API_KEY"]
+        assert settings.gateway.stackzap_api_url == "http://gateway-sim:8088"
+        assert not settings.web_bind_local
+    if service == "webhook":
+        assert settings.secret.get_secret_value() == demo["ZAPSTREAM_WEBHOOK_SECRET"]
+        assert settings.host == "0.0.0.0"
+    if service == "console":
+        assert settings.operators() and not settings.bind_local
