@@ -11,10 +11,12 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # click than faust-streaming allows. tests/unit/deploy runs them from $(TOOLS)/bin.
 TOOLS  := .venv-deploy-tools
 
-$(BIN)/.installed: pyproject.toml
+# constraints.txt pins the service's dependency closure (devtools/lock_constraints.py): the
+# tests run the versions the container image ships.
+$(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q -e ".[dev]" --constraint constraints.txt
 	touch $@
 
 # The tests and `make dev` start their own throwaway PostgreSQL from the binaries
