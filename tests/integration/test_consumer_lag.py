@@ -191,21 +191,37 @@ def test_the_lag_monitor_stops_on_sigterm(pipeline: LocalPipeline) -> None:
 
 
 async def _produce(bootstrap: str, topic: str, values: list[bytes], *, batched: bool) -> list[int]:
-    """Produce to partition 0: one request per record, or all in one batch; return timestamps."""
+    """Produce to partition 0, one request per record or all in one batch; return the
+    records' timestamps.
+
+    Each record carries its own timestamp, one second apart: aiokafka's metadata of a
+    batched send reports the batch's first timestamp for every record (measured), so it
+    cannot tell which record the lag is measured from; a CI run under load had its sends
+    62 ms apart and read 29.938 s for an expected 30.
+    """
     from aiokafka import AIOKafkaProducer
 
+    base_ms = int(time.time() * 1000) - 60_000
+    stamps = [base_ms + 1000 * i for i in range(len(values))]
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=50 if batched else 0)
     await producer.start()
     try:
         if batched:
-            futures = [await producer.send(topic, v, partition=0) for v in values]
+            futures = [
+                await producer.send(topic, v, partition=0, timestamp_ms=t)
+                for v, t in zip(values, stamps, strict=True)
+            ]
             await producer.flush()
             metas = [await f for f in futures]
         else:
-            metas = [await producer.send_and_wait(topic, v, partition=0) for v in values]
+            metas = [
+                await producer.send_and_wait(topic, v, partition=0, timestamp_ms=t)
+                for v, t in zip(values, stamps, strict=True)
+            ]
     finally:
         await producer.stop()
-    return [m.timestamp for m in metas]
+    assert [m.offset for m in metas] == list(range(len(values)))
+    return stamps
 
 
 async def _commit(bootstrap: str, group: str, topic: str, offset: int) -> None:
@@ -260,7 +276,7 @@ async def test_lag_in_records_and_seconds_is_exact_for_a_known_commit(
     by_partition = {p.partition: p for p in lag.partitions}
     p0, p1 = by_partition[0], by_partition[1]
     assert (p0.committed, p0.latest, p0.lag) == (4, 10, 6)
-    assert p0.lag_seconds == pytest.approx(now - stamps[4] / 1000, abs=0.01)  # ms stamps
+    assert p0.lag_seconds == pytest.approx(now - stamps[4] / 1000, abs=0.001)  # 35 s
     assert (p1.committed, p1.latest, p1.lag, p1.lag_seconds) == (None, 0, 0, 0.0)
     assert (lag.max_lag, lag.sum_lag, lag.unread) == (6, 6, 0)
 
