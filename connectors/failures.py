@@ -95,12 +95,12 @@ def classify_kafka_security(exc: BaseException) -> str | None:
     from aiokafka.errors import SaslAuthenticationFailed, UnsupportedSaslMechanismError
 
     if isinstance(exc, ssl.SSLCertVerificationError):
-        reason = exc.verify_message or exc.reason or "certificate verify failed"
+        reason = exc.verify_message or "certificate verify failed"
         return f"Kafka's TLS certificate was not accepted ({reason}): {KAFKA_TLS_HINT}"
     if isinstance(exc, ssl.SSLError) and not isinstance(
         exc, ssl.SSLEOFError | ssl.SSLZeroReturnError | ssl.SSLSyscallError
     ):
-        reason = exc.reason or one_line(str(exc))
+        reason = getattr(exc, "reason", None) or one_line(str(exc))
         return f"TLS handshake with Kafka failed ({reason}): {KAFKA_TLS_HANDSHAKE_HINT}"
     if isinstance(exc, SaslAuthenticationFailed):
         return f"Kafka refused the SASL login ({one_line(str(exc))}): {KAFKA_SASL_HINT}"
