@@ -18,6 +18,15 @@ live here, so PostgreSQL means the same thing to both:
 
 libpq reports a failed connection with a message and no SQLSTATE, so
 :func:`classify_postgres` reads the message for the few permanent cases.
+
+Kafka: aiokafka's retriable errors and a broker that cannot be reached are
+transient. A TLS handshake the client refuses (the broker's certificate does not
+verify) and a SASL login the broker refuses are **permanent**
+(:func:`classify_kafka_security`): a retry fails the same way, so the deployable
+stops with one line naming the ``ZAPSTREAM_KAFKA_SSL_*`` or ``ZAPSTREAM_KAFKA_SASL_*``
+settings. aiokafka's bootstrap only logs those causes and raises "unable to
+bootstrap", so :func:`connectors.ops.topics.kafka_security_problem` connects once
+more to see them.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ import dataclasses
 import logging
 import random
 import re
+import ssl
 import time
 from collections.abc import Callable, Mapping
 
@@ -53,6 +63,52 @@ PERMANENT_MESSAGES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"invalid (dsn|connection option|integer value)|invalid URI", re.I), "DSN"),
 )
 _DSN_HINT = f"the connection string is invalid: check {DATABASE_SETTING}"
+
+
+KAFKA_TLS_HINT = (
+    "check ZAPSTREAM_KAFKA_SSL_CAFILE (the CA that signed the brokers' certificates; "
+    "unset: the system's trust store) and ZAPSTREAM_KAFKA_BROKERS (a host name the "
+    "certificate names)"
+)
+KAFKA_TLS_HANDSHAKE_HINT = (
+    "check ZAPSTREAM_KAFKA_SECURITY_PROTOCOL (does this listener use TLS?) and "
+    "ZAPSTREAM_KAFKA_SSL_CERTFILE/_KEYFILE (a client certificate the brokers accept)"
+)
+KAFKA_SASL_HINT = (
+    "check ZAPSTREAM_KAFKA_SASL_USERNAME and ZAPSTREAM_KAFKA_SASL_PASSWORD "
+    "(and ZAPSTREAM_KAFKA_SASL_MECHANISM)"
+)
+KAFKA_MECHANISM_HINT = (
+    "set ZAPSTREAM_KAFKA_SASL_MECHANISM to one the brokers enable (PLAIN, SCRAM-SHA-256, "
+    "SCRAM-SHA-512)"
+)
+
+
+def classify_kafka_security(exc: BaseException) -> str | None:
+    """One line for a TLS or SASL failure no retry will fix; None for anything else.
+
+    Permanent: the broker's certificate does not verify, the TLS handshake is refused
+    (an alert, a listener that does not speak TLS), the broker refuses the SASL login
+    or the mechanism. A connection closed mid-handshake (EOF, reset) is not: the
+    broker may be restarting.
+    """
+    from aiokafka.errors import SaslAuthenticationFailed, UnsupportedSaslMechanismError
+
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        reason = exc.verify_message or "certificate verify failed"
+        return f"Kafka's TLS certificate was not accepted ({reason}): {KAFKA_TLS_HINT}"
+    if isinstance(exc, ssl.SSLError) and not isinstance(
+        exc, ssl.SSLEOFError | ssl.SSLZeroReturnError | ssl.SSLSyscallError
+    ):
+        reason = getattr(exc, "reason", None) or one_line(str(exc))
+        return f"TLS handshake with Kafka failed ({reason}): {KAFKA_TLS_HANDSHAKE_HINT}"
+    if isinstance(exc, SaslAuthenticationFailed):
+        return f"Kafka refused the SASL login ({one_line(str(exc))}): {KAFKA_SASL_HINT}"
+    if isinstance(exc, UnsupportedSaslMechanismError):
+        return f"Kafka does not enable this SASL mechanism ({one_line(str(exc))}): " + (
+            KAFKA_MECHANISM_HINT
+        )
+    return None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

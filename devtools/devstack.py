@@ -47,6 +47,8 @@ from typing import Any, Self
 import psycopg
 from psycopg import sql
 
+from devtools.tls import ServerTls, TlsTerminator
+
 __all__ = [
     "DevStackError",
     "ManagedProcess",
@@ -688,6 +690,11 @@ class TansuBroker:
     With the default ``memory://`` storage a restart loses every topic, record
     and offset. If ``log_path`` is not given, the log goes to a temporary
     directory removed by :meth:`stop`.
+
+    ``tls`` (a :class:`devtools.tls.ServerTls`): clients must use TLS on ``port``.
+    Tansu 0.6.0 takes ``--cert``/``--key`` but serves plaintext regardless, so Tansu
+    listens on a port of its own and a :class:`devtools.tls.TlsTerminator` on
+    ``port`` does the TLS; Tansu advertises ``port``.
     """
 
     def __init__(
@@ -699,11 +706,18 @@ class TansuBroker:
         start_timeout_s: float = 15.0,
         stop_timeout_s: float = 10.0,
         advertised_port: int | None = None,
+        tls: ServerTls | None = None,
     ) -> None:
         """``advertised_port``: the port clients are told to use (a proxy in front, e.g.
         :class:`devtools.tcp_proxy.TcpProxy`); default ``port``."""
+        if tls is not None and advertised_port is not None:
+            raise DevStackError("a TLS broker advertises its own TLS port: no advertised_port")
         self._port = port if port is not None else find_free_port()
         self._advertised_port = advertised_port or self._port
+        self._tls = tls
+        self._terminator: TlsTerminator | None = None
+        # Where Tansu itself listens: behind the TLS terminator when there is one.
+        self._tansu_port = find_free_port() if tls is not None else self._port
         self._log_path = log_path
         self._storage_engine = storage_engine
         self._start_timeout_s = start_timeout_s
@@ -761,7 +775,7 @@ class TansuBroker:
         if log_path is None:
             self._tmp_dir = Path(tempfile.mkdtemp(prefix="zapstream-tansu-"))
             log_path = self._tmp_dir / "tansu.log"
-        url = f"tcp://127.0.0.1:{self._port}"
+        url = f"tcp://127.0.0.1:{self._tansu_port}"
         advertised = f"tcp://127.0.0.1:{self._advertised_port}"
         env = {k: v for k, v in os.environ.items() if k not in _TANSU_ENV}
         env.setdefault("NO_COLOR", "1")  # its tracing logs carry ANSI colours even into a file
@@ -785,6 +799,9 @@ class TansuBroker:
         try:
             self._process.start()
             self._wait_ready()
+            if self._tls is not None:
+                self._terminator = TlsTerminator(self._tansu_port, self._tls, port=self._port)
+                self._terminator.start()
         except BaseException:
             self.stop()
             raise
@@ -800,9 +817,9 @@ class TansuBroker:
                     f"connections on {self.bootstrap}; last lines of {process.log_path}:\n"
                     f"{process.log_tail()}"
                 )
-            if _port_accepts(self._port):
+            if _port_accepts(self._tansu_port):
                 try:
-                    brokers = _metadata_brokers(self._port)
+                    brokers = _metadata_brokers(self._tansu_port)
                 except (OSError, struct.error, DevStackError) as e:
                     last_error = f"metadata request failed: {e!r}"
                 else:
@@ -820,6 +837,9 @@ class TansuBroker:
     def stop(self) -> None:
         """SIGTERM, SIGKILL after ``stop_timeout_s``, wait; idempotent."""
         try:
+            terminator, self._terminator = self._terminator, None
+            if terminator is not None:
+                terminator.stop()
             if self._process is not None:
                 self._process.stop()
         finally:

@@ -26,6 +26,7 @@ from connectors.ops.topics import ensure_topics
 from connectors.outbox.migrate import migrate
 from devtools.devstack import ManagedProcess, PostgresCluster, TansuBroker, find_free_port
 from devtools.tcp_proxy import TcpProxy
+from devtools.tls import Pki
 from streams.settings import BrokerFlavor, KafkaSettings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -49,6 +50,7 @@ class LocalPipeline:
         keep: bool = False,
         with_sink: bool = True,
         proxied: bool = False,
+        tls: Pki | None = None,
     ) -> None:
         """``with_sink``: :meth:`start` also runs ``zapstream sink`` (states into PostgreSQL).
 
@@ -56,7 +58,13 @@ class LocalPipeline:
         :class:`~devtools.tcp_proxy.TcpProxy` instances (``pg_proxy``,
         ``kafka_proxy``) that tests can cut; Tansu advertises the proxy's port.
         The test's own connections (:attr:`dsn`) go direct.
+        ``tls``: Kafka speaks TLS only (the broker's certificate signed by ``tls.ca_file``);
+        every service, and :meth:`kafka_settings`, connects with
+        ``ZAPSTREAM_KAFKA_SECURITY_PROTOCOL=SSL`` and that CA file.
         """
+        if tls is not None and proxied:
+            raise ValueError("a TLS pipeline is not proxied")
+        self.tls = tls
         self._own_dir = base_dir is None
         self.dir = Path(base_dir or tempfile.mkdtemp(prefix="zapstream-"))
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -76,7 +84,9 @@ class LocalPipeline:
                 kafka_port, log_path=self.dir / "tansu.log", advertised_port=self.kafka_proxy.port
             )
         else:
-            self.kafka = TansuBroker(log_path=self.dir / "tansu.log")
+            self.kafka = TansuBroker(
+                log_path=self.dir / "tansu.log", tls=tls.server if tls is not None else None
+            )
         self.sim_port = find_free_port()
         self.simulator: ManagedProcess | None = None
         self.processes: list[ManagedProcess] = []
@@ -155,13 +165,26 @@ class LocalPipeline:
         return f"http://127.0.0.1:{self.sim_port}"
 
     def kafka_settings(self) -> KafkaSettings:
+        security: dict[str, Any] = {}
+        if self.tls is not None:
+            security = {"security_protocol": "SSL", "ssl_cafile": self.tls.ca_file}
         return KafkaSettings(
             brokers=self.kafka.bootstrap,
             flavor=BrokerFlavor.TANSU,
             partitions=self.partitions,
             session_timeout_s=6,
             heartbeat_interval_s=1,
+            **security,
         )
+
+    def kafka_security_env(self) -> dict[str, str]:
+        """``ZAPSTREAM_KAFKA_SECURITY_PROTOCOL`` and the CA file when Kafka speaks TLS."""
+        if self.tls is None:
+            return {}
+        return {
+            "ZAPSTREAM_KAFKA_SECURITY_PROTOCOL": "SSL",
+            "ZAPSTREAM_KAFKA_SSL_CAFILE": str(self.tls.ca_file),
+        }
 
     def env(self) -> dict[str, str]:
         return {
@@ -182,6 +205,7 @@ class LocalPipeline:
             "META_ACCESS_TOKEN": SIM_TOKEN,
             "META_APP_SECRET": META_APP_SECRET,
             "META_VERIFY_TOKEN": META_VERIFY_TOKEN,
+            **self.kafka_security_env(),
         }
 
     # --- processes ----------------------------------------------------------------------

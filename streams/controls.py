@@ -27,6 +27,7 @@ from typing import Any, Protocol
 from prometheus_client import Gauge
 
 from streams.kafka_reader import Every, group_less_consumer
+from streams.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +135,7 @@ class ControlsReader:
     def __init__(
         self,
         controls: Controls,
-        bootstrap_servers: list[str],
+        kafka: KafkaSettings,
         topic: str,
         decode: _Decode,
         *,
@@ -142,7 +143,7 @@ class ControlsReader:
         client_id: str = "zapstream-worker-controls",
     ) -> None:
         self.controls = controls
-        self.bootstrap_servers = bootstrap_servers
+        self.kafka = kafka
         self.topic = topic
         self.decode = decode
         self.clock = clock
@@ -157,9 +158,7 @@ class ControlsReader:
     async def start(self) -> None:
         from aiokafka import TopicPartition
 
-        consumer = group_less_consumer(
-            self.bootstrap_servers, self.client_id, auto_offset_reset="earliest"
-        )
+        consumer = group_less_consumer(self.kafka, self.client_id, auto_offset_reset="earliest")
         await consumer.start()
         tp = TopicPartition(self.topic, 0)
         consumer.assign([tp])

@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     from aiokafka import AIOKafkaConsumer
     from aiokafka.admin import AIOKafkaAdminClient
 
+    from streams.settings import KafkaSettings
+
 log = logging.getLogger(__name__)
 
 TIMER_ERRORS = Counter(
@@ -40,25 +42,24 @@ TIMER_ERRORS = Counter(
 )
 
 
-def group_less_consumer(
-    bootstrap_servers: list[str], client_id: str, **config: Any
-) -> AIOKafkaConsumer:
+def group_less_consumer(kafka: KafkaSettings, client_id: str, **config: Any) -> AIOKafkaConsumer:
     """An ``AIOKafkaConsumer`` outside any group: assigned by hand, commits nothing.
 
-    Not started: ``await consumer.start()``. ``config`` adds to (or overrides)
-    aiokafka's options, e.g. ``auto_offset_reset`` or ``fetch_max_wait_ms``.
+    Not started: ``await consumer.start()``. It connects as ``kafka`` says (brokers,
+    TLS, SASL); ``config`` adds to (or overrides) aiokafka's options, e.g.
+    ``auto_offset_reset`` or ``fetch_max_wait_ms``.
     """
     from aiokafka import AIOKafkaConsumer
 
     options: dict[str, Any] = {"group_id": None, "enable_auto_commit": False, **config}
-    return AIOKafkaConsumer(bootstrap_servers=bootstrap_servers, client_id=client_id, **options)
+    return AIOKafkaConsumer(client_id=client_id, **kafka.client_options(), **options)
 
 
-def admin_client(bootstrap_servers: list[str], client_id: str) -> AIOKafkaAdminClient:
+def admin_client(kafka: KafkaSettings, client_id: str) -> AIOKafkaAdminClient:
     """An ``AIOKafkaAdminClient`` (not started) for a group's committed offsets."""
     from aiokafka.admin import AIOKafkaAdminClient
 
-    return AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, client_id=client_id)
+    return AIOKafkaAdminClient(client_id=client_id, **kafka.client_options())
 
 
 def is_transient(exc: BaseException) -> bool:

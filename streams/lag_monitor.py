@@ -244,10 +244,9 @@ class LagMonitor:
     async def _connect(self) -> tuple[AIOKafkaConsumer, AIOKafkaAdminClient]:
         if self._consumer is not None and self._admin is not None:
             return self._consumer, self._admin
-        servers = self.kafka.bootstrap_servers
-        admin = admin_client(servers, self.client_id)
+        admin = admin_client(self.kafka, self.client_id)
         consumer = group_less_consumer(
-            servers,
+            self.kafka,
             self.client_id,
             auto_offset_reset="earliest",
             fetch_max_wait_ms=self.kafka.consumer_fetch_max_wait_ms,

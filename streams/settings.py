@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import enum
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any, Self
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic import AliasChoices, Field, FilePath, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+if TYPE_CHECKING:
+    import ssl
 
 
 def _secrets_dir() -> str | None:
@@ -52,8 +55,42 @@ class EndOffsetSource(enum.StrEnum):
     batch's base offset + 1); its fetch responses are right."""
 
 
+class KafkaSecurityProtocol(enum.StrEnum):
+    """How clients talk to the brokers: Kafka's ``security.protocol`` values."""
+
+    PLAINTEXT = "PLAINTEXT"
+    SSL = "SSL"
+    SASL_PLAINTEXT = "SASL_PLAINTEXT"
+    SASL_SSL = "SASL_SSL"
+
+    @property
+    def uses_tls(self) -> bool:
+        return self in (KafkaSecurityProtocol.SSL, KafkaSecurityProtocol.SASL_SSL)
+
+    @property
+    def uses_sasl(self) -> bool:
+        return self in (KafkaSecurityProtocol.SASL_PLAINTEXT, KafkaSecurityProtocol.SASL_SSL)
+
+
+class SaslMechanism(enum.StrEnum):
+    """The SASL mechanisms zapstream offers (aiokafka's username/password ones)."""
+
+    PLAIN = "PLAIN"
+    SCRAM_SHA_256 = "SCRAM-SHA-256"
+    SCRAM_SHA_512 = "SCRAM-SHA-512"
+
+
+_KAFKA = "ZAPSTREAM_KAFKA_"
+
+
 class KafkaSettings(SettingsBase):
-    """The Kafka cluster (``ZAPSTREAM_KAFKA_*``)."""
+    """The Kafka cluster (``ZAPSTREAM_KAFKA_*``).
+
+    Every Kafka client zapstream creates (the worker's Faust app, the relay's and
+    the webhook's producers, the sink, the admin clients, the group-less readers)
+    connects with :meth:`client_options`: the brokers, and TLS and SASL as
+    ``security_protocol`` says.
+    """
 
     model_config = SettingsConfigDict(env_prefix="ZAPSTREAM_KAFKA_", extra="ignore")
 
@@ -77,6 +114,108 @@ class KafkaSettings(SettingsBase):
     end_offsets: EndOffsetSource | None = None
     """How the lag monitor reads a partition's latest offset. None: ``list_offsets`` for
     Apache Kafka, ``high_watermark`` for Tansu."""
+
+    security_protocol: KafkaSecurityProtocol = KafkaSecurityProtocol.PLAINTEXT
+    """PLAINTEXT, SSL (TLS), SASL_PLAINTEXT or SASL_SSL (SASL over TLS): as the brokers'
+    listener is configured. Managed clusters use SASL_SSL or SSL."""
+    sasl_mechanism: SaslMechanism | None = None
+    """PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512; None: PLAIN. Only with a SASL_* protocol."""
+    sasl_username: str = ""
+    """The SASL user (Confluent Cloud: the API key). Required with a SASL_* protocol."""
+    sasl_password: SecretStr = SecretStr("")
+    """The SASL password (Confluent Cloud: the API secret); a secret, also read from
+    ``ZAPSTREAM_SECRETS_DIR``. Required with a SASL_* protocol."""
+    ssl_cafile: FilePath | None = None
+    """PEM file of the certificate authorities that signed the brokers' certificates;
+    None: the system's trust store (enough for public CAs, e.g. Confluent Cloud)."""
+    ssl_certfile: FilePath | None = None
+    """PEM client certificate (mutual TLS, e.g. Aiven's ``service.cert``, MSK port 9094)."""
+    ssl_keyfile: FilePath | None = None
+    """PEM private key of ``ssl_certfile`` (unencrypted); None: it is in ``ssl_certfile``."""
+    ssl_check_hostname: bool = True
+    """The broker's certificate must name the host connected to. Turn off only for
+    brokers reached by an address their certificate does not name."""
+
+    @model_validator(mode="after")
+    def _security_consistent(self) -> Self:
+        protocol = self.security_protocol
+        using = f"{_KAFKA}SECURITY_PROTOCOL={protocol.value}"
+        if protocol.uses_sasl:
+            missing = [
+                f"{_KAFKA}{name}"
+                for name, value in (
+                    ("SASL_USERNAME", self.sasl_username),
+                    ("SASL_PASSWORD", self.sasl_password.get_secret_value()),
+                )
+                if not value
+            ]
+            if missing:
+                raise ValueError(f"{' and '.join(missing)} must be set with {using}")
+        else:
+            sasl = [
+                f"{_KAFKA}{name}"
+                for name, value in (
+                    ("SASL_MECHANISM", self.sasl_mechanism),
+                    ("SASL_USERNAME", self.sasl_username),
+                    ("SASL_PASSWORD", self.sasl_password.get_secret_value()),
+                )
+                if value
+            ]
+            if sasl:
+                raise ValueError(
+                    f"{', '.join(sasl)} set, but {using} does not use SASL: "
+                    f"set {_KAFKA}SECURITY_PROTOCOL=SASL_SSL (or SASL_PLAINTEXT)"
+                )
+        if not protocol.uses_tls:
+            tls = [
+                f"{_KAFKA}{name}"
+                for name, value in (
+                    ("SSL_CAFILE", self.ssl_cafile),
+                    ("SSL_CERTFILE", self.ssl_certfile),
+                    ("SSL_KEYFILE", self.ssl_keyfile),
+                )
+                if value is not None
+            ]
+            if tls:
+                raise ValueError(
+                    f"{', '.join(tls)} set, but {using} does not use TLS: "
+                    f"set {_KAFKA}SECURITY_PROTOCOL=SSL (or SASL_SSL)"
+                )
+        if self.ssl_keyfile is not None and self.ssl_certfile is None:
+            raise ValueError(f"{_KAFKA}SSL_KEYFILE needs {_KAFKA}SSL_CERTFILE (its certificate)")
+        return self
+
+    @property
+    def mechanism(self) -> SaslMechanism:
+        return self.sasl_mechanism or SaslMechanism.PLAIN
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """A client TLS context: the CA file (or the system's), the client certificate."""
+        from aiokafka.helpers import create_ssl_context
+
+        context: ssl.SSLContext = create_ssl_context(
+            cafile=self.ssl_cafile, certfile=self.ssl_certfile, keyfile=self.ssl_keyfile
+        )
+        context.check_hostname = self.ssl_check_hostname
+        return context
+
+    def security_options(self) -> dict[str, Any]:
+        """aiokafka's security keyword arguments (``security_protocol``, ``ssl_context``,
+        ``sasl_*``), the same for a producer, a consumer and an admin client."""
+        protocol = self.security_protocol
+        options: dict[str, Any] = {"security_protocol": protocol.value}
+        if protocol.uses_tls:
+            options["ssl_context"] = self.ssl_context()
+        if protocol.uses_sasl:
+            options["sasl_mechanism"] = self.mechanism.value
+            options["sasl_plain_username"] = self.sasl_username
+            options["sasl_plain_password"] = self.sasl_password.get_secret_value()
+        return options
+
+    def client_options(self) -> dict[str, Any]:
+        """``bootstrap_servers`` and :meth:`security_options`: what every aiokafka client
+        (producer, consumer, admin) zapstream creates is given, once."""
+        return {"bootstrap_servers": self.bootstrap_servers, **self.security_options()}
 
     @property
     def end_offset_source(self) -> EndOffsetSource:

@@ -39,6 +39,7 @@ from prometheus_client import Gauge
 
 from streams.contract import STATE
 from streams.kafka_reader import admin_client, group_less_consumer
+from streams.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 
@@ -55,14 +56,14 @@ class SinkProgress:
 
     def __init__(
         self,
-        bootstrap_servers: list[str],
+        kafka: KafkaSettings,
         group_id: str,
         *,
         margin_s: float = 10.0,
         topic: str = STATE,
         client_id: str = "zapstream-worker-sink-progress",
     ) -> None:
-        self.bootstrap_servers = bootstrap_servers
+        self.kafka = kafka
         self.group_id = group_id
         self.margin_s = margin_s
         self.topic = topic
@@ -74,9 +75,9 @@ class SinkProgress:
         self._warned = False
 
     async def start(self) -> None:
-        self._admin = admin_client(self.bootstrap_servers, self.client_id)
+        self._admin = admin_client(self.kafka, self.client_id)
         await self._admin.start()
-        self._consumer = group_less_consumer(self.bootstrap_servers, self.client_id)
+        self._consumer = group_less_consumer(self.kafka, self.client_id)
         await self._consumer.start()
 
     async def stop(self) -> None:

@@ -109,7 +109,7 @@ def build_worker_app(
         resources = [*resources, history]
         if settings.dedup_sink_group:
             progress = SinkProgress(
-                settings.kafka.bootstrap_servers,
+                settings.kafka,
                 settings.dedup_sink_group,
                 margin_s=settings.dedup_sink_margin_s,
             )
@@ -123,7 +123,7 @@ def build_worker_app(
     controls = Controls()
     reader = ControlsReader(
         controls,
-        settings.kafka.bootstrap_servers,
+        settings.kafka,
         CONTROLS,
         decode_control,
         clock=time.time,

@@ -256,7 +256,7 @@ class KeyHashPartitioner:
 def build_producer(settings: RelaySettings) -> AIOKafkaProducer:
     kafka = settings.kafka
     return AIOKafkaProducer(
-        bootstrap_servers=kafka.bootstrap_servers,
+        **kafka.client_options(),
         client_id="zapstream-relay",
         partitioner=KeyHashPartitioner(),
         acks="all",

@@ -176,6 +176,11 @@ def render_validation_error(exc: Any, classes: Iterable[type[Any]] | None = None
     lines = []
     for error in exc.errors():
         loc = [str(part) for part in error.get("loc", ())]
+        if not loc and error.get("type") == "value_error":
+            # A check across fields (``model_validator``): its message names the
+            # variables; its input is every field, secrets included, so never shown.
+            lines.append(_message(error))
+            continue
         field_name = _field_of(cls, loc[0]) if loc else None
         if field_name is not None:
             env = env_names(cls, field_name)[0]

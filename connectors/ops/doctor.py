@@ -30,7 +30,12 @@ import psycopg
 from connectors.cdc.provisioning import COMMANDS_TABLE, OUTBOX_TABLE, WAL_LEVEL_HINT
 from connectors.cdc.settings import RelaySettings
 from connectors.ops.config_errors import error_detail
-from connectors.ops.topics import partition_counts, topic_problems, worker_topic_specs
+from connectors.ops.topics import (
+    KafkaSecurityRefused,
+    partition_counts,
+    topic_problems,
+    worker_topic_specs,
+)
 from connectors.outbox.migrate import shipped_migrations
 from streams.settings import GatewayKind, GatewaySettings
 
@@ -288,6 +293,9 @@ async def _kafka_checks(relay: RelaySettings, timeout_s: float) -> list[CheckRes
     kafka = relay.kafka
     try:
         counts = await asyncio.wait_for(partition_counts(kafka), timeout_s)
+    except KafkaSecurityRefused as exc:
+        problem, _, remedy = str(exc).partition("): ")
+        return [_fail("kafka", f"{problem})", remedy), _skip("topics", "Kafka refused us")]
     except (KafkaError, OSError, TimeoutError) as exc:
         detail = error_detail(exc) if not isinstance(exc, TimeoutError) else "no answer"
         return [

@@ -19,9 +19,9 @@ import logging
 from collections.abc import Iterator
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError
+from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
 
-from connectors.failures import Backoff, OutageLog
+from connectors.failures import Backoff, OutageLog, classify_kafka_security
 from connectors.ops.config_errors import StartupRefused
 from streams.contract import (
     BULK_INTENTS,
@@ -42,6 +42,10 @@ ENSURE_HINT = "run `zapstream topics ensure`"
 
 class TopicMismatch(StartupRefused):
     """A topic is missing, or exists with another partition count than zapstream needs."""
+
+
+class KafkaSecurityRefused(StartupRefused):
+    """The brokers' TLS certificate does not verify, or they refuse the SASL login."""
 
 
 _NEEDS: dict[str, tuple[str, ...] | None] = {
@@ -70,9 +74,53 @@ def relay_topic_specs(kafka: KafkaSettings) -> list[TopicSpec]:
 
 
 def _admin(kafka: KafkaSettings) -> AIOKafkaAdminClient:
-    return AIOKafkaAdminClient(
-        bootstrap_servers=kafka.bootstrap_servers, client_id="zapstream-admin"
-    )
+    return AIOKafkaAdminClient(client_id="zapstream-admin", **kafka.client_options())
+
+
+async def kafka_security_problem(kafka: KafkaSettings, timeout_s: float = 10.0) -> str | None:
+    """After a failed bootstrap: why, if TLS or SASL is to blame (one line), else None.
+
+    aiokafka's bootstrap logs each broker's error and raises "unable to bootstrap",
+    which reads like a broker that is down. One more connection to each bootstrap
+    server, with the clients' options, shows the real cause
+    (:func:`~connectors.failures.classify_kafka_security`).
+    """
+    protocol = kafka.security_protocol
+    if not (protocol.uses_tls or protocol.uses_sasl):
+        return None
+    from aiokafka.conn import collect_hosts, create_conn
+
+    options = kafka.security_options()
+    for host, port, _ in collect_hosts(kafka.bootstrap_servers, randomize=False):
+        try:
+            conn = await asyncio.wait_for(
+                create_conn(host, port, client_id="zapstream-check", **options), timeout_s
+            )
+        except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError
+            problem = classify_kafka_security(exc)
+        except KafkaError as exc:
+            problem = classify_kafka_security(exc)
+        else:
+            conn.close()
+            continue
+        if problem is not None:
+            return problem
+    return None
+
+
+async def _started_admin(kafka: KafkaSettings) -> AIOKafkaAdminClient:
+    """A started admin client; a TLS or SASL refusal raises :class:`KafkaSecurityRefused`."""
+    admin = _admin(kafka)
+    try:
+        with _quiet_aiokafka():
+            await admin.start()
+    except KafkaConnectionError:
+        await admin.close()
+        problem = await kafka_security_problem(kafka)
+        if problem is not None:
+            raise KafkaSecurityRefused(problem) from None
+        raise
+    return admin
 
 
 async def _partition_counts(admin: AIOKafkaAdminClient) -> dict[str, int]:
@@ -84,9 +132,7 @@ async def _partition_counts(admin: AIOKafkaAdminClient) -> dict[str, int]:
 
 async def partition_counts(kafka: KafkaSettings) -> dict[str, int]:
     """Every topic of the cluster and its partition count; creates nothing."""
-    admin = _admin(kafka)
-    with _quiet_aiokafka():
-        await admin.start()
+    admin = await _started_admin(kafka)
     try:
         return await _partition_counts(admin)
     finally:
@@ -170,8 +216,7 @@ async def require_topics(kafka: KafkaSettings, specs: list[TopicSpec]) -> None:
 async def ensure_topics(kafka: KafkaSettings, specs: list[TopicSpec] | None = None) -> list[str]:
     """Create the missing topics; return the names created now."""
     specs = specs if specs is not None else topic_specs(kafka.partitions)
-    admin = _admin(kafka)
-    await admin.start()
+    admin = await _started_admin(kafka)
     try:
         existing = set(await admin.list_topics())
         missing = [s for s in specs if s.name not in existing]

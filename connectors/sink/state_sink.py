@@ -551,11 +551,11 @@ class StateSink:
     async def _start_kafka(self) -> None:
         await self._stop_kafka()
         kafka = self._settings.kafka
-        producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap_servers, acks="all")
+        producer = AIOKafkaProducer(**kafka.client_options(), acks="all")
         consumer = AIOKafkaConsumer(
             STATE,
             INVALID,
-            bootstrap_servers=kafka.bootstrap_servers,
+            **kafka.client_options(),
             group_id=self._settings.group_id,
             enable_auto_commit=False,
             auto_offset_reset="earliest",

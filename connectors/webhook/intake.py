@@ -305,7 +305,7 @@ class WebhookIntake:
     async def _open_clients(self) -> None:
         kafka = self.settings.kafka
         self._producer = AIOKafkaProducer(
-            bootstrap_servers=kafka.bootstrap_servers,
+            **kafka.client_options(),
             client_id="zapstream-webhook",
             acks="all",
             enable_idempotence=kafka.use_idempotent_producer,
