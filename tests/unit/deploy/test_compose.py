@@ -24,6 +24,7 @@ import yaml
 from connectors.console.settings import parse_tokens
 from devtools import compose_check as cc
 from devtools import monitoring_check as mc
+from tests.unit.deploy.deployables import settings_of
 
 ROOT = cc.ROOT
 ENV_EXAMPLE = ROOT / ".env.example"
@@ -357,28 +358,6 @@ def test_the_metrics_port_defaults_match_the_settings() -> None:
         assert cc.METRICS_PORTS[command][1] == field.default, command
 
 
-def _settings_of(argv: list[str]) -> Any:
-    """Build the settings the command builds in ``main()`` (from the current environment)."""
-    from connectors.cdc.settings import RelaySettings
-    from connectors.console.settings import ConsoleSettings
-    from connectors.sink.settings import SinkSettings
-    from connectors.webhook.settings import WebhookSettings
-    from streams.settings import KafkaSettings, LagMonitorSettings, PostgresSettings
-    from streams.worker_settings import WorkerSettings
-
-    build: dict[str, Callable[[], Any]] = {
-        "db migrate": lambda: (PostgresSettings(), RelaySettings()),
-        "topics ensure": KafkaSettings,
-        "relay": RelaySettings,
-        "worker": WorkerSettings,
-        "sink": SinkSettings,
-        "webhook": WebhookSettings,
-        "lag-monitor": LagMonitorSettings,
-        "console": ConsoleSettings,
-    }
-    return build[" ".join(argv)]()
-
-
 @pytest.mark.parametrize("service", sorted(ZAPSTREAM_SERVICES))
 def test_each_service_starts_from_its_environment_and_secret_files(
     compose: dict[str, Any], service: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -401,7 +380,7 @@ def test_each_service_starts_from_its_environment_and_secret_files(
         monkeypatch.setenv(name, value)
     assert unknown_env_lines(env) == []
 
-    settings = _settings_of(cc.command(svc))
+    settings = settings_of(cc.command(svc))
     dsn = demo["ZAPSTREAM_DATABASE_URL"]
     if cc.command(svc) == ["db", "migrate"]:
         assert settings[0].dsn == dsn

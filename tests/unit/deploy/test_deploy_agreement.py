@@ -1,0 +1,258 @@
+"""docker-compose.yml, both Kubernetes overlays and the code agree.
+
+- Every setting the code reads is set or defaulted for each deployable, and the ones whose
+  defaults only make sense on a laptop (127.0.0.1 DSN and brokers, loopback-only ports) are
+  set in every deployment: each deployable's settings are built from exactly what the
+  container gets (its environment, the ConfigMap, the secret files it mounts).
+- Topics: ``topics ensure`` (what compose runs), the Strimzi KafkaTopics and the
+  partition count every deployable checks at start are one definition.
+- The ports the probes, scrapes and Services use are the ports the settings open.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from devtools import compose_check as cc
+from streams.contract import topic_specs
+from tests.unit.deploy.deployables import isolate_environment, settings_of, write_secret_files
+
+ROOT = cc.ROOT
+OVERLAYS = ("dev", "prod")
+
+DATABASE = "ZAPSTREAM_DATABASE_URL"
+BROKERS = "ZAPSTREAM_KAFKA_BROKERS"
+MUST_SET: dict[str, set[str]] = {
+    "db migrate": {DATABASE},
+    "topics ensure": {BROKERS, "ZAPSTREAM_KAFKA_PARTITIONS", "ZAPSTREAM_KAFKA_REPLICATION_FACTOR"},
+    "relay": {DATABASE, BROKERS, "ZAPSTREAM_RELAY_METRICS_PORT"},
+    "worker": {DATABASE, BROKERS, "ZAPSTREAM_GATEWAY", "STACKZAP_API_URL", "STACKZAP_API_KEY"},
+    "sink": {DATABASE, BROKERS},
+    "webhook": {DATABASE, BROKERS, "ZAPSTREAM_WEBHOOK_SECRET"},
+    "lag-monitor": {BROKERS},
+    "console": {DATABASE, "ZAPSTREAM_CONSOLE_TOKENS"},
+}
+"""Variables whose default is wrong in any deployment (a laptop's address, no secret)."""
+
+LISTENS: dict[str, tuple[str, str | None]] = {
+    "relay": ("ZAPSTREAM_RELAY_METRICS_PORT", "ZAPSTREAM_RELAY_METRICS_BIND_LOCAL"),
+    "worker": ("ZAPSTREAM_WORKER_WEB_PORT", "ZAPSTREAM_WORKER_WEB_BIND_LOCAL"),
+    "sink": ("ZAPSTREAM_SINK_METRICS_PORT", "ZAPSTREAM_SINK_METRICS_BIND_LOCAL"),
+    "lag-monitor": ("ZAPSTREAM_LAG_METRICS_PORT", "ZAPSTREAM_LAG_METRICS_BIND_LOCAL"),
+    "console": ("ZAPSTREAM_CONSOLE_PORT", "ZAPSTREAM_CONSOLE_BIND_LOCAL"),
+    "webhook": ("ZAPSTREAM_WEBHOOK_PORT", None),
+}
+"""Each server's port variable and its loopback-only switch (the webhook has a host)."""
+
+
+class Deployable:
+    """One container of a deployment: its command, environment and secret file names
+    (``optional``: files of an optional Secret source, present only if the key exists)."""
+
+    def __init__(
+        self,
+        where: str,
+        argv: list[str],
+        env: dict[str, str],
+        secrets: set[str],
+        optional: frozenset[str] = frozenset(),
+    ) -> None:
+        self.where = where
+        self.argv = argv
+        self.env = env
+        self.secrets = secrets
+        self.optional = optional
+
+    @property
+    def command(self) -> str:
+        return " ".join(self.argv)
+
+
+def _compose() -> list[Deployable]:
+    compose = cc.load()
+    return [
+        Deployable(
+            f"docker-compose.yml service {name}",
+            cc.command(svc),
+            cc.environment(svc),
+            {filename for _, filename in cc.mounts(svc, "secrets")},
+        )
+        for name, svc in cc.services(compose).items()
+        if cc.is_zapstream(svc)
+    ]
+
+
+def _render(overlay: str, kubectl: str) -> list[dict[str, Any]]:
+    out = subprocess.run(
+        [kubectl, "kustomize", str(ROOT / "k8s" / "overlays" / overlay)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    return [obj for obj in yaml.safe_load_all(out) if obj]
+
+
+def _secret_files(
+    pod: dict[str, Any], container: dict[str, Any], directory: str
+) -> tuple[set[str], frozenset[str]]:
+    """(required, optional) file names of the Secret sources mounted at ``directory``."""
+    mounted = {m["name"] for m in container.get("volumeMounts", []) if m["mountPath"] == directory}
+    required: set[str] = set()
+    optional: set[str] = set()
+    for volume in pod.get("volumes", []):
+        if volume["name"] not in mounted:
+            continue
+        sources = volume.get("projected", {}).get("sources", [])
+        if "secret" in volume:
+            sources = [{"secret": volume["secret"]}]
+        for source in sources:
+            secret = source.get("secret", {})
+            names = {item["path"] for item in secret.get("items", [])}
+            (optional if secret.get("optional") else required).update(names)
+    return required, frozenset(optional)
+
+
+def _k8s(objects: list[dict[str, Any]], overlay: str) -> list[Deployable]:
+    maps = {o["metadata"]["name"]: o.get("data", {}) for o in objects if o["kind"] == "ConfigMap"}
+    found = []
+    for obj in objects:
+        if obj["kind"] not in ("Deployment", "Job"):
+            continue
+        pod = obj["spec"]["template"]["spec"]
+        for container in pod["containers"]:
+            if container.get("command") != ["zapstream"]:
+                continue
+            env: dict[str, str] = {}
+            for source in container.get("envFrom", []):
+                env.update(maps[source["configMapRef"]["name"]])
+            env.update(
+                {e["name"]: str(e["value"]) for e in container.get("env", []) if "value" in e}
+            )
+            directory = env.get("ZAPSTREAM_SECRETS_DIR", "")
+            secrets, optional = _secret_files(pod, container, directory)
+            where = f"k8s/overlays/{overlay} {obj['kind']} {obj['metadata']['name']}"
+            found.append(Deployable(where, container["args"], env, secrets, optional))
+    return found
+
+
+@pytest.fixture(scope="module")
+def rendered(deploy_tool: Callable[[str], str]) -> dict[str, list[dict[str, Any]]]:
+    return {overlay: _render(overlay, deploy_tool("kubectl")) for overlay in OVERLAYS}
+
+
+@pytest.fixture(scope="module")
+def deployments(rendered: dict[str, list[dict[str, Any]]]) -> dict[str, list[Deployable]]:
+    found = {"compose": _compose()}
+    found.update({overlay: _k8s(objects, overlay) for overlay, objects in rendered.items()})
+    return found
+
+
+@pytest.mark.parametrize("deployment", ["compose", *OVERLAYS])
+def test_every_deployable_is_deployed(
+    deployments: dict[str, list[Deployable]], deployment: str
+) -> None:
+    commands = {d.command for d in deployments[deployment]}
+    expected = set(MUST_SET) - ({"topics ensure"} if deployment != "compose" else set())
+    assert expected <= commands, f"{deployment} lacks {sorted(expected - commands)}"
+
+
+@pytest.mark.parametrize("deployment", ["compose", *OVERLAYS])
+def test_settings_with_laptop_defaults_are_set_everywhere(
+    deployments: dict[str, list[Deployable]], deployment: str
+) -> None:
+    problems = []
+    for d in deployments[deployment]:
+        given = set(d.env) | d.secrets | d.optional
+        for name in sorted(MUST_SET[d.command] - given):
+            problems.append(f"{d.where}: {name} is not set (its default only fits a laptop)")
+        port, local = LISTENS.get(d.command, (None, None))
+        if local is not None and d.env.get(local) != "false":
+            problems.append(f"{d.where}: {local} is not false: {port} would refuse other hosts")
+        if d.command == "webhook" and d.env.get("ZAPSTREAM_WEBHOOK_HOST") != "0.0.0.0":
+            problems.append(f"{d.where}: ZAPSTREAM_WEBHOOK_HOST is not 0.0.0.0")
+    assert problems == []
+
+
+@pytest.mark.parametrize("deployment", ["compose", *OVERLAYS])
+def test_every_deployable_builds_its_settings_from_what_its_container_gets(
+    deployments: dict[str, list[Deployable]],
+    deployment: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The settings classes accept the environment plus the secret files (no unknown
+    variable, no invalid value), and every required field (none today) is given."""
+    from connectors.ops.config_errors import env_names, settings_classes, unknown_env_lines
+
+    required = {
+        env_names(cls, field)[0]
+        for cls in settings_classes()
+        for field, info in cls.model_fields.items()
+        if info.is_required()
+    }
+    for i, d in enumerate(deployments[deployment]):
+        secrets_dir = tmp_path / str(i)
+        secrets_dir.mkdir()
+        written = write_secret_files(secrets_dir, sorted(d.secrets))
+        env = {**d.env, "ZAPSTREAM_SECRETS_DIR": str(secrets_dir)}
+        assert unknown_env_lines(env) == [], d.where
+        assert required <= set(env) | d.secrets, (d.where, sorted(required - set(env)))
+        isolate_environment(monkeypatch, env)
+        built = settings_of(d.argv)
+        for block in [built] if not isinstance(built, tuple) else list(built):
+            for name in ("postgres", "kafka"):
+                nested = getattr(block, name, None)
+                if name == "postgres" and nested is not None:
+                    assert nested.dsn == written[DATABASE], d.where
+                if name == "kafka" and nested is not None:
+                    assert nested.brokers == d.env[BROKERS], d.where
+
+
+def _shared(d: Deployable) -> dict[str, str]:
+    names = ("ZAPSTREAM_KAFKA_PARTITIONS", "ZAPSTREAM_KAFKA_FLAVOR", "ZAPSTREAM_WORKER_APP_ID")
+    return {n: d.env[n] for n in names if n in d.env}
+
+
+def test_compose_and_kubernetes_agree_on_ports_partitions_and_groups(
+    deployments: dict[str, list[Deployable]],
+) -> None:
+    """One port per server, one partition count, one worker group, in every deployment."""
+    seen: dict[str, set[str]] = {}
+    for ds in deployments.values():
+        for d in ds:
+            port, _ = LISTENS.get(d.command, (None, None))
+            if port is not None:
+                seen.setdefault(port, set()).add(d.env[port])
+            for name, value in _shared(d).items():
+                seen.setdefault(name, set()).add(value)
+    disagree = {name: values for name, values in seen.items() if len(values) != 1}
+    assert disagree == {}
+    assert seen["ZAPSTREAM_KAFKA_FLAVOR"] == {"kafka"}
+
+
+def test_topic_definitions_agree_between_topics_ensure_strimzi_and_compose(
+    deployments: dict[str, list[Deployable]], rendered: dict[str, list[dict[str, Any]]]
+) -> None:
+    [topics_job] = [d for d in deployments["compose"] if d.command == "topics ensure"]
+    partitions = int(topics_job.env["ZAPSTREAM_KAFKA_PARTITIONS"])
+    expected = {s.name: (s.partitions, dict(s.configs)) for s in topic_specs(partitions)}
+    for overlay, objects in rendered.items():
+        strimzi = {
+            o["spec"].get("topicName", o["metadata"]["name"]): (
+                o["spec"]["partitions"],
+                {k: str(v) for k, v in o["spec"]["config"].items() if k != "min.insync.replicas"},
+            )
+            for o in objects
+            if o["kind"] == "KafkaTopic"
+        }
+        assert strimzi == expected, overlay
+        replication = {d.env["ZAPSTREAM_KAFKA_REPLICATION_FACTOR"] for d in deployments[overlay]}
+        replicas = {str(o["spec"]["replicas"]) for o in objects if o["kind"] == "KafkaTopic"}
+        assert replicas == replication, overlay
