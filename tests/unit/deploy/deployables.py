@@ -31,8 +31,10 @@ def settings_of(argv: list[str]) -> Any:
         "webhook": WebhookSettings,
         "lag-monitor": LagMonitorSettings,
         "console": ConsoleSettings,
+        "outbox prune": PostgresSettings,
     }
-    return build[" ".join(argv)]()
+    command = " ".join(argv[:2]) if argv[:1] == ["outbox"] else " ".join(argv)
+    return build[command]()
 
 
 def isolate_environment(monkeypatch: pytest.MonkeyPatch, env: Mapping[str, str]) -> None:
