@@ -58,6 +58,19 @@ _RELAY_MESSAGES: tuple[tuple[re.Pattern[str], str], ...] = (
 )
 
 
+_SLOT_INVALIDATED = re.compile(
+    r"can no longer get changes from replication slot|cannot read from logical replication slot"
+    r"|slot .* has been invalidated",
+    re.I,
+)
+_SLOT_INVALIDATED_HINT = (
+    "the replication slot was invalidated (PostgreSQL removed WAL it still needed, e.g. "
+    "max_slot_wal_keep_size): rows committed since its last confirmed position can no longer "
+    "be streamed. Drop it (SELECT pg_drop_replication_slot('<ZAPSTREAM_RELAY_SLOT>')), start "
+    "the relay (it creates a new slot) and run `zapstream outbox restream --older-than <age>`"
+)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Classified:
     """The verdict on one failure."""
@@ -70,6 +83,10 @@ class Classified:
 
 def classify_postgres(sqlstate: str | None, message: str) -> Classified:
     """Transient or permanent, from the server's SQLSTATE and (without one) its message."""
+    message = " ".join(message.split())  # the server's DETAIL comes on a line of its own
+    if _SLOT_INVALIDATED.search(message):
+        # SQLSTATE 55000 too, but not a wal_level problem: the slot itself is unusable.
+        return Classified(False, f"{_SLOT_INVALIDATED_HINT} ({message})", sqlstate)
     verdict = _classify(sqlstate, message, hints=_RELAY_SQLSTATES, messages=_RELAY_MESSAGES)
     code = verdict.code if verdict.code != "DSN" else None
     if verdict.hint is not None:

@@ -345,3 +345,33 @@ def test_a_service_waits_out_a_broker_that_is_not_up_yet(
             assert worker.is_running
         text = (tmp_path / "worker.log").read_text()
         assert text.count("Kafka unavailable") == 1, text[-3000:]
+
+
+def test_relay_names_an_invalidated_slot_and_the_recovery(tansu: TansuBroker, sim_url: str) -> None:
+    """PostgreSQL invalidates a slot that needs more WAL than ``max_slot_wal_keep_size``
+    (SQLSTATE 55000, like a wrong wal_level): the relay says what happened and how to
+    recover, not "set wal_level=logical". Its own cluster: the setting is cluster-wide."""
+    with PostgresCluster() as cluster:
+        env = healthy(cluster, tansu, sim_url)
+        slot = env["ZAPSTREAM_RELAY_SLOT"]
+        with psycopg.connect(cluster.dsn(), autocommit=True) as conn:
+            conn.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")
+            conn.execute("SELECT pg_reload_conf()")
+            conn.execute("CREATE TABLE wal_filler (v text)")
+            for _ in range(3):  # past the kept size by whole segments, then a checkpoint
+                conn.execute(
+                    "INSERT INTO wal_filler SELECT repeat('x', 1000) FROM generate_series(1, 20000)"
+                )
+                conn.execute("SELECT pg_switch_wal()")
+                conn.execute("CHECKPOINT")
+            status = conn.execute(
+                "SELECT wal_status FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+            ).fetchone()
+        assert status == ("lost",), status
+
+        code, _, err = zapstream(["relay"], env, timeout_s=60)
+        assert code == 2
+        [line] = lines(err)
+        assert "replication slot was invalidated" in line, line
+        assert "pg_drop_replication_slot" in line and "outbox restream" in line
+        assert "wal_level" not in line

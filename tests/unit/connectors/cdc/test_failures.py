@@ -44,6 +44,11 @@ def test_transient(sqlstate: str | None, message: str) -> None:
         ("3D000", 'database "x" does not exist', "ZAPSTREAM_DATABASE_URL"),
         ("42501", "must be superuser or replication role", "REPLICATION"),
         ("55000", "logical decoding requires wal_level >= logical", "wal_level=logical"),
+        (
+            "55000",
+            'can no longer get changes from replication slot "zapstream_outbox"',
+            "outbox restream",
+        ),
         ("42P01", 'relation "outbox_jobs" does not exist', "zapstream db migrate"),
         ("42601", "syntax error", "refused"),
         (None, 'FATAL:  password authentication failed for user "app"', "password"),
