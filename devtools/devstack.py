@@ -41,12 +41,12 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import psycopg
 from psycopg import sql
 
+from devtools.lifecycle import StartStop
 from devtools.tls import ServerTls, TlsTerminator
 
 __all__ = [
@@ -145,7 +145,7 @@ def _mask_secret_args(args: Sequence[str]) -> list[str]:
     return shown
 
 
-class ManagedProcess:
+class ManagedProcess(StartStop):
     """One command run as a real process, in its own session and process group.
 
     Output (stdout and stderr) is appended to ``log_path``; each start writes a
@@ -183,18 +183,6 @@ class ManagedProcess:
 
     def __repr__(self) -> str:
         return f"<ManagedProcess {self.name} pid={self._proc.pid if self._proc else None}>"
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def start(self) -> None:
         """Start the command; raises :class:`DevStackError` if it is already running."""
@@ -366,7 +354,7 @@ def _mode_allows_search(st: os.stat_result, uid: int, gids: set[int]) -> bool:
     return bool(st.st_mode & stat.S_IXOTH)
 
 
-class PostgresCluster:
+class PostgresCluster(StartStop):
     """A private PostgreSQL cluster with logical decoding, for one test session or dev run.
 
     ``base_dir`` is where its temporary directory is created (default: the system
@@ -397,18 +385,6 @@ class PostgresCluster:
 
     def __repr__(self) -> str:
         return f"<PostgresCluster port={self._port} dir={self._dir}>"
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     @property
     def port(self) -> int:
@@ -684,7 +660,7 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-class TansuBroker:
+class TansuBroker(StartStop):
     """A Tansu Kafka-protocol broker on ``127.0.0.1:port``, in-memory by default.
 
     With the default ``memory://`` storage a restart loses every topic, record
@@ -727,18 +703,6 @@ class TansuBroker:
 
     def __repr__(self) -> str:
         return f"<TansuBroker {self.bootstrap}>"
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     @property
     def port(self) -> int:

@@ -20,15 +20,15 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
-from types import TracebackType
-from typing import Self
+
+from devtools.lifecycle import StartStop
 
 __all__ = ["TcpProxy"]
 
 _BUFFER = 64 * 1024
 
 
-class TcpProxy:
+class TcpProxy(StartStop):
     """Forwards ``127.0.0.1:port`` to ``target_host:target_port``; can :meth:`cut` and
     :meth:`restore` it."""
 
@@ -52,18 +52,6 @@ class TcpProxy:
     @property
     def is_cut(self) -> bool:
         return self._cut
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def start(self) -> None:
         """Listen (on ``port``, or a free one the first time) and start accepting."""

@@ -28,8 +28,8 @@ import ssl
 import subprocess
 import threading
 from pathlib import Path
-from types import TracebackType
-from typing import Self
+
+from devtools.lifecycle import StartStop
 
 __all__ = ["Pki", "ServerTls", "TlsTerminator", "make_pki"]
 
@@ -125,7 +125,7 @@ def make_pki(directory: Path) -> Pki:
     return Pki(ca[0], server[0], server[1], client[0], client[1], other[0])
 
 
-class TlsTerminator:
+class TlsTerminator(StartStop):
     """Accepts TLS on ``127.0.0.1:port`` and forwards the plaintext to ``127.0.0.1:target_port``.
 
     An asyncio loop in a thread of its own (the callers are synchronous tests), one
@@ -147,18 +147,6 @@ class TlsTerminator:
         if not self._port:
             raise RuntimeError("TlsTerminator is not started")
         return self._port
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def _context(self) -> ssl.SSLContext:
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)

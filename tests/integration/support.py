@@ -6,8 +6,11 @@ from a module, not from pytest's conftest machinery.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -15,6 +18,8 @@ import psycopg
 from devtools.delivery_audit import DeliveryReport, audit
 from devtools.dev_runner import enqueue_demo
 from devtools.local_pipeline import LocalPipeline
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def wait_until(
@@ -90,3 +95,21 @@ def wait_for_status(dsn: str, keys: list[str], status: str, timeout_s: float) ->
         timeout_s,
         f"{len(keys)} jobs {status} in outbox_jobs (have {count_rows(dsn, sql, (keys, status))})",
     )
+
+
+def zapstream(args: list[str], env: dict[str, str], timeout_s: float = 90) -> tuple[int, str, str]:
+    """Run ``zapstream ARGS`` as an operator would (a subprocess); print and return
+    (exit code, stdout, stderr)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "connectors.cli", "--log-level", "warning", *args],
+        env=env,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+    print(f"$ zapstream {' '.join(args)} -> exit {proc.returncode}")
+    print(proc.stdout.rstrip())
+    print(proc.stderr.rstrip())
+    return proc.returncode, proc.stdout, proc.stderr

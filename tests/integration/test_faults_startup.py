@@ -13,7 +13,6 @@ import asyncio
 import json
 import os
 import socket
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,7 +26,7 @@ from connectors.outbox.migrate import shipped_migrations
 from devtools.devstack import ManagedProcess, PostgresCluster, TansuBroker, find_free_port
 from streams.contract import INTENTS
 from streams.settings import KafkaSettings
-from tests.integration.support import wait_until
+from tests.integration.support import wait_until, zapstream
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 API_KEY = "doctor-test-key"
@@ -104,22 +103,6 @@ def base_env(dsn: str, bootstrap: str, sim_url: str, **extra: str) -> dict[str, 
     )
     env.update(extra)
     return env
-
-
-def zapstream(args: list[str], env: dict[str, str], timeout_s: float = 90) -> tuple[int, str, str]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "connectors.cli", "--log-level", "warning", *args],
-        env=env,
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        check=False,
-    )
-    print(f"$ zapstream {' '.join(args)} -> exit {proc.returncode}")
-    print(proc.stdout.rstrip())
-    print(proc.stderr.rstrip())
-    return proc.returncode, proc.stdout, proc.stderr
 
 
 def lines(text: str) -> list[str]:

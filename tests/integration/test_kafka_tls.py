@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,7 +36,7 @@ from devtools.tls import Pki, make_pki
 from streams.contract import INTENTS
 from streams.kafka_reader import group_less_consumer
 from streams.settings import KafkaSettings
-from tests.integration.support import Arrivals, wait_for_status, wait_until
+from tests.integration.support import Arrivals, wait_for_status, wait_until, zapstream
 
 pytestmark = pytest.mark.integration
 
@@ -70,22 +68,6 @@ def kafka_env(bootstrap: str, **extra: str) -> dict[str, str]:
     )
     env.update(extra)
     return env
-
-
-def zapstream(args: list[str], env: dict[str, str], timeout_s: float = 90) -> tuple[int, str, str]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "connectors.cli", "--log-level", "warning", *args],
-        env=env,
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        check=False,
-    )
-    print(f"$ zapstream {' '.join(args)} -> exit {proc.returncode}")
-    print(proc.stdout.rstrip())
-    print(proc.stderr.rstrip())
-    return proc.returncode, proc.stdout, proc.stderr
 
 
 def stderr_lines(text: str) -> list[str]:

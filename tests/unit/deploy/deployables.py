@@ -9,6 +9,9 @@ from typing import Any
 
 import pytest
 
+ROOT = Path(__file__).resolve().parents[3]
+TOOLS_BIN = ROOT / ".venv-deploy-tools" / "bin"
+
 SETTINGS_PREFIXES = ("ZAPSTREAM_", "STACKZAP_", "ZAP_", "META_")
 """Every variable a zapstream settings class may read (README "Settings")."""
 
@@ -57,3 +60,15 @@ def write_secret_files(directory: Path, names: Iterator[str] | list[str]) -> dic
         written[name] = values.get(name, f"demo-{name.lower()}")
         (directory / name).write_text(written[name])
     return written
+
+
+def deploy_tool_path(name: str) -> str:
+    """A deployment validator from ``.venv-deploy-tools``; the test fails naming `make setup`."""
+    path = TOOLS_BIN / name
+    if not path.exists():
+        pytest.fail(
+            f"{path} is missing: run `make setup` (it installs devtools/deploy-tools.txt "
+            "into .venv-deploy-tools)",
+            pytrace=False,
+        )
+    return str(path)

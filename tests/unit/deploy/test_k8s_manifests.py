@@ -21,29 +21,26 @@ import pytest
 import yaml
 
 from devtools import k8s_facts, k8s_rules
+from tests.unit.deploy.deployables import deploy_tool_path
 
 ROOT = Path(__file__).resolve().parents[3]
 K8S = ROOT / "k8s"
 OVERLAYS = [K8S / "overlays" / "dev", K8S / "overlays" / "prod"]
 CHECKER = ROOT / "devtools" / "manifest_check.py"
-TOOLS_PYTHON = ROOT / ".venv-deploy-tools" / "bin" / "python"
-
-
-def _tools_python() -> str:
-    if not TOOLS_PYTHON.exists():
-        pytest.fail(
-            f"{TOOLS_PYTHON} is missing: run `make setup` (it installs devtools/deploy-tools.txt "
-            "into .venv-deploy-tools)",
-            pytrace=False,
-        )
-    return str(TOOLS_PYTHON)
 
 
 def _check(
     facts: Path, *overlays: Path, extra: tuple[str, ...] = ()
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [_tools_python(), str(CHECKER), *map(str, overlays), "--facts", str(facts), *extra],
+        [
+            deploy_tool_path("python"),
+            str(CHECKER),
+            *map(str, overlays),
+            "--facts",
+            str(facts),
+            *extra,
+        ],
         capture_output=True,
         text=True,
         timeout=120,
