@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 ARGS   ?=
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup postgres promtool chromium dev test unit integration lint bench clean
+.PHONY: setup postgres promtool chromium dev test unit integration lint deploy-check bench clean
 
 # The deployment files' validators live in their own venv: check-jsonschema needs a newer
 # click than faust-streaming allows. tests/unit/deploy runs them from $(TOOLS)/bin.
@@ -71,6 +71,16 @@ integration: setup
 lint: setup
 	$(BIN)/ruff check streams connectors devtools tests
 	$(BIN)/mypy
+
+# The deployment files, validated offline as `make test` does (no Docker engine, no cluster):
+# the Dockerfile (hadolint), docker-compose.yml (the compose specification), both Kubernetes
+# overlays rendered by kustomize and every object checked (built-in and CRD schemas).
+deploy-check: setup
+	$(TOOLS)/bin/hadolint Dockerfile
+	$(TOOLS)/bin/check-jsonschema --builtin-schema vendor.compose-spec docker-compose.yml
+	$(BIN)/python -m devtools.k8s_facts > .venv-deploy-tools/facts.json
+	$(TOOLS)/bin/python devtools/manifest_check.py --facts .venv-deploy-tools/facts.json \
+		--check-schemas k8s/overlays/dev k8s/overlays/prod
 
 # Figures next to their comparisons, as a table and as JSON in bench/results/ (see
 # bench/README.md); under 15 minutes. ARGS="--only relay", "--relay-rows 50000", "--strict".
