@@ -345,6 +345,8 @@ class JobProcessor:
                 ),
                 partition,
             )
+            if not probe:
+                await self.pacer.before_send(intent.instance_id)
             started = self.now()
             message = TextMessage(intent.instance_id, intent.to, intent.text, attempt_id)
             try:

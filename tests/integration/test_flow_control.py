@@ -254,7 +254,11 @@ def test_a_429_storm_on_one_instance_leaves_the_others_alone(pipeline: LocalPipe
         f"{report.duplicate_count}, order violations {len(report.order_violations)}"
     )
     assert storm_p99 <= 1.5 * calm_p99 + 0.05, (calm_p99, storm_p99)
-    assert last_stormy - storm_end <= 6.0
+    # A 429 just before the storm's end still blocks for its Retry-After (2 s): the ramp
+    # starts between 0 and 2 s after the end, then doubles the rate each second through
+    # ~230 held messages (~4 s), and a parked conversation is seen at most 0.5 s late.
+    # Measured 4.0, 4.9, 5.7 and 6.1 s; the failure schedule's first step would be 60 s.
+    assert last_stormy - storm_end <= 2.0 + 4.5 + 0.5
     assert report.duplicate_count == 0 and not report.order_violations
     assert attempts_dead == 0
 

@@ -180,3 +180,65 @@ async def test_a_wait_longer_than_allowed_is_handed_back() -> None:
     pacer = Pacer(Limit(0), clock=clock)
     pacer.on_rate_limited("inst", "c", "instance", 30.0, clock.now)
     assert await pacer.acquire("inst", "c", OPERATIONAL, max_wait_s=1.0) == pytest.approx(30.0)
+
+
+class _CountingPacer(Pacer):
+    """Counts how often the instance's bucket is consulted."""
+
+    polls = 0
+
+    def wait_s(self, instance: str, recipient: str, priority: str, now: float) -> float:
+        self.polls += 1
+        return super().wait_s(instance, recipient, priority, now)
+
+
+async def test_waiters_take_turns_instead_of_each_polling_the_bucket() -> None:
+    """20 bulk sends of one instance at 50/s: about one look at the bucket per token, not
+    one per waiter per wake-up (a herd that starved the worker's event loop)."""
+    pacer = _CountingPacer(Limit(50, 1))
+    results = await asyncio.gather(
+        *(pacer.acquire("inst", f"c{i}", "bulk", max_wait_s=30) for i in range(20))
+    )
+    assert results == [0.0] * 20
+    assert pacer.polls <= 3 * 20, pacer.polls
+
+
+async def test_an_operational_send_overtakes_bulk_sends_waiting_for_their_turn() -> None:
+    pacer = Pacer(Limit(50, 1))
+    order: list[str] = []
+    first_went = asyncio.Event()
+
+    async def send(name: str, priority: str) -> None:
+        assert await pacer.acquire("inst", name, priority, max_wait_s=30) == 0.0
+        order.append(name)
+        first_went.set()
+
+    bulk = [asyncio.create_task(send(f"bulk-{i}", "bulk")) for i in range(10)]
+    await first_went.wait()  # the bulk sends are queued and the first one went
+    await send("operational", OPERATIONAL)
+    await asyncio.gather(*bulk)
+    assert order.index("operational") <= 3, order
+
+
+async def test_a_send_that_cannot_get_its_turn_in_time_is_told_to_come_back() -> None:
+    pacer = Pacer(Limit(2, 1))
+    results = await asyncio.gather(
+        *(pacer.acquire("inst", f"c{i}", "bulk", max_wait_s=0.3) for i in range(4))
+    )
+    assert results[0] == 0.0
+    assert all(r > 0 for r in results[2:]), results  # they park, holding nothing
+
+
+def test_requests_leave_at_the_rate_even_when_their_journal_writes_bunch_them() -> None:
+    """Sends decided 20 ms apart whose journal writes ended together: the gate spaces their
+    requests again, one slot each, after the burst."""
+    clock = Clock()
+    pacer = Pacer(Limit(50, 2), clock=clock)
+    for _ in range(5):  # decided at the rate
+        while pacer.wait_s("inst", "c", "bulk", clock.now) > 0:
+            clock.now += 0.001
+        pacer.take("inst", "c", clock.now)
+    waits = [pacer.reserve_send("inst", clock.now) for _ in range(5)]  # all ready at once
+    assert waits[:2] == [0.0, 0.0]  # the burst
+    assert waits[2:] == pytest.approx([0.02, 0.04, 0.06])
+    assert pacer.reserve_send("unlimited", clock.now) == 0.0
