@@ -59,8 +59,8 @@ dev: setup
 # Two test processes, whole files each (a file shares one pipeline); then the timing
 # measurements (marked serial) on their own, so no other test's load skews them.
 test: setup
-	$(BIN)/pytest -q -p no:cacheprovider -n 2 --dist loadfile -m "not serial"
-	$(BIN)/pytest -q -p no:cacheprovider -m serial
+	$(BIN)/pytest -q -p no:cacheprovider --durations=15 -n 2 --dist loadfile -m "not serial"
+	$(BIN)/pytest -q -p no:cacheprovider --durations=5 -m serial
 
 unit: setup
 	$(BIN)/pytest -q tests/unit
