@@ -37,7 +37,12 @@ import random
 import re
 import ssl
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import psycopg
+
+log = logging.getLogger(__name__)
 
 DATABASE_SETTING = "ZAPSTREAM_DATABASE_URL"
 MIGRATE = "run `zapstream db migrate`"
@@ -239,3 +244,31 @@ class OutageLog:
         )
         self._since = None
         self.attempts = 0
+
+
+class ReopeningConnection:
+    """One PostgreSQL connection that is opened when needed and dropped after a failure.
+
+    For the timers that read PostgreSQL on their own (slot metrics, pipeline gauges,
+    late-redelivery lookups): :meth:`get` returns the open connection or opens a new one
+    (``connect`` builds it, with the caller's options); :meth:`drop` closes it quietly,
+    since after a failure the connection is usually broken already. The next
+    :meth:`get` reconnects, so an outage needs no other bookkeeping.
+    """
+
+    def __init__(self, connect: Callable[[], Awaitable[psycopg.AsyncConnection[Any]]]) -> None:
+        self._connect = connect
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+
+    async def get(self) -> psycopg.AsyncConnection[Any]:
+        if self._conn is None or self._conn.closed:
+            self._conn = await self._connect()
+        return self._conn
+
+    async def drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None and not conn.closed:
+            try:
+                await conn.close()
+            except (psycopg.Error, OSError) as exc:  # broken already: nothing to close
+                log.debug("closing a broken PostgreSQL connection: %s", exc)

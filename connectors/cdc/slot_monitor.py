@@ -44,6 +44,7 @@ from connectors.cdc.metrics import (
     SLOT_METRICS_READ,
     SLOT_RETAINED_WAL,
 )
+from connectors.failures import ReopeningConnection
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +111,7 @@ class SlotMonitor:
         self._heartbeat_s = heartbeat_interval_s
         self._streaming = streaming
         self._clock = clock
-        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._conn = ReopeningConnection(self._open)
         self._task: asyncio.Task[None] | None = None
         self._outage = OutageLog("PostgreSQL (slot metrics)", log, retrying="retrying each tick")
         self._slot_missing_logged = False
@@ -140,7 +141,7 @@ class SlotMonitor:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await self._close()
+        await self._conn.drop()
 
     async def _run(self) -> None:
         now = time.monotonic()
@@ -160,7 +161,7 @@ class SlotMonitor:
     async def read_once(self) -> SlotPosition | None:
         """Read the slot's position into the gauges; None if it could not be read."""
         try:
-            conn = await self._connection()
+            conn = await self._conn.get()
             position = await read_slot_position(conn, self._slot)
         except (psycopg.Error, OSError, TimeoutError) as exc:
             await self._failed(exc)
@@ -185,7 +186,7 @@ class SlotMonitor:
         if self._heartbeat_refused:
             return False
         try:
-            conn = await self._connection()
+            conn = await self._conn.get()
             await conn.execute(_HEARTBEAT_QUERY, (HEARTBEAT_PREFIX,))
         except psycopg.errors.InsufficientPrivilege as exc:
             # Permanent: say it once and stop trying; the slot metrics go on.
@@ -204,13 +205,9 @@ class SlotMonitor:
         HEARTBEAT_LAST.set(self._clock())
         return True
 
-    async def _connection(self) -> psycopg.AsyncConnection[Any]:
-        conn = self._conn
-        if conn is None or conn.closed:
-            async with asyncio.timeout(max(5.0, self._interval_s)):
-                conn = await self._connect()
-            self._conn = conn
-        return conn
+    async def _open(self) -> psycopg.AsyncConnection[Any]:
+        async with asyncio.timeout(max(5.0, self._interval_s)):
+            return await self._connect()
 
     async def _connect_dsn(self) -> psycopg.AsyncConnection[Any]:
         return await psycopg.AsyncConnection.connect(
@@ -219,13 +216,7 @@ class SlotMonitor:
 
     async def _failed(self, exc: BaseException) -> None:
         self._outage.failed(classify_exception(exc).problem)
-        await self._close()
-
-    async def _close(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            with contextlib.suppress(psycopg.Error, OSError):
-                await conn.close()
+        await self._conn.drop()
 
 
 def _report_death(task: asyncio.Task[None]) -> None:

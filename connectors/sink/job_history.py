@@ -15,7 +15,7 @@ from typing import Any
 
 import psycopg
 
-from connectors.failures import classify_postgres
+from connectors.failures import ReopeningConnection, classify_postgres
 from streams.job_history import HistoricState, HistoryUnavailable
 from streams.settings import PostgresSettings
 
@@ -36,14 +36,14 @@ class PostgresJobHistory:
     def __init__(self, settings: PostgresSettings, *, timeout_s: float = 5.0) -> None:
         self._settings = settings
         self._timeout_s = timeout_s
-        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._conn = ReopeningConnection(self._open)
         self._lock = asyncio.Lock()
 
     async def start(self) -> None:
         """Nothing to do: the connection opens on the first lookup."""
 
     async def stop(self) -> None:
-        await self._drop()
+        await self._conn.drop()
 
     async def status_of(self, job_id: int) -> str | None:
         row = await self._row(_STATUS, job_id)
@@ -62,11 +62,11 @@ class PostgresJobHistory:
         async with self._lock:
             try:
                 async with asyncio.timeout(self._timeout_s):
-                    conn = await self._connection()
+                    conn = await self._conn.get()
                     cur = await conn.execute(query, (job_id,))
                     row = await cur.fetchone()
             except psycopg.Error as exc:
-                await self._drop()
+                await self._conn.drop()
                 if exc.sqlstate is None and not isinstance(exc, psycopg.OperationalError):
                     raise  # a client-side bug, not an outage
                 verdict = classify_postgres(exc.sqlstate, str(exc))
@@ -75,23 +75,13 @@ class PostgresJobHistory:
                     f"outbox_jobs: {problem}", permanent=not verdict.retriable
                 ) from exc
             except (TimeoutError, OSError) as exc:
-                await self._drop()
+                await self._conn.drop()
                 raise HistoryUnavailable(
                     f"outbox_jobs: no answer within {self._timeout_s:.0f}s ({exc!r})"
                 ) from exc
         return tuple(row) if row is not None else None
 
-    async def _connection(self) -> psycopg.AsyncConnection[Any]:
-        if self._conn is None or self._conn.closed:
-            self._conn = await psycopg.AsyncConnection.connect(
-                self._settings.dsn, autocommit=True, connect_timeout=max(1, int(self._timeout_s))
-            )
-        return self._conn
-
-    async def _drop(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None and not conn.closed:
-            try:
-                await conn.close()
-            except psycopg.Error:  # the connection is broken already; nothing to close
-                pass
+    async def _open(self) -> psycopg.AsyncConnection[Any]:
+        return await psycopg.AsyncConnection.connect(
+            self._settings.dsn, autocommit=True, connect_timeout=max(1, int(self._timeout_s))
+        )

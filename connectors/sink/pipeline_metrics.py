@@ -31,7 +31,7 @@ from typing import Any
 
 import psycopg
 
-from connectors.failures import OutageLog
+from connectors.failures import OutageLog, ReopeningConnection
 from connectors.ops.config_errors import error_detail
 from connectors.ops.pipeline_sql import job_counts, pending_groups
 from connectors.sink import metrics
@@ -63,7 +63,7 @@ class PipelineGauges:
         self._interval_s = interval_s
         self._connect_timeout_s = connect_timeout_s
         self._clock = clock
-        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._conn = ReopeningConnection(self._open)
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self._ages: dict[tuple[str, str], float] = {}
@@ -98,12 +98,12 @@ class PipelineGauges:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await self._drop()
+        await self._conn.drop()
 
     async def refresh(self) -> None:
         """Read the gauges once; raises what PostgreSQL raised (the gauges keep their values)."""
         started = self._clock()
-        conn = await self._connection()
+        conn = await self._conn.get()
         counts = await job_counts(conn)
         groups = await pending_groups(conn)
         read_at = self._clock()
@@ -133,7 +133,7 @@ class PipelineGauges:
                 await self.refresh()
             except Exception as exc:  # noqa: BLE001 - a gauge must never stop the sink
                 metrics.PIPELINE_READ_FAILURES.inc()
-                await self._drop()
+                await self._conn.drop()
                 starting = not self._outage.ongoing
                 self._outage.failed(error_detail(exc))
                 if starting and not isinstance(exc, _EXPECTED):
@@ -157,23 +157,13 @@ class PipelineGauges:
 
     # --- the connection ---------------------------------------------------------------------
 
-    async def _connection(self) -> psycopg.AsyncConnection[Any]:
-        if self._conn is None or self._conn.closed:
-            # A read never runs longer than its interval; JIT only slows these small plans.
-            timeout_ms = max(1000, int(self._interval_s * 1000))
-            self._conn = await psycopg.AsyncConnection.connect(
-                self._postgres.dsn,
-                autocommit=True,
-                connect_timeout=self._connect_timeout_s,
-                options=f"-c statement_timeout={timeout_ms} -c jit=off",
-                application_name="zapstream-sink-gauges",
-            )
-        return self._conn
-
-    async def _drop(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None and not conn.closed:
-            try:
-                await conn.close()
-            except psycopg.Error as exc:  # the connection is gone already
-                log.debug("closing a broken PostgreSQL connection: %s", exc)
+    async def _open(self) -> psycopg.AsyncConnection[Any]:
+        # A read never runs longer than its interval; JIT only slows these small plans.
+        timeout_ms = max(1000, int(self._interval_s * 1000))
+        return await psycopg.AsyncConnection.connect(
+            self._postgres.dsn,
+            autocommit=True,
+            connect_timeout=self._connect_timeout_s,
+            options=f"-c statement_timeout={timeout_ms} -c jit=off",
+            application_name="zapstream-sink-gauges",
+        )
