@@ -97,6 +97,12 @@ class TokenBucket:
         self._refill(now)
         self.tokens -= 1.0
 
+    def retune(self, rate: float, burst: float, now: float) -> None:
+        """A new rate and burst from ``now`` on; stored tokens above the burst go."""
+        self._refill(now)
+        self.rate, self.burst = rate, max(burst, 1.0)
+        self.tokens = min(self.tokens, self.burst)
+
     def empty(self, now: float) -> None:
         self._refill(now)
         self.tokens = min(self.tokens, 0.0)
@@ -312,8 +318,7 @@ class Pacer:
         if gate is None:
             gate = state.gate = TokenBucket(bucket.rate, bucket.burst, now)
         else:
-            gate._refill(now)
-            gate.rate, gate.burst = bucket.rate, bucket.burst
+            gate.retune(bucket.rate, bucket.burst, now)
         gate.tokens -= 1.0
         return -gate.tokens / gate.rate if gate.tokens < 0 else 0.0
 
@@ -383,9 +388,7 @@ class Pacer:
         if state.bucket is None:
             state.bucket = TokenBucket(rate, burst, now)
         else:
-            state.bucket._refill(now)
-            state.bucket.rate, state.bucket.burst = rate, burst
-            state.bucket.tokens = min(state.bucket.tokens, burst)
+            state.bucket.retune(rate, burst, now)
         if empty:
             state.bucket.empty(now)
         if rate != state.exported_rate:

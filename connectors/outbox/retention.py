@@ -52,14 +52,12 @@ PRUNABLE = (
 UNRESOLVED = (JobStatus.DEAD, JobStatus.UNCERTAIN, JobStatus.REVIEW)
 """Settled, but an operator must decide: never pruned, counted in the result."""
 
-_BATCH = """
-    SELECT id FROM outbox_jobs
+_PRUNABLE_ROWS = """
+    FROM outbox_jobs
     WHERE status = ANY(%(statuses)s) AND updated_at < %(before)s
       AND NOT payload ? 'pruned_at'
-    ORDER BY id
-    LIMIT %(batch)s
-    FOR UPDATE SKIP LOCKED
 """
+_BATCH = "SELECT id" + _PRUNABLE_ROWS + "ORDER BY id LIMIT %(batch)s FOR UPDATE SKIP LOCKED"
 
 _REDACT = sql.SQL("""
     UPDATE {table} SET
@@ -117,15 +115,11 @@ def prune(
             ).fetchall()
         )
         statuses = [str(s) for s in PRUNABLE]
+        params = {"statuses": statuses, "before": before, "batch": batch, "now": at.isoformat()}
         if dry_run:
-            row = conn.execute(
-                "SELECT count(*) FROM outbox_jobs WHERE status = ANY(%s) AND updated_at < %s"
-                " AND NOT payload ? 'pruned_at'",
-                (statuses, before),
-            ).fetchone()
+            row = conn.execute("SELECT count(*)" + _PRUNABLE_ROWS, params).fetchone()
             return PruneResult(row[0] if row else 0, 0, unresolved)
         jobs = events = 0
-        params = {"statuses": statuses, "before": before, "batch": batch, "now": at.isoformat()}
         while True:
             with conn.transaction():
                 ids = [r[0] for r in conn.execute(_BATCH, params).fetchall()]
