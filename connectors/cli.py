@@ -63,6 +63,19 @@ def _configure_logging(level: str) -> None:
     )
     for noisy in ("aiokafka", "kafka", "httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    logging.getLogger("asyncio").addFilter(_orphaned_connection_errors)
+
+
+def _orphaned_connection_errors(record: logging.LogRecord) -> bool:
+    """Keep asyncio's "exception was never retrieved" tracebacks of a dropped connection
+    out of the output (debug only): a client library (aiokafka closing a connection the
+    broker reset) leaves such a future behind, and the edge that used the connection has
+    already classified the failure and said it in one line."""
+    exc = record.exc_info[1] if record.exc_info else None
+    if "never retrieved" in str(record.msg) and isinstance(exc, OSError | EOFError):
+        log.debug("a dropped connection's unread error: %r", exc)
+        return False
+    return True
 
 
 def _cmd_migrate(args: argparse.Namespace) -> int:
