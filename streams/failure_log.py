@@ -7,9 +7,12 @@ failure class (``transient HTTP 503``, ``uncertain``, ``permanent HTTP 400``,
 
 - the first failure of a class for an instance logs one WARNING with its detail;
 - while the class keeps failing, a summary with the count is logged at most
-  every ``summary_interval_s``;
-- the first success for the instance ends its open classes, each with one INFO
-  line giving the duration and the count.
+  every ``summary_interval_s`` (5 minutes by default);
+- an outage ends with one INFO line giving the duration and the count, at the
+  first success for the instance that comes at least ``quiet_period_s`` after
+  the class's last failure. A failure that recurs sooner (a flapping gateway:
+  one send fails, the next succeeds, the next fails) continues the same outage:
+  no new "started" line, no "ended after 0s" line.
 
 Every failure is counted in ``zapstream_gateway_errors_total{instance,class}``
 (class: ``transient``, ``uncertain``, ``permanent`` or ``instance``). Details
@@ -49,13 +52,18 @@ class _Open:
     last_summary: float
     since_summary: int
     last_detail: str
+    last_failure: float
 
 
 class FailureLog:
     """Rate-limited, per-instance logging of gateway failure classes (sans-IO: pass ``now``)."""
 
-    def __init__(self, *, summary_interval_s: float = 300.0) -> None:
+    def __init__(
+        self, *, summary_interval_s: float = 300.0, quiet_period_s: float = 60.0
+    ) -> None:
         self.summary_interval_s = summary_interval_s
+        self.quiet_period_s = quiet_period_s
+        """How long a class must stay free of failures before a success ends its outage."""
         self._open: dict[tuple[str, str], _Open] = {}
 
     def record(self, instance: str, exc: GatewayError, now: float) -> None:
@@ -67,12 +75,13 @@ class FailureLog:
         key = (instance, kind)
         entry = self._open.get(key)
         if entry is None:
-            self._open[key] = _Open(now, 1, now, 0, detail)
+            self._open[key] = _Open(now, 1, now, 0, detail, now)
             log.warning("instance %s: gateway failures started (%s): %s", instance, kind, detail)
             return
         entry.count += 1
         entry.since_summary += 1
         entry.last_detail = detail
+        entry.last_failure = now
         if now - entry.last_summary >= self.summary_interval_s:
             log.warning(
                 "instance %s: %d more %s failures in the last %.0fs (%d since %.0fs ago); last: %s",
@@ -88,16 +97,19 @@ class FailureLog:
             entry.since_summary = 0
 
     def record_success(self, instance: str, now: float) -> None:
-        """The instance works again: close its open failure classes with their counts."""
+        """The instance works: close its failure classes quiet for ``quiet_period_s``."""
         if not self._open:
             return
         for key in [k for k in self._open if k[0] == instance]:
-            entry = self._open.pop(key)
+            entry = self._open[key]
+            if now - entry.last_failure < self.quiet_period_s:
+                continue  # a recurrence now would continue this outage
+            del self._open[key]
             log.info(
                 "instance %s: %s failures ended after %.0fs: %d in all",
                 instance,
                 key[1],
-                now - entry.started,
+                entry.last_failure - entry.started,
                 entry.count,
             )
 

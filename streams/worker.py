@@ -152,7 +152,10 @@ def build_worker_app(
         RetryPolicy(schedule_s=tuple(settings.retry_schedule_s), jitter=settings.retry_jitter),
         listing_authoritative=settings.gateway.listing_authoritative,
         pauses=InstancePauses(settings.instance_probe_s),
-        failures=FailureLog(summary_interval_s=settings.failure_summary_interval_s),
+        failures=FailureLog(
+            summary_interval_s=settings.failure_summary_interval_s,
+            quiet_period_s=settings.failure_quiet_period_s,
+        ),
         late=late,
         pacer=build_pacer(settings, share),
         breaker_failures=settings.breaker_failures,

@@ -52,6 +52,9 @@ class WorkerSettings(SettingsBase):
     wait, and one of them is sent this often to find out whether it was fixed."""
     failure_summary_interval_s: float = Field(default=300.0, gt=0)
     """While a gateway failure class lasts, at most one summary line per instance this often."""
+    failure_quiet_period_s: float = Field(default=60.0, ge=0)
+    """A gateway failure class of an instance ends (one INFO line) only at a success this long
+    after its last failure; a failure that recurs sooner continues the same outage."""
     commit_interval_s: float = Field(default=1.0, gt=0)
     dedup_horizon_s: float = Field(default=3600.0, ge=0)
     """A settled job leaves the ``jobs`` table (and, by a tombstone, ``zapstream.state``)
