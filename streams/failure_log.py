@@ -58,9 +58,7 @@ class _Open:
 class FailureLog:
     """Rate-limited, per-instance logging of gateway failure classes (sans-IO: pass ``now``)."""
 
-    def __init__(
-        self, *, summary_interval_s: float = 300.0, quiet_period_s: float = 60.0
-    ) -> None:
+    def __init__(self, *, summary_interval_s: float = 300.0, quiet_period_s: float = 60.0) -> None:
         self.summary_interval_s = summary_interval_s
         self.quiet_period_s = quiet_period_s
         """How long a class must stay free of failures before a success ends its outage."""

@@ -16,6 +16,17 @@ The relay's hot path takes :func:`row_to_intent`: the same validation, but the
 intent comes as a :class:`CapturedIntent`, its JSON object built directly (byte
 for byte ``IntentCaptured(...).dumps()``) without the frozen dataclass, whose
 construction and encoding cost more than the validation itself.
+
+Size before parse: a row with a column whose text is longer than the relay's
+``ZAPSTREAM_RELAY_MAX_RECORD_BYTES`` is never parsed. Its decoder leaves such a
+value undecoded (:attr:`connectors.cdc.pgoutput.Insert.oversized`: its size and a
+head) and the row becomes :func:`oversized_rejection`, an ``IntentRejected`` whose
+reason names the column, its size and the setting, and whose row copy carries the
+other columns and the value's head, cut with :data:`TRUNCATION_MARKER`. The job
+ends INVALID; it is not sent without its extra data, even when ``type``/``to``/
+``text`` alone would make a valid intent: finding them would mean parsing the
+value (a JSON parser holds ~30 bytes of Python objects per byte of input), and
+a payload that large is a bug in the application, which the operator should see.
 """
 
 from __future__ import annotations
@@ -28,6 +39,7 @@ from typing import Any
 
 import orjson
 
+from connectors.cdc.pgoutput import OversizedValue
 from connectors.outbox.recipients import conversation_key_for
 from connectors.outbox.rules import (
     RuleViolation,
@@ -373,13 +385,43 @@ TRUNCATION_MARKER = "...[zapstream: truncated, {size} bytes in total]"
 """Appended to a column value cut short in a reduced rejection."""
 REASON_MAX_CHARS = 1_000
 
+_MARKER_HEAD, _MARKER_TAIL = TRUNCATION_MARKER.split("{size}")
+
+
+def _already_cut(text: str) -> tuple[str, int] | None:
+    """(head, full size) of a value that ends with the marker; None for any other text."""
+    if not text.endswith(_MARKER_TAIL):
+        return None
+    head, marker, rest = text.rpartition(_MARKER_HEAD)
+    size = rest[: -len(_MARKER_TAIL)]
+    if not marker or not (size.isascii() and size.isdigit()):
+        return None
+    return head, int(size)
+
 
 def _cut(text: str, max_bytes: int) -> str:
+    """``text`` in at most ``max_bytes`` bytes plus the marker with its full size.
+
+    A value cut already (it ends with the marker) is cut again from its head and keeps
+    the size it had in full: cutting is idempotent, so an oversized column's head
+    (:func:`cut_value`) goes through :func:`reduced_rejection` with its true size.
+    """
     data = text.encode()
     if len(data) <= max_bytes:
         return text
-    head = data[:max_bytes].decode("utf-8", errors="ignore")
-    return head + TRUNCATION_MARKER.format(size=len(data))
+    cut = _already_cut(text)
+    if cut is not None:
+        head = cut[0].encode()
+        if len(head) <= max_bytes:
+            return text
+        return cut_value(head[:max_bytes].decode("utf-8", errors="ignore"), cut[1])
+    head_text = data[:max_bytes].decode("utf-8", errors="ignore")
+    return head_text + TRUNCATION_MARKER.format(size=len(data))
+
+
+def cut_value(head: str, size: int) -> str:
+    """A value known only by its first characters and its size in bytes, as a cut value."""
+    return head + TRUNCATION_MARKER.format(size=size)
 
 
 def reduced_rejection(
@@ -409,6 +451,54 @@ def reduced_rejection(
             return record
     return minimal_rejection(
         job_id=job_id, reason=reason, lsn=lsn, committed_at=committed_at, row=row
+    )
+
+
+MAX_RECORD_BYTES_SETTING = "ZAPSTREAM_RELAY_MAX_RECORD_BYTES"
+
+
+def with_cut_values(
+    row: Mapping[str, str | None], oversized: Mapping[str, OversizedValue] | None
+) -> dict[str, str | None]:
+    """``row`` with each oversized column back, as its head cut with :data:`TRUNCATION_MARKER`."""
+    whole = dict(row)
+    for name, value in (oversized or {}).items():
+        whole[name] = cut_value(value.head, value.size)
+    return whole
+
+
+def oversized_rejection(
+    *,
+    row: Mapping[str, str | None],
+    oversized: Mapping[str, OversizedValue],
+    job_id_column: str | None,
+    limit_bytes: int,
+    lsn: str,
+    committed_at: str | None,
+    max_record_bytes: int,
+    max_value_bytes: int,
+) -> IntentRejected:
+    """The rejection of a row with values over ``limit_bytes``, built without parsing any.
+
+    ``row`` holds the columns that were decoded, ``oversized`` the others (their size and
+    head, see :class:`~connectors.cdc.pgoutput.OversizedValue`). The reason names each
+    oversized column, its size and the setting; the row copy carries each one's head cut
+    with :data:`TRUNCATION_MARKER` (its full size), reduced like any rejection
+    (:func:`reduced_rejection`). ``job_id_column``: the column holding the job's id
+    (``id`` for ``outbox_jobs``, ``job_id`` for commands and replays; None: no job).
+    """
+    sizes = ", ".join(f"{name} is {value.size} bytes" for name, value in oversized.items())
+    reason = (
+        f"{sizes}, over the relay's {MAX_RECORD_BYTES_SETTING} ({limit_bytes}): rejected unparsed"
+    )
+    return reduced_rejection(
+        job_id=None if job_id_column is None else _row_id(row, job_id_column),
+        reason=reason,
+        row=with_cut_values(row, oversized),
+        lsn=lsn,
+        committed_at=committed_at,
+        max_record_bytes=max_record_bytes,
+        max_value_bytes=max_value_bytes,
     )
 
 

@@ -18,15 +18,26 @@ skip WAL it cannot read and then acknowledge past it.
 Text values are kept as ``str`` (``None`` for SQL NULL); converting them (e.g.
 parsing a jsonb column with orjson) is the caller's business and costs nothing
 for columns it ignores.
+
+Sizes before values: with ``max_value_bytes`` an INSERT's text value longer than that
+is never decoded. It is left out of :attr:`Insert.new` and described in
+:attr:`Insert.oversized` by its byte length and a short head, so a 64 MB jsonb
+value costs the process no more than the message that carries it (PostgreSQL
+accepts jsonb values up to ~255 MB; the relay's caller rejects such a row on its
+size, see :func:`connectors.cdc.outbox_rows.oversized_rejection`). A payload may
+be a ``memoryview`` (the relay keeps large messages as a view of libpq's buffer,
+see :func:`connectors.cdc.replication_messages.parse_copy_data`): tuple values
+are decoded straight from it, with no intermediate copy of the message.
 """
 
 from __future__ import annotations
 
 import struct
+import sys
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 from connectors.cdc.lsn import Lsn
 from connectors.cdc.replication_messages import from_pg_timestamp, to_pg_timestamp
@@ -45,6 +56,9 @@ _EMPTY_NAMES: frozenset[str] = frozenset()
 
 TupleValues: TypeAlias = dict[str, str | None]
 """A row: column name -> text value, ``None`` for SQL NULL."""
+
+Payload: TypeAlias = bytes | memoryview
+"""One pgoutput message: ``bytes``, or a ``memoryview`` of a large one (never copied)."""
 
 
 class PgOutputError(ValueError):
@@ -137,6 +151,16 @@ class TypeMessage:
     name: str
 
 
+@dataclass(frozen=True, slots=True)
+class OversizedValue:
+    """A text value over the decoder's ``max_value_bytes``: its size and head, never the whole."""
+
+    size: int
+    """The value's length in bytes, as on the wire (UTF-8)."""
+    head: str
+    """Its first ``oversized_head_bytes`` bytes, decoded (a character cut at the end is dropped)."""
+
+
 @dataclass(slots=True)
 class Insert:
     """A new row.
@@ -150,6 +174,9 @@ class Insert:
     complete: bool = True
     """False when the decoder keeps only some of this table's columns (see
     :class:`PgOutputDecoder`): :attr:`new` then lacks the others."""
+    oversized: Mapping[str, OversizedValue] | None = None
+    """Text values over the decoder's ``max_value_bytes``, by column (None: none). They are
+    *left out of* :attr:`new` (never decoded), so a caller can never mistake them for NULL."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +251,16 @@ def _check_timestamp(microseconds: int) -> None:
         raise PgOutputError(f"commit timestamp out of range: {microseconds} µs since 2000-01-01")
 
 
+def _view_text(view: memoryview) -> str:
+    # str(..., "utf-8") decodes a view without copying it into bytes first.
+    return str(view, "utf-8")
+
+
+def _tag(buf: Payload) -> bytes:
+    """The message's type byte, for error messages (a memoryview's repr would not show it)."""
+    return bytes(buf[:1])
+
+
 def _cstring(buf: bytes, pos: int) -> tuple[str, int]:
     """Read a NUL-terminated string at ``pos``; return it and the position after the NUL."""
     end = buf.find(0, pos)
@@ -245,9 +282,24 @@ class PgOutputDecoder:
     carry only the columns named (``Insert.complete`` False): the others are
     stepped over, not decoded. :meth:`decode_complete` decodes a payload again
     with every column, for the rare row that needs them all.
+
+    ``max_value_bytes``: an INSERT's text value longer than this is not decoded but
+    described in ``Insert.oversized`` (its size and its first ``oversized_head_bytes``
+    bytes); None decodes every value whatever its size. UPDATE and DELETE tuples are
+    always decoded whole (the relay's publication sends inserts only).
     """
 
-    def __init__(self, columns: Mapping[str, Collection[str]] | None = None) -> None:
+    def __init__(
+        self,
+        columns: Mapping[str, Collection[str]] | None = None,
+        *,
+        max_value_bytes: int | None = None,
+        oversized_head_bytes: int = 4096,
+    ) -> None:
+        if max_value_bytes is not None and max_value_bytes < 0:
+            raise ValueError(f"max_value_bytes must be >= 0, got {max_value_bytes}")
+        self._max_value = sys.maxsize if max_value_bytes is None else max_value_bytes
+        self._head_bytes = max(0, oversized_head_bytes)
         self._relations: dict[int, Relation] = {}
         # Column names per OID, cached apart from Relation so the row hot path
         # does not rebuild them for every tuple.
@@ -273,40 +325,45 @@ class PgOutputDecoder:
         """Relations seen so far, by OID (read-only view)."""
         return self._relations
 
-    def decode(self, payload: bytes) -> PgOutputMessage:
-        """Decode one pgoutput message (one XLogData payload)."""
+    def decode(self, payload: Payload) -> PgOutputMessage:
+        """Decode one pgoutput message (one XLogData payload, ``bytes`` or a ``memoryview``)."""
         if not payload:
             raise PgOutputError("empty pgoutput message")
-        parser = self._parsers.get(payload[0])
+        tag = payload[0]
+        parser = self._parsers.get(tag)
         if parser is None:
             raise PgOutputError(
-                f"unknown pgoutput message type {payload[:1]!r} ({len(payload)} bytes); "
+                f"unknown pgoutput message type {_tag(payload)!r} ({len(payload)} bytes); "
                 "only protocol version 1 is supported"
             )
         try:
-            return parser(payload)
+            if tag == 0x49:  # 'I'
+                return self._insert(payload)
+            # Only INSERTs are read from a view (they are what grows large); every other
+            # message is small and its parser uses bytes methods (find).
+            return parser(payload if type(payload) is bytes else bytes(payload))
         except PgOutputError:
             raise
         except (struct.error, IndexError) as exc:
             raise PgOutputError(
-                f"truncated pgoutput {payload[:1]!r} message ({len(payload)} bytes): {exc}"
+                f"truncated pgoutput {_tag(payload)!r} message ({len(payload)} bytes): {exc}"
             ) from exc
         except UnicodeDecodeError as exc:
             raise PgOutputError(
-                f"invalid UTF-8 in pgoutput {payload[:1]!r} message: {exc}"
+                f"invalid UTF-8 in pgoutput {_tag(payload)!r} message: {exc}"
             ) from exc
         except OverflowError as exc:
             raise PgOutputError(
-                f"value out of range in pgoutput {payload[:1]!r} message: {exc}"
+                f"value out of range in pgoutput {_tag(payload)!r} message: {exc}"
             ) from exc
 
     @staticmethod
-    def _end(buf: bytes, pos: int) -> None:
+    def _end(buf: Payload, pos: int) -> None:
         # A message longer than its layout means we parsed it wrong (or the
         # server speaks a newer protocol): never ignore the rest.
         if pos != len(buf):
             raise PgOutputError(
-                f"{len(buf) - pos} trailing bytes after pgoutput {buf[:1]!r} message "
+                f"{len(buf) - pos} trailing bytes after pgoutput {_tag(buf)!r} message "
                 f"({len(buf)} bytes)"
             )
 
@@ -376,22 +433,28 @@ class PgOutputDecoder:
         self._end(buf, pos)
         return TypeMessage(oid=oid, namespace=namespace, name=name)
 
-    def _lookup(self, buf: bytes, oid: int) -> Relation:
+    def _lookup(self, buf: Payload, oid: int) -> Relation:
         try:
             return self._relations[oid]
         except KeyError:
             raise PgOutputError(
-                f"pgoutput {buf[:1]!r} message for relation oid {oid} that no Relation "
+                f"pgoutput {_tag(buf)!r} message for relation oid {oid} that no Relation "
                 "message described (payloads decoded out of order or by a fresh decoder "
                 "mid-stream?)"
             ) from None
 
     def _tuple(
-        self, buf: bytes, pos: int, oid: int, keep: tuple[str | None, ...] | None = None
-    ) -> tuple[TupleValues, frozenset[str], int]:
-        """Parse TupleData at ``pos``; return (values, unchanged TOAST columns, end).
+        self,
+        buf: Payload,
+        pos: int,
+        oid: int,
+        keep: tuple[str | None, ...] | None = None,
+        capped: bool = False,
+    ) -> tuple[TupleValues, frozenset[str], dict[str, OversizedValue] | None, int]:
+        """Parse TupleData at ``pos``; return (values, unchanged TOAST columns, oversized, end).
 
         With ``keep`` (per column its name, None to skip it) only those are decoded.
+        ``capped``: a text value over ``max_value_bytes`` goes to oversized, undecoded.
         """
         # TupleData: Int16 ncolumns, then per column one of
         #   'n'                       NULL
@@ -408,13 +471,17 @@ class PgOutputDecoder:
         size = len(buf)
         values: TupleValues = {}
         unchanged: frozenset[str] = _EMPTY_NAMES
+        oversized: dict[str, OversizedValue] | None = None
+        max_value = self._max_value if capped else sys.maxsize
         unpack_i32 = _I32.unpack_from
+        # bytes.decode is the fast path; a memoryview (a large message) has no decode().
+        text: Callable[[Any], str] = bytes.decode if type(buf) is bytes else _view_text
         if keep is not None:
-            some = self._some(buf, pos, keep)
+            some = self._some(buf, pos, keep, max_value)
             if some is not None:
-                return some[0], unchanged, some[1]
-            # A value kind the filtered path does not handle: the complete parse below
-            # decodes it or raises the precise error.
+                return some[0], unchanged, None, some[1]
+            # A value kind the filtered path does not handle, or a kept value too large:
+            # the complete parse below decodes it, sets it aside or raises the precise error.
         for name in names:
             kind = buf[pos]
             if kind == 0x74:  # 't'
@@ -425,7 +492,12 @@ class PgOutputDecoder:
                     raise PgOutputError(
                         f"text value of column {name!r} claims {length} bytes, {size - start} left"
                     )
-                values[name] = buf[start:pos].decode()
+                if length > max_value:
+                    if oversized is None:
+                        oversized = {}
+                    oversized[name] = self._oversized(buf, start, length)
+                else:
+                    values[name] = text(buf[start:pos])
             elif kind == 0x6E:  # 'n'
                 values[name] = None
                 pos += 1
@@ -442,14 +514,23 @@ class PgOutputDecoder:
                     f"unknown tuple value kind {bytes([kind])!r} for column {name!r} "
                     f"at offset {pos}"
                 )
-        return values, unchanged, pos
+        return values, unchanged, oversized, pos
+
+    def _oversized(self, buf: Payload, start: int, length: int) -> OversizedValue:
+        head = buf[start : start + min(length, self._head_bytes)]
+        # "ignore": the head may end inside a multi-byte character.
+        return OversizedValue(size=length, head=str(head, "utf-8", "ignore"))
 
     @staticmethod
-    def _some(buf: bytes, pos: int, keep: tuple[str | None, ...]) -> tuple[TupleValues, int] | None:
-        """The kept columns' values and the end; None at anything but a sound text or NULL."""
+    def _some(
+        buf: Payload, pos: int, keep: tuple[str | None, ...], max_value: int
+    ) -> tuple[TupleValues, int] | None:
+        """The kept columns' values and the end; None at anything but a sound text or NULL
+        (or a kept value over ``max_value`` bytes)."""
         size = len(buf)
         values: TupleValues = {}
         unpack_i32 = _I32.unpack_from
+        text: Callable[[Any], str] = bytes.decode if type(buf) is bytes else _view_text
         for name in keep:
             kind = buf[pos]
             if kind == 0x74:  # 't'
@@ -459,7 +540,9 @@ class PgOutputDecoder:
                 if length < 0 or pos > size:
                     return None  # the complete parse below names the column
                 if name is not None:
-                    values[name] = buf[start:pos].decode()
+                    if length > max_value:
+                        return None  # the complete parse sets it aside
+                    values[name] = text(buf[start:pos])
             elif kind == 0x6E:  # 'n'
                 if name is not None:
                     values[name] = None
@@ -468,9 +551,12 @@ class PgOutputDecoder:
                 return None
         return values, pos
 
-    def decode_complete(self, payload: bytes) -> PgOutputMessage:
-        """:meth:`decode`, with every column of an INSERT whatever ``columns`` said."""
-        if payload[:1] != b"I":
+    def decode_complete(self, payload: Payload) -> PgOutputMessage:
+        """:meth:`decode`, with every column of an INSERT whatever ``columns`` said.
+
+        ``max_value_bytes`` still applies: an oversized value stays undecoded.
+        """
+        if not payload or payload[0] != 0x49:  # 'I'
             return self.decode(payload)
         keep = self._keep
         self._keep = {}
@@ -479,7 +565,7 @@ class PgOutputDecoder:
         finally:
             self._keep = keep
 
-    def _insert(self, buf: bytes) -> Insert:
+    def _insert(self, buf: Payload) -> Insert:
         # 'I' | Int32 oid | Byte1 'N' | TupleData new
         # The relay's hot path (one call per outbox row): checks are inlined.
         (oid,) = _U32.unpack_from(buf, 1)
@@ -487,14 +573,14 @@ class PgOutputDecoder:
         if relation is None:
             relation = self._lookup(buf, oid)  # raises
         if buf[5] != 0x4E:  # 'N'
-            raise PgOutputError(f"INSERT: expected 'N' at offset 5, got {buf[5:6]!r}")
+            raise PgOutputError(f"INSERT: expected 'N' at offset 5, got {bytes(buf[5:6])!r}")
         keep = self._keep.get(oid)
-        new, unchanged, pos = self._tuple(buf, 6, oid, keep)
+        new, unchanged, oversized, pos = self._tuple(buf, 6, oid, keep, True)
         if unchanged:
             raise PgOutputError(f"INSERT with unchanged TOAST columns {sorted(unchanged)}")
         if pos != len(buf):
             self._end(buf, pos)  # raises
-        return Insert(relation=relation, new=new, complete=keep is None)
+        return Insert(relation, new, keep is None, oversized)
 
     def _update(self, buf: bytes) -> Update:
         # 'U' | Int32 oid | [Byte1 'K' | TupleData old key] or [Byte1 'O' | TupleData old row]
@@ -508,11 +594,11 @@ class PgOutputDecoder:
         marker = buf[pos]
         old_is_key = marker == 0x4B  # 'K'
         if marker in (0x4B, 0x4F):  # 'K', 'O'
-            old, _, pos = self._tuple(buf, pos + 1, oid)
+            old, _, _, pos = self._tuple(buf, pos + 1, oid)
             marker = buf[pos]
         if marker != 0x4E:  # 'N'
             raise PgOutputError(f"UPDATE: expected 'N' at offset {pos}, got {buf[pos : pos + 1]!r}")
-        new, unchanged, pos = self._tuple(buf, pos + 1, oid)
+        new, unchanged, _, pos = self._tuple(buf, pos + 1, oid)
         self._end(buf, pos)
         return Update(
             relation=relation, new=new, old=old, old_is_key=old_is_key, unchanged_toast=unchanged
@@ -525,7 +611,7 @@ class PgOutputDecoder:
         marker = buf[5]
         if marker not in (0x4B, 0x4F):
             raise PgOutputError(f"DELETE: expected 'K' or 'O' at offset 5, got {buf[5:6]!r}")
-        old, _, pos = self._tuple(buf, 6, oid)
+        old, _, _, pos = self._tuple(buf, 6, oid)
         self._end(buf, pos)
         return Delete(relation=relation, old=old, old_is_key=marker == 0x4B)
 

@@ -33,6 +33,11 @@ _KEEPALIVE = struct.Struct(">cQqB")
 # 'r' + Int64 write + Int64 flush + Int64 apply + Int64 client_time + Byte1 reply_requested.
 _STATUS_UPDATE = struct.Struct(">cQQQqB")
 
+VIEW_MIN_BYTES = 64 * 1024
+"""An XLogData payload at least this large stays a ``memoryview`` of the CopyData message
+instead of being copied into ``bytes``: a 64 MB row costs one copy of itself (libpq's),
+not two. Smaller ones are copied (cheap, and ``bytes`` is the decoder's fast path)."""
+
 
 class ReplicationProtocolError(ValueError):
     """The server sent a CopyData body this client does not understand.
@@ -74,7 +79,11 @@ class XLogData:
     __slots__ = ("payload", "send_time_us", "wal_end_value", "wal_start_value")
 
     def __init__(
-        self, wal_start_value: int, wal_end_value: int, send_time_us: int, payload: bytes
+        self,
+        wal_start_value: int,
+        wal_end_value: int,
+        send_time_us: int,
+        payload: bytes | memoryview,
     ) -> None:
         self.wal_start_value = wal_start_value
         """Where this message's data starts in the WAL (see :attr:`wal_start`)."""
@@ -82,7 +91,8 @@ class XLogData:
         self.send_time_us = send_time_us
         """The server's send time: microseconds since 2000-01-01 UTC (see :attr:`send_time`)."""
         self.payload = payload
-        """For a logical slot: one message of the output plugin (here pgoutput)."""
+        """For a logical slot: one message of the output plugin (here pgoutput); a
+        ``memoryview`` when it is :data:`VIEW_MIN_BYTES` or more (see :func:`parse_copy_data`)."""
 
     @classmethod
     def of(cls, wal_start: Lsn, wal_end: Lsn, send_time: datetime, payload: bytes) -> XLogData:
@@ -121,7 +131,7 @@ class XLogData:
     def __repr__(self) -> str:
         return (
             f"XLogData(wal_start={self.wal_start}, wal_end={self.wal_end}, "
-            f"send_time_us={self.send_time_us}, payload={self.payload[:16]!r}...)"
+            f"send_time_us={self.send_time_us}, payload={bytes(self.payload[:16])!r}...)"
         )
 
 
@@ -144,6 +154,12 @@ def parse_copy_data(data: bytes | bytearray | memoryview) -> XLogData | PrimaryK
         'k' PrimaryKeepalive Int64 wal_end, Int64 send_time, Byte1 reply_requested (0 or 1)
 
     Raises :class:`ReplicationProtocolError` on any other tag or a short message.
+
+    A payload of :data:`VIEW_MIN_BYTES` or more from a ``memoryview`` stays a view of it,
+    not a copy. That is safe for what psycopg's ``PGconn.get_copy_data`` returns: a view
+    that owns its memory (the C implementation's ``PQBuffer``, freed with ``PQfreemem``
+    when the last view of it goes; the ctypes one's ``bytes``), never reused by libpq.
+    A caller that reuses its buffer must pass ``bytes``. Smaller payloads are copied.
     """
     if len(data) == 0:
         raise ReplicationProtocolError("empty CopyData message")
@@ -155,7 +171,10 @@ def parse_copy_data(data: bytes | bytearray | memoryview) -> XLogData | PrimaryK
                     f"XLogData too short: {len(data)} bytes, header needs {_XLOG_HEADER.size}"
                 )
             _, start, end, sent = _XLOG_HEADER.unpack_from(data)
-            return XLogData(start, end, sent, bytes(data[_XLOG_HEADER.size :]))
+            payload = data[_XLOG_HEADER.size :]
+            if type(payload) is not memoryview or len(payload) < VIEW_MIN_BYTES:
+                payload = bytes(payload)
+            return XLogData(start, end, sent, payload)
         if tag == 0x6B:  # 'k'
             if len(data) != _KEEPALIVE.size:
                 raise ReplicationProtocolError(
