@@ -1,14 +1,30 @@
-"""A TCP proxy that tests can cut and restore, to take PostgreSQL or Kafka away from a client.
+"""A TCP proxy that tests can cut, blackhole and restore, to take PostgreSQL, Kafka or a
+gateway away from a client.
 
 Usage::
 
     with TcpProxy(target_port=pg.port) as proxy:     # listens on proxy.port
         ...  # point the relay's DSN at proxy.port
-        proxy.cut()       # every connection through it is closed, new ones are refused
-        proxy.restore()   # accepts again, on the same port
+        proxy.cut()        # every connection through it is closed, new ones are refused
+        proxy.restore()    # accepts again, on the same port
+        proxy.blackhole()  # every connection stays open and goes silent
+        proxy.restore()    # the silent connections are reset, new ones forward again
 
 While cut, the listening socket is closed, so clients get "connection refused"
-(what a stopped server gives), not a hang. Threads, not asyncio: the callers
+(what a stopped server gives), not a hang.
+
+While blackholed, nothing is closed and nothing is forwarded: a peer that stops
+answering without closing (a NAT or load balancer that dropped the connection's
+state, a frozen VM). Bytes either side sends are read and dropped, a close from
+either side is not passed on, and connections accepted meanwhile are silent too
+(the client's connect succeeds, then nothing). Only a deadline in the client
+notices. A silenced connection never forwards again: :meth:`restore` resets it
+(as a NAT answers the next packet of a connection it forgot) and forwards only
+connections made after it. The proxy's own kernel still acknowledges what it
+reads, so TCP-level deadlines (keepalives, ``TCP_USER_TIMEOUT``) do not fire
+through it: what it tests is the application's read deadlines.
+
+Threads, not asyncio: the callers
 are synchronous pytest tests and the proxy must keep working while they block.
 For Kafka the broker must advertise the proxy's port (see
 :class:`devtools.devstack.TansuBroker`'s ``advertised_port``), or clients would
@@ -40,8 +56,13 @@ class TcpProxy(StartStop):
         self._lock = threading.Lock()
         self._connections: set[socket.socket] = set()
         self._cut = False
+        self._blackholed = False
+        # Sockets of silenced connections: what they receive is dropped, never forwarded.
+        self._silenced: set[socket.socket] = set()
         self.accepted = 0
         """Connections accepted so far (tests check that clients came back)."""
+        self.silenced = 0
+        """Connections silenced so far: open when :meth:`blackhole` came, or accepted during it."""
 
     @property
     def port(self) -> int:
@@ -52,6 +73,10 @@ class TcpProxy(StartStop):
     @property
     def is_cut(self) -> bool:
         return self._cut
+
+    @property
+    def is_blackholed(self) -> bool:
+        return self._blackholed
 
     def start(self) -> None:
         """Listen (on ``port``, or a free one the first time) and start accepting."""
@@ -83,8 +108,24 @@ class TcpProxy(StartStop):
         self.stop()
         self._cut = True
 
+    def blackhole(self) -> None:
+        """Silence every connection, open and new, without closing any, until :meth:`restore`."""
+        with self._lock:
+            self._blackholed = True
+            fresh = self._connections - self._silenced
+            self._silenced.update(fresh)
+            self.silenced += len(fresh) // 2
+
     def restore(self) -> None:
-        """Accept connections again, on the same port."""
+        """Accept connections again, on the same port; after :meth:`blackhole`, reset the
+        silenced connections and forward the new ones."""
+        with self._lock:
+            self._blackholed = False
+            silenced = set(self._silenced)
+            self._silenced.clear()
+            self._connections -= silenced
+        for sock in silenced:
+            _close(sock)
         if self._listener is None:
             self.start()
 
@@ -93,6 +134,8 @@ class TcpProxy(StartStop):
     def _close_connections(self) -> None:
         with self._lock:
             connections, self._connections = self._connections, set()
+            connections |= self._silenced
+            self._silenced.clear()
         for conn in connections:
             _close(conn)
 
@@ -102,6 +145,9 @@ class TcpProxy(StartStop):
                 client, _ = listener.accept()
             except OSError:
                 return  # the listener was closed: stop() or cut()
+            if self._blackholed:
+                self._accept_silent(listener, client)
+                continue
             try:
                 upstream = socket.create_connection(self.target, timeout=5)
             except OSError:
@@ -117,21 +163,43 @@ class TcpProxy(StartStop):
                     return
                 self._connections.update((client, upstream))
                 self.accepted += 1
+                if self._blackholed:  # blackhole() came while upstream was connecting
+                    self._silenced.update((client, upstream))
+                    self.silenced += 1
             for src, dst in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+    def _accept_silent(self, listener: socket.socket, client: socket.socket) -> None:
+        """A connection made during a blackhole: accepted, never connected upstream, silent."""
+        with self._lock:
+            if self._listener is not listener:
+                _close(client)
+                return
+            self._connections.add(client)
+            self._silenced.add(client)
+            self.accepted += 1
+            self.silenced += 1
+        threading.Thread(target=self._pump, args=(client, None), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket | None) -> None:
         try:
             while data := src.recv(_BUFFER):
-                dst.sendall(data)
+                if dst is not None and src not in self._silenced:
+                    dst.sendall(data)
         except OSError:
             pass
         finally:
             with self._lock:
+                # A silenced connection's close is not passed on: its peer stays open and
+                # hears nothing, until restore() or stop() resets it.
+                passed_on = src not in self._silenced
                 self._connections.discard(src)
-                self._connections.discard(dst)
+                self._silenced.discard(src)
+                if passed_on and dst is not None:
+                    self._connections.discard(dst)
             _close(src)
-            _close(dst)
+            if passed_on and dst is not None:
+                _close(dst)
 
 
 def _close(sock: socket.socket) -> None:

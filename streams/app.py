@@ -125,6 +125,14 @@ def build_app(settings: WorkerSettings, resources: Sequence[Resource] = ()) -> W
         topic_allow_declare=True,
         broker_session_timeout=kafka.session_timeout_s,
         broker_heartbeat_interval=kafka.heartbeat_interval_s,
+        # A broker silent without closing: every consumer request (fetch, heartbeat, commit)
+        # gives up after this and aiokafka reconnects. The producer keeps Faust's own
+        # producer_request_timeout: aiokafka expires unsent batches after it too.
+        broker_request_timeout=kafka.request_timeout_s,
+        consumer_metadata_max_age_ms=round(kafka.metadata_max_age_s * 1000),
+        consumer_connections_max_idle_ms=round(kafka.connections_max_idle_s * 1000),
+        producer_metadata_max_age_ms=round(kafka.metadata_max_age_s * 1000),
+        producer_connections_max_idle_ms=round(kafka.connections_max_idle_s * 1000),
         broker_commit_interval=settings.commit_interval_s,
         consumer_auto_offset_reset="earliest",
         # Faust's conductor hands each fetched record to its agent's queue and, when that

@@ -52,14 +52,18 @@ def group_less_consumer(kafka: KafkaSettings, client_id: str, **config: Any) -> 
     from aiokafka import AIOKafkaConsumer
 
     options: dict[str, Any] = {"group_id": None, "enable_auto_commit": False, **config}
-    return AIOKafkaConsumer(client_id=client_id, **kafka.client_options(), **options)
+    return AIOKafkaConsumer(
+        client_id=client_id, **kafka.client_options(), **{**kafka.deadline_options(), **options}
+    )
 
 
 def admin_client(kafka: KafkaSettings, client_id: str) -> AIOKafkaAdminClient:
     """An ``AIOKafkaAdminClient`` (not started) for a group's committed offsets."""
     from aiokafka.admin import AIOKafkaAdminClient
 
-    return AIOKafkaAdminClient(client_id=client_id, **kafka.client_options())
+    return AIOKafkaAdminClient(
+        client_id=client_id, **kafka.client_options(), **kafka.deadline_options()
+    )
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -70,19 +74,27 @@ def is_transient(exc: BaseException) -> bool:
 
 
 class _OutageLog:
-    """One log line when a job starts failing, one when it recovers."""
+    """One log line when a job starts failing, one when it recovers.
+
+    A Kafka outage shows several faces in a row (a request timeout, then no metadata,
+    then a refused bootstrap): one outage, one line. A bug (not transient) is logged
+    with its traceback whenever it replaces another failure.
+    """
 
     def __init__(self, job: str, logger: logging.Logger) -> None:
         self.job = job
         self.log = logger
         self.failing: type[BaseException] | None = None
+        self._failing_transient = False
 
     def failed(self, exc: Exception) -> None:
         TIMER_ERRORS.labels(self.job).inc()
-        if self.failing is type(exc):
+        transient = is_transient(exc)
+        if self.failing is type(exc) or (transient and self._failing_transient):
             return
         self.failing = type(exc)
-        if is_transient(exc):
+        self._failing_transient = transient
+        if transient:
             self.log.warning("%s: cannot read Kafka (%s); retrying", self.job, exc or type(exc))
         else:
             self.log.exception("%s failed; it runs again at its next tick", self.job)
@@ -90,6 +102,7 @@ class _OutageLog:
     def succeeded(self) -> None:
         if self.failing is not None:
             self.failing = None
+            self._failing_transient = False
             self.log.warning("%s: reading again", self.job)
 
 

@@ -100,6 +100,20 @@ class KafkaSettings(SettingsBase):
     replication_factor: int = Field(default=1, ge=1)
     session_timeout_s: float = Field(default=30.0, gt=0)
     heartbeat_interval_s: float = Field(default=3.0, gt=0)
+    request_timeout_s: float = Field(default=40.0, gt=0)
+    """How long any request to a broker waits for its answer (aiokafka ``request_timeout_ms``,
+    Faust's ``broker_request_timeout``); past it the connection is closed and the request
+    retried on a new one, so a broker that went silent without closing is noticed within
+    this. At least ``session_timeout_s`` (Faust's rule) and above the fetch wait. The
+    worker's producer keeps Faust's own ``producer_request_timeout`` (20 min), because
+    aiokafka also expires unsent batches after it."""
+    metadata_max_age_s: float = Field(default=60.0, gt=0)
+    """Cluster metadata is refreshed at least this often (aiokafka ``metadata_max_age_ms``,
+    default 5 min), so a moved or returning broker is found within a minute."""
+    connections_max_idle_s: float = Field(default=300.0, gt=0)
+    """An idle broker connection is closed after this (aiokafka ``connections_max_idle_ms``,
+    default 9 min): below the idle timeouts of common NATs and load balancers (AWS NAT
+    gateway: 350 s), so a connection they forgot is not reused."""
     idempotent_producer: bool | None = None
     """None: on for Apache Kafka, off for Tansu (it rejects InitProducerId)."""
     one_record_per_batch: bool = False
@@ -185,6 +199,20 @@ class KafkaSettings(SettingsBase):
             raise ValueError(f"{_KAFKA}SSL_KEYFILE needs {_KAFKA}SSL_CERTFILE (its certificate)")
         return self
 
+    @model_validator(mode="after")
+    def _request_timeout_long_enough(self) -> Self:
+        if self.request_timeout_s < self.session_timeout_s:
+            raise ValueError(
+                f"{_KAFKA}REQUEST_TIMEOUT_S={self.request_timeout_s:g} must be at least "
+                f"{_KAFKA}SESSION_TIMEOUT_S={self.session_timeout_s:g}"
+            )
+        if self.request_timeout_s * 1000 <= self.consumer_fetch_max_wait_ms:
+            raise ValueError(
+                f"{_KAFKA}REQUEST_TIMEOUT_S={self.request_timeout_s:g} must be longer than "
+                f"the fetch wait ({_KAFKA}FETCH_MAX_WAIT_MS={self.consumer_fetch_max_wait_ms})"
+            )
+        return self
+
     @property
     def mechanism(self) -> SaslMechanism:
         return self.sasl_mechanism or SaslMechanism.PLAIN
@@ -211,6 +239,16 @@ class KafkaSettings(SettingsBase):
             options["sasl_plain_username"] = self.sasl_username
             options["sasl_plain_password"] = self.sasl_password.get_secret_value()
         return options
+
+    def deadline_options(self) -> dict[str, Any]:
+        """aiokafka's ``request_timeout_ms``, ``metadata_max_age_ms`` and
+        ``connections_max_idle_ms``: what our own clients are given besides
+        :meth:`client_options` (a client with a tighter bound of its own sets it instead)."""
+        return {
+            "request_timeout_ms": round(self.request_timeout_s * 1000),
+            "metadata_max_age_ms": round(self.metadata_max_age_s * 1000),
+            "connections_max_idle_ms": round(self.connections_max_idle_s * 1000),
+        }
 
     def client_options(self) -> dict[str, Any]:
         """``bootstrap_servers`` and :meth:`security_options`: what every aiokafka client
@@ -270,15 +308,96 @@ class LagMonitorSettings(SettingsBase):
 
 
 class PostgresSettings(SettingsBase):
-    """The application's PostgreSQL (``ZAPSTREAM_DATABASE_URL``)."""
+    """The application's PostgreSQL (``ZAPSTREAM_DATABASE_URL``), and how long its
+    connections may stay silent (``ZAPSTREAM_DATABASE_*_S``).
+
+    :attr:`dsn` is the URL with libpq's ``connect_timeout``, TCP keepalives and
+    ``tcp_user_timeout`` added, so every connection (replication and plain) notices a
+    peer that vanished without closing; a parameter the URL sets itself is kept as the
+    user wrote it. :attr:`service_dsn` adds server-side ``statement_timeout`` and
+    ``lock_timeout`` for the services' short queries (not for slot creation, migrations
+    or operator commands, which may rightly run long).
+    """
 
     model_config = SettingsConfigDict(env_prefix="ZAPSTREAM_DATABASE_", extra="ignore")
 
     url: SecretStr = SecretStr("postgresql://postgres@127.0.0.1:5432/postgres")
+    connect_timeout_s: int = Field(default=10, ge=2)
+    """libpq ``connect_timeout``: the longest a connection attempt (TCP, TLS, login) waits."""
+    keepalives_idle_s: int = Field(default=15, ge=1)
+    """libpq ``keepalives_idle``: TCP keepalive probes start after this much silence on an
+    idle connection; with the interval and count below a dead peer is noticed in
+    15 + 5 x 3 = 30 s."""
+    keepalives_interval_s: int = Field(default=5, ge=1)
+    """libpq ``keepalives_interval``: between unanswered keepalive probes."""
+    keepalives_count: int = Field(default=3, ge=1)
+    """libpq ``keepalives_count``: unanswered probes before the connection is dropped."""
+    tcp_user_timeout_s: float = Field(default=30.0, ge=0)
+    """libpq ``tcp_user_timeout`` (Linux): data we sent that the peer has not acknowledged
+    for this long drops the connection (what keepalives cannot see: a busy connection
+    whose peer vanished); 0: the kernel's default (~15 minutes of retransmissions)."""
+    statement_timeout_s: float = Field(default=30.0, ge=0)
+    """Server-side ``statement_timeout`` of the services' queries (:attr:`service_dsn`);
+    0: not sent (e.g. a PgBouncer in transaction mode that refuses ``options``)."""
+    lock_timeout_s: float = Field(default=10.0, ge=0)
+    """Server-side ``lock_timeout`` of the services' queries (:attr:`service_dsn`): a row an
+    operator's transaction holds fails the write (retried) instead of blocking it; 0: not sent."""
+    query_timeout_s: float = Field(default=45.0, gt=0)
+    """Client-side deadline on one query or write of the state sink and the services' timers:
+    longer than ``statement_timeout_s`` so the server's own timeout answers first; this one
+    fires only when the server is silent (a hung connection), which is then dropped and
+    reopened."""
 
     @property
     def dsn(self) -> str:
-        return self.url.get_secret_value()
+        """The URL with the connection deadlines added (see the class docstring)."""
+        return with_connection_deadlines(self.url.get_secret_value(), self.connection_options())
+
+    @property
+    def service_dsn(self) -> str:
+        """:attr:`dsn` with ``statement_timeout`` and ``lock_timeout`` in ``options``."""
+        settings = []
+        if self.statement_timeout_s > 0:
+            settings.append(f"statement_timeout={round(self.statement_timeout_s * 1000)}")
+        if self.lock_timeout_s > 0:
+            settings.append(f"lock_timeout={round(self.lock_timeout_s * 1000)}")
+        return with_server_settings(self.dsn, settings)
+
+    def connection_options(self) -> dict[str, str]:
+        """libpq parameters every connection gets unless the URL sets them."""
+        options = {
+            "connect_timeout": str(self.connect_timeout_s),
+            "keepalives": "1",
+            "keepalives_idle": str(self.keepalives_idle_s),
+            "keepalives_interval": str(self.keepalives_interval_s),
+            "keepalives_count": str(self.keepalives_count),
+        }
+        if self.tcp_user_timeout_s > 0:
+            options["tcp_user_timeout"] = str(round(self.tcp_user_timeout_s * 1000))
+        return options
+
+
+def with_connection_deadlines(dsn: str, options: dict[str, str]) -> str:
+    """``dsn`` (a URL or key=value string) with ``options`` added where it sets none of its own."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    params = conninfo_to_dict(dsn)
+    missing = {k: v for k, v in options.items() if k not in params}
+    if not missing:
+        return dsn
+    return make_conninfo(dsn, **missing)
+
+
+def with_server_settings(dsn: str, settings: list[str]) -> str:
+    """``dsn`` with ``-c name=value`` appended to its ``options`` for each setting it lacks."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    existing = str(conninfo_to_dict(dsn).get("options") or "")
+    added = [s for s in settings if f"{s.split('=', 1)[0]}=" not in existing]
+    if not added:
+        return dsn
+    options = " ".join([existing, *(f"-c {s}" for s in added)]).strip()
+    return make_conninfo(dsn, options=options)
 
 
 class GatewayKind(enum.StrEnum):

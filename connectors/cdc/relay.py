@@ -46,7 +46,9 @@ Failures are classified once (:mod:`connectors.cdc.failures`):
 - A record Kafka cannot take (too large, corrupt): it is replaced by a minimal
   ``IntentRejected`` on ``zapstream.invalid`` (job id, LSN, reason), so one row
   never blocks the slot. Records are also reduced *before* producing when they
-  exceed ``max_record_bytes``.
+  exceed ``max_record_bytes``, and a row with a column longer than that is
+  rejected on its size before anything parses it (the decoder leaves the value
+  undecoded; see :func:`~connectors.cdc.outbox_rows.oversized_rejection`).
 - Permanent (bad credentials, missing database, no replication privilege,
   wal_level not logical, slot with another plugin): :class:`RelayConfigError`
   with one line naming the setting; ``zapstream relay`` exits 2.
@@ -100,9 +102,11 @@ from connectors.cdc.outbox_rows import (
     command_row_to_record,
     control_row_to_record,
     minimal_rejection,
+    oversized_rejection,
     reduced_rejection,
     replay_row_to_record,
     row_to_intent,
+    with_cut_values,
 )
 from connectors.cdc.pgoutput import Begin, Commit, Insert, PgOutputDecoder
 from connectors.cdc.provisioning import (
@@ -155,6 +159,13 @@ _CONVERTERS: dict[str, Callable[..., Converted]] = {
     REPLAYS_TABLE: replay_row_to_record,
     CONTROLS_TABLE: control_row_to_record,
 }
+
+_JOB_ID_COLUMNS: dict[str, str] = {
+    OUTBOX_TABLE: "id",
+    COMMANDS_TABLE: "job_id",
+    REPLAYS_TABLE: "job_id",
+}
+"""The column naming a row's job, for a rejection built without converting the row."""
 
 _SCHEMA_HEADERS: dict[type, bytes] = {
     cls: cls.SCHEMA.encode()
@@ -263,7 +274,7 @@ def build_producer(settings: RelaySettings) -> AIOKafkaProducer:
         enable_idempotence=kafka.use_idempotent_producer,
         linger_ms=5,
         max_batch_size=256 * 1024,
-        request_timeout_ms=30_000,
+        **kafka.deadline_options(),
     )
 
 
@@ -309,8 +320,9 @@ class OutboxRelay:
         self._kafka_ok = True
         if monitor is None and source_factory is None:
             monitor = SlotMonitor(
-                settings.postgres.dsn,
+                settings.postgres.service_dsn,
                 settings.slot,
+                query_timeout_s=settings.postgres.query_timeout_s,
                 interval_s=settings.slot_metrics_interval_s,
                 heartbeat_interval_s=settings.heartbeat_interval_s,
                 streaming=self.is_streaming,
@@ -458,7 +470,13 @@ class OutboxRelay:
 
     def _replication_stream(self) -> ReplicationSource:
         s = self.settings
-        return ReplicationStream(s.postgres.dsn, slot=s.slot, publication=s.publication)
+        return ReplicationStream(
+            s.postgres.dsn,
+            slot=s.slot,
+            publication=s.publication,
+            connect_timeout_s=s.postgres.connect_timeout_s,
+            silence_timeout_s=s.replication_timeout_s,
+        )
 
     async def _ensure_replication(self) -> Lsn:
         s = self.settings
@@ -607,7 +625,13 @@ class OutboxRelay:
         self._reported = max(self._reported, confirmed)
         # outbox_jobs rows carry only the columns an intent is made of (the rest are
         # stepped over); a row that needs them all is decoded again (see below).
-        decoder = PgOutputDecoder(columns={OUTBOX_TABLE: INTENT_COLUMNS})
+        # Size before parse: a value over max_record_bytes is never decoded (nor parsed);
+        # its row becomes a rejection on its size (see _produce_oversized).
+        decoder = PgOutputDecoder(
+            columns={OUTBOX_TABLE: INTENT_COLUMNS},
+            max_value_bytes=s.max_record_bytes,
+            oversized_head_bytes=s.rejected_value_max_bytes,
+        )
         decode = decoder.decode
         stats = self._stats
         rows_counted = stats.intents + stats.rejected
@@ -665,18 +689,31 @@ class OutboxRelay:
                     if table == OUTBOX_TABLE:
                         # The common case first, without a coroutine (see _append_intent).
                         row = decoded.new
-                        converted = self._append_intent(txn, row, lsn_text, committed_at)
+                        if decoded.oversized:
+                            # A column the intent is made of is too large to parse.
+                            full = decoder.decode_complete(message.payload)
+                            assert isinstance(full, Insert)
+                            await self._produce_oversized(txn, table, full, lsn_text, committed_at)
+                            converted = None
+                        else:
+                            converted = self._append_intent(txn, row, lsn_text, committed_at)
                         if converted is not None:
                             if not decoded.complete:
-                                # A rejection carries (and a reduction cuts) every column.
+                                # A rejection carries (and a reduction cuts) every column; one
+                                # the intent does not read may be oversized: its head, cut.
                                 full = decoder.decode_complete(message.payload)
                                 assert isinstance(full, Insert)
-                                row = full.new
+                                row = with_cut_values(full.new, full.oversized)
                                 if not isinstance(converted, CapturedIntent):
                                     converted = _NOT_CONVERTED  # rejected: again, whole row
                             await self._produce(txn, table, row, lsn_text, committed_at, converted)
                     elif table in PUBLISHED_TABLES:
-                        await self._produce(txn, table, decoded.new, lsn_text, committed_at)
+                        if decoded.oversized:
+                            await self._produce_oversized(
+                                txn, table, decoded, lsn_text, committed_at
+                            )
+                        else:
+                            await self._produce(txn, table, decoded.new, lsn_text, committed_at)
                 elif kind is Begin:
                     assert isinstance(decoded, Begin)
                     commit_ts_us = decoded.commit_ts_us
@@ -744,6 +781,29 @@ class OutboxRelay:
         self._batched += 1
         return None
 
+    async def _produce_oversized(
+        self, txn: Any, table: str, insert: Insert, lsn: str, committed_at: str | None
+    ) -> None:
+        """Produce the rejection of a row with a value over ``max_record_bytes``, unparsed.
+
+        The decoder left those values undecoded (``insert.oversized``); the rejection names
+        their sizes and the setting and carries their heads (see ``oversized_rejection``).
+        """
+        s = self.settings
+        assert insert.oversized
+        rejection = oversized_rejection(
+            row=insert.new,
+            oversized=insert.oversized,
+            job_id_column=_JOB_ID_COLUMNS.get(table),
+            limit_bytes=s.max_record_bytes,
+            lsn=lsn,
+            committed_at=committed_at,
+            max_record_bytes=s.max_record_bytes,
+            max_value_bytes=s.rejected_value_max_bytes,
+        )
+        row = with_cut_values(insert.new, insert.oversized)
+        await self._produce(txn, table, row, lsn, committed_at, rejection, too_large=True)
+
     async def _produce(
         self,
         txn: Any,
@@ -752,6 +812,8 @@ class OutboxRelay:
         lsn: str,
         committed_at: str | None,
         converted: Converted | _NotConverted = _NOT_CONVERTED,
+        *,
+        too_large: bool = False,
     ) -> None:
         tracker = self._tracker
         assert tracker is not None
@@ -772,7 +834,10 @@ class OutboxRelay:
         record, value = self._producible(converted, row)
         if type(record) is IntentRejected:
             self._stats.rejected += 1
-            (_INVALID_RULE if type(converted) is IntentRejected else _INVALID_TOO_LARGE).inc()
+            rule = type(converted) is IntentRejected and not too_large
+            (_INVALID_RULE if rule else _INVALID_TOO_LARGE).inc()
+            if too_large:
+                self._stats.reduced += 1  # reduced before it came here (_produce_oversized)
             log.warning("%s row for job %s rejected: %s", table, record.job_id, record.reason)
         else:
             self._stats.intents += 1

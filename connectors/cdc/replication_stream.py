@@ -18,6 +18,7 @@ import ipaddress
 import logging
 import re
 import socket
+import time
 from collections import deque
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -82,7 +83,8 @@ class SlotNotFound(ReplicationError):
 
 
 class ReplicationStreamClosed(ReplicationError):
-    """The connection could not be made, dropped, or the server ended the stream.
+    """The connection could not be made, dropped, went silent for longer than the
+    stream's ``silence_timeout_s``, or the server ended the stream.
 
     Nothing after the last confirmed LSN is lost: a new stream redelivers it.
     Retriable, except when the server ended the stream with an error that will
@@ -188,6 +190,20 @@ class ReplicationStream:
     A stream is single-use; after :meth:`close` make a new one. At most one task
     may call :meth:`read` at a time; :meth:`send_status` and :meth:`close` may be
     called from other tasks meanwhile.
+
+    ``silence_timeout_s`` is the client side of the replication protocol's deadline
+    (what ``wal_receiver_timeout`` is to a PostgreSQL subscriber): a server that sends
+    nothing, no XLogData and no keepalive, for that long is presumed hung (a NAT or
+    load balancer that dropped the connection, a frozen VM) and :meth:`read` raises
+    :class:`ReplicationStreamClosed`, retriable, so the caller reconnects. The server
+    sends keepalives only when *it* has not heard from us, and a relay reports its
+    position every second, so an idle healthy stream is silent too: after a third of
+    the timeout without a message :meth:`read` sends a status update asking for a
+    reply (the same position again), which a live server answers at once. The stream is
+    declared hung only once two thirds of the timeout passed since that first unanswered
+    ping too, and after reading what the socket holds, so a caller that did not read for
+    a while (busy elsewhere) is not taken for a silent server.
+    ``IDENTIFY_SYSTEM`` and ``START_REPLICATION`` are bounded by the timeout as well.
     """
 
     _SHUTDOWN_TIMEOUT_S = 2.0
@@ -201,6 +217,7 @@ class ReplicationStream:
         publication: str,
         messages: bool = False,
         connect_timeout_s: float = 30.0,
+        silence_timeout_s: float | None = None,
     ) -> None:
         if not _SLOT_NAME.fullmatch(slot):
             raise ValueError(
@@ -213,6 +230,15 @@ class ReplicationStream:
         self._publication = publication
         self._messages = messages
         self._connect_timeout_s = connect_timeout_s
+        if silence_timeout_s is not None and silence_timeout_s <= 0:
+            raise ValueError(f"silence_timeout_s must be > 0, not {silence_timeout_s}")
+        self._silence_timeout_s = silence_timeout_s
+        # When the server was last heard from (a message arrived), and last asked to answer.
+        self._heard_at = 0.0
+        self._pinged_at = 0.0
+        # The first ping the server has not answered yet (None: it answered, or none was sent).
+        self._asked_at: float | None = None
+        self._pings = 0
         self._pgconn: PGconn | None = None
         self._io: _Readiness | None = None
         self._identity: SystemIdentity | None = None
@@ -236,6 +262,11 @@ class ReplicationStream:
     def slot(self) -> str:
         """The replication slot's name."""
         return self._slot
+
+    @property
+    def pings(self) -> int:
+        """Status updates sent asking for a reply because the server had been silent."""
+        return self._pings
 
     async def __aenter__(self) -> Self:
         return self
@@ -263,8 +294,17 @@ class ReplicationStream:
             pgconn = await self._connect()
             self._pgconn = pgconn
             self._io = _Readiness(asyncio.get_running_loop(), pgconn.socket)
-            self._identity = await self._identify_system(pgconn)
-            await self._start_replication(pgconn, start_lsn)
+            timeout_s = self._silence_timeout_s
+            try:
+                async with asyncio.timeout(timeout_s):
+                    self._identity = await self._identify_system(pgconn)
+                    await self._start_replication(pgconn, start_lsn)
+            except TimeoutError:
+                raise ReplicationStreamClosed(
+                    f"PostgreSQL did not answer IDENTIFY_SYSTEM/START_REPLICATION within "
+                    f"{timeout_s:g}s: the connection is presumed hung"
+                ) from None
+            self._heard_at = self._pinged_at = time.monotonic()
         except BaseException:
             # Includes CancelledError: never leave a half-open connection behind.
             await self.close()
@@ -303,6 +343,8 @@ class ReplicationStream:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     return None
+                if self._silence_timeout_s is not None:
+                    remaining = min(remaining, await self._mind_silence(pgconn, io))
                 await io.wait(write=False, timeout_s=remaining)
                 pgconn, io = self._streaming()
                 self._consume_input(pgconn)
@@ -378,30 +420,91 @@ class ReplicationStream:
             raise RuntimeError("ReplicationStream.start() has not completed")
         return self._pgconn, self._io
 
+    async def _mind_silence(self, pgconn: PGconn, io: _Readiness) -> float:
+        """Ping a server silent for a third of the timeout; raise once it stayed silent for all
+        of it and for two thirds of it since the first unanswered ping (a caller that did not
+        read for a while is not taken for a silent server). Returns how long the caller may
+        wait before this must be checked again."""
+        timeout_s = self._silence_timeout_s
+        assert timeout_s is not None
+        answer_s = timeout_s * 2 / 3
+        now = time.monotonic()
+        asked_at = self._asked_at
+        if (
+            asked_at is not None
+            and now - asked_at >= answer_s
+            and now - self._heard_at >= timeout_s
+        ):
+            # What the socket holds counts as heard, even if nobody read it meanwhile.
+            self._consume_input(pgconn)
+            self._drain(pgconn)
+            if self._buffer or self._ended is not None:
+                return 0.0
+            self._hung(now - self._heard_at)
+        ping_every_s = timeout_s / 3
+        if now - max(self._heard_at, self._pinged_at) >= ping_every_s:
+            self._pinged_at = now
+            if asked_at is None:
+                self._asked_at = asked_at = now
+            self._pings += 1
+            flush = self._last_flush
+            message = standby_status_update(flush, flush, flush, datetime.now(UTC), True)
+            try:
+                # A hung peer may not even take our bytes: never wait past the deadline.
+                async with asyncio.timeout(
+                    max(asked_at + answer_s, self._heard_at + timeout_s) - now
+                ):
+                    async with self._write_lock:
+                        await self._put_copy_data(pgconn, io, message)
+            except TimeoutError:
+                self._hung(time.monotonic() - self._heard_at)
+        next_check = max(self._heard_at, self._pinged_at) + ping_every_s
+        if self._asked_at is not None:
+            next_check = min(next_check, max(self._asked_at + answer_s, self._heard_at + timeout_s))
+        return max(0.0, next_check - time.monotonic())
+
+    def _hung(self, silent_s: float) -> None:
+        error = ReplicationStreamClosed(
+            f"PostgreSQL sent nothing for {silent_s:.1f}s, not even a keepalive when asked "
+            f"(ZAPSTREAM_RELAY_REPLICATION_TIMEOUT_S={self._silence_timeout_s:g}): the "
+            "connection is presumed hung"
+        )
+        self._in_copy = False
+        self._ended = error
+        raise error
+
     def _drain(self, pgconn: PGconn) -> None:
         """Move every complete CopyData message libpq has buffered into ``self._buffer``."""
         if not self._in_copy:
             return
         buffer = self._buffer
         get_copy_data = pgconn.get_copy_data
-        while True:
-            try:
-                nbytes, data = get_copy_data(1)
-            except psycopg.OperationalError as exc:
-                self._in_copy = False
-                if self._ended is None:  # keep the first, most specific reason
-                    self._ended = ReplicationStreamClosed(f"replication connection failed: {exc}")
-                return
-            if nbytes > 0:
-                buffer.append(parse_copy_data(data))
-            elif nbytes == 0:
-                return
-            else:
-                # -1: the server sent CopyDone (or an error ended the copy); the
-                # reason follows as a result.
-                self._in_copy = False
-                self._ended = self._copy_end_error(pgconn)
-                return
+        before = len(buffer)
+        try:
+            while True:
+                try:
+                    nbytes, data = get_copy_data(1)
+                except psycopg.OperationalError as exc:
+                    self._in_copy = False
+                    if self._ended is None:  # keep the first, most specific reason
+                        self._ended = ReplicationStreamClosed(
+                            f"replication connection failed: {exc}"
+                        )
+                    return
+                if nbytes > 0:
+                    buffer.append(parse_copy_data(data))
+                elif nbytes == 0:
+                    return
+                else:
+                    # -1: the server sent CopyDone (or an error ended the copy); the
+                    # reason follows as a result.
+                    self._in_copy = False
+                    self._ended = self._copy_end_error(pgconn)
+                    return
+        finally:
+            if len(buffer) != before:
+                self._heard_at = time.monotonic()
+                self._asked_at = None
 
     def _copy_end_error(self, pgconn: PGconn) -> ReplicationStreamClosed:
         # The final result may not have arrived yet; only fetch it if it is

@@ -44,7 +44,7 @@ from connectors.cdc.metrics import (
     SLOT_METRICS_READ,
     SLOT_RETAINED_WAL,
 )
-from connectors.failures import ReopeningConnection
+from connectors.failures import ReopeningConnection, postgres_deadline
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +103,10 @@ class SlotMonitor:
         streaming: Callable[[], bool],
         clock: Callable[[], float] = time.time,
         connect: Callable[[], Awaitable[psycopg.AsyncConnection[Any]]] | None = None,
+        query_timeout_s: float = 45.0,
     ) -> None:
         self._dsn = dsn
+        self._query_timeout_s = query_timeout_s
         self._connect = connect or self._connect_dsn
         self._slot = slot
         self._interval_s = interval_s
@@ -162,7 +164,8 @@ class SlotMonitor:
         """Read the slot's position into the gauges; None if it could not be read."""
         try:
             conn = await self._conn.get()
-            position = await read_slot_position(conn, self._slot)
+            async with postgres_deadline(self._query_timeout_s, "the slot metrics query", conn):
+                position = await read_slot_position(conn, self._slot)
         except (psycopg.Error, OSError, TimeoutError) as exc:
             await self._failed(exc)
             return None
@@ -187,7 +190,8 @@ class SlotMonitor:
             return False
         try:
             conn = await self._conn.get()
-            await conn.execute(_HEARTBEAT_QUERY, (HEARTBEAT_PREFIX,))
+            async with postgres_deadline(self._query_timeout_s, "the heartbeat message", conn):
+                await conn.execute(_HEARTBEAT_QUERY, (HEARTBEAT_PREFIX,))
         except psycopg.errors.InsufficientPrivilege as exc:
             # Permanent: say it once and stop trying; the slot metrics go on.
             log.warning(

@@ -31,7 +31,7 @@ from typing import Any
 
 import psycopg
 
-from connectors.failures import OutageLog, ReopeningConnection
+from connectors.failures import OutageLog, ReopeningConnection, postgres_deadline
 from connectors.ops.config_errors import error_detail
 from connectors.ops.pipeline_sql import job_counts, pending_groups
 from connectors.sink import metrics
@@ -104,8 +104,9 @@ class PipelineGauges:
         """Read the gauges once; raises what PostgreSQL raised (the gauges keep their values)."""
         started = self._clock()
         conn = await self._conn.get()
-        counts = await job_counts(conn)
-        groups = await pending_groups(conn)
+        async with postgres_deadline(self._postgres.query_timeout_s, "the gauges' read", conn):
+            counts = await job_counts(conn)
+            groups = await pending_groups(conn)
         read_at = self._clock()
         for state, count in counts.items():
             metrics.JOBS.labels(state).set(count)

@@ -44,7 +44,7 @@ import psycopg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
 from aiokafka.errors import KafkaError
 
-from connectors.failures import MIGRATE, Backoff
+from connectors.failures import MIGRATE, Backoff, postgres_deadline
 from connectors.sink import metrics
 from connectors.sink.failures import Outage, SinkConfigError, Verdict, classify
 from connectors.sink.pipeline_metrics import PipelineGauges
@@ -440,7 +440,10 @@ class StateSink:
         if self._conn is None or self._conn.closed:
             await self._connect_postgres()
         assert self._conn is not None
-        return await apply_batch(self._conn, states, invalid)
+        postgres = self._settings.postgres
+        conn = self._conn
+        async with postgres_deadline(postgres.query_timeout_s, "the sink's batch write", conn):
+            return await apply_batch(conn, states, invalid)
 
     async def _commit(self) -> None:
         assert self._consumer is not None
@@ -518,14 +521,16 @@ class StateSink:
 
     async def _connect_postgres(self) -> None:
         await self._drop_postgres()
+        postgres = self._settings.postgres
         conn = await psycopg.AsyncConnection.connect(
-            self._settings.postgres.dsn,
+            postgres.service_dsn,
             autocommit=True,
             connect_timeout=self._settings.connect_timeout_s,
         )
         try:
-            cur = await conn.execute(_SCHEMA_COLUMNS)
-            present = {str(row[0]) for row in await cur.fetchall()}
+            async with postgres_deadline(postgres.query_timeout_s, "the sink's schema check", conn):
+                cur = await conn.execute(_SCHEMA_COLUMNS)
+                present = {str(row[0]) for row in await cur.fetchall()}
         except BaseException:
             await conn.close()
             raise
@@ -551,11 +556,14 @@ class StateSink:
     async def _start_kafka(self) -> None:
         await self._stop_kafka()
         kafka = self._settings.kafka
-        producer = AIOKafkaProducer(**kafka.client_options(), acks="all")
+        producer = AIOKafkaProducer(
+            **kafka.client_options(), **kafka.deadline_options(), acks="all"
+        )
         consumer = AIOKafkaConsumer(
             STATE,
             INVALID,
             **kafka.client_options(),
+            **kafka.deadline_options(),
             group_id=self._settings.group_id,
             enable_auto_commit=False,
             auto_offset_reset="earliest",

@@ -383,10 +383,10 @@ def test_each_service_starts_from_its_environment_and_secret_files(
     settings = settings_of(cc.command(svc))
     dsn = demo["ZAPSTREAM_DATABASE_URL"]
     if cc.command(svc) == ["db", "migrate"]:
-        assert settings[0].dsn == dsn
+        assert settings[0].url.get_secret_value() == dsn
     for block in ("postgres",):
         if hasattr(settings, block):
-            assert getattr(settings, block).dsn == dsn, service
+            assert getattr(settings, block).url.get_secret_value() == dsn, service
     if hasattr(settings, "kafka"):
         assert settings.kafka.brokers == "kafka:9092"
     if service.startswith("worker"):

@@ -215,7 +215,7 @@ def test_every_deployable_builds_its_settings_from_what_its_container_gets(
             for name in ("postgres", "kafka"):
                 nested = getattr(block, name, None)
                 if name == "postgres" and nested is not None:
-                    assert nested.dsn == written[DATABASE], d.where
+                    assert nested.url.get_secret_value() == written[DATABASE], d.where
                 if name == "kafka" and nested is not None:
                     assert nested.brokers == d.env[BROKERS], d.where
 
