@@ -41,6 +41,7 @@ class ConversationLanes(Generic[T]):
         self._slots = asyncio.Semaphore(max_in_flight)
         self._queues: dict[Hashable, collections.deque[T]] = {}
         self._in_flight = 0
+        self._waiting = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._failed: BaseException | None = None
 
@@ -53,11 +54,20 @@ class ConversationLanes(Generic[T]):
     def lanes(self) -> int:
         return len(self._queues)
 
+    @property
+    def waiting(self) -> int:
+        """Calls of :meth:`submit` waiting for room (the bound is reached)."""
+        return self._waiting
+
     async def submit(self, key: Hashable, item: T) -> None:
         """Queue ``item`` behind earlier items of ``key``; wait while the bound is reached."""
         if self._failed is not None:
             raise RuntimeError("a lane failed; no new work is taken") from self._failed
-        await self._slots.acquire()
+        self._waiting += 1
+        try:
+            await self._slots.acquire()
+        finally:
+            self._waiting -= 1
         self._in_flight += 1
         queue = self._queues.get(key)
         if queue is not None:

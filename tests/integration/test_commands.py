@@ -190,6 +190,9 @@ class ScriptedGateway:
     async def cancel_job(self, instance_id: str, gateway_job_id: str) -> CancelOutcome:
         return self.cancel_outcome
 
+    async def probe_configuration(self, instance_id: str) -> str:
+        return "scripted: nothing to check"
+
     async def start(self) -> None: ...
 
     async def stop(self) -> None: ...
@@ -296,6 +299,11 @@ class InProcessWorker:
         state = self.store.get(job_id)
         assert state is not None
         return state.status
+
+    def apply(self, command: CommandRequested) -> None:
+        """Deliver one command now, as the pipeline would: once (:meth:`serve` starts after it)."""
+        self.call(self._handle(command))
+        self._last_command = max(self._last_command, command.command_id)
 
     async def _handle(self, command: CommandRequested) -> None:
         if command.command == Command.CANCEL:
@@ -843,12 +851,13 @@ def test_jobs_reprocess_reports_the_workers_refusal_by_its_outcome(
     # The worker has moved on (an earlier reprocess sent it) but PostgreSQL has not
     # caught up yet: the CLI lets the command through and the worker refuses it.
     assert worker.send(job_id) == "FAILED"  # a redelivery of a settled job sends nothing
-    worker.call(
-        worker.processor.on_intent(
-            worker.intent(job_id), 0, reprocess=_reprocess_command(outbox_db, job_id)
-        )
-    )
+    # Delivered through apply(), not by hand: serve() must not deliver this command a
+    # second time, as its answer (a note, one version up) would overwrite the hand edit
+    # below with the worker's ACCEPTED before the CLI reads the row.
+    worker.apply(_reprocess_command(outbox_db, job_id))
     assert _status(outbox_db, job_id) == "ACCEPTED"
+    assert worker.commands_handled == 1
+    # The edit is final: apply() awaited every state write, and nothing will replay one.
     with psycopg.connect(outbox_db, autocommit=True) as conn:
         conn.execute("UPDATE outbox_jobs SET status = 'FAILED' WHERE id = %s", (job_id,))
     worker.serve()
@@ -859,6 +868,9 @@ def test_jobs_reprocess_reports_the_workers_refusal_by_its_outcome(
     assert code == 1, out.getvalue()
     assert "NOT REPROCESSED (reprocess_refused)" in out.getvalue()
     assert "job is ACCEPTED" in out.getvalue()
+    # The CLI's command, and only it, reached the worker after the hand edit.
+    wait_until(lambda: worker.commands_handled >= 2, 5, "the worker to finish the command")
+    assert worker.commands_handled == 2, worker.commands_handled
 
 
 def test_jobs_reprocess_of_an_invalid_job_is_refused_here(outbox_db: str) -> None:

@@ -30,15 +30,26 @@ class History:
         self.status = status
         self.error = error
         self.asked: list[int] = []
+        self._asked = asyncio.Event()
+
+    def _ask(self, job_id: int) -> None:
+        self.asked.append(job_id)
+        self._asked.set()
+
+    async def asked_at_least(self, n: int) -> None:
+        """Return once ``n`` questions were asked (the signal, instead of a fixed sleep)."""
+        while len(self.asked) < n:
+            self._asked.clear()
+            await self._asked.wait()
 
     async def status_of(self, job_id: int) -> str | None:
-        self.asked.append(job_id)
+        self._ask(job_id)
         if self.error is not None:
             raise self.error
         return self.status
 
     async def state_of(self, job_id: int) -> HistoricState | None:
-        self.asked.append(job_id)
+        self._ask(job_id)
         if self.error is not None:
             raise self.error
         return HistoricState(self.status, 4, 1, "g-1", 2) if self.status else None
@@ -229,7 +240,8 @@ async def test_a_receipt_waits_while_outbox_jobs_cannot_answer() -> None:
         status="DELIVERED",
     )
     task = asyncio.ensure_future(processor.on_receipt(receipt, 0))
-    await asyncio.sleep(0.05)
+    # Asked again after a refusal: the receipt is still waiting, not decided on a guess.
+    await asyncio.wait_for(history.asked_at_least(2), 1.0)
     assert not task.done() and len(history.asked) >= 2
     history.error = None
     moved = await asyncio.wait_for(task, 1.0)

@@ -1,10 +1,23 @@
 """Conversation lanes keep each key in order, run keys concurrently, and bound in-flight work."""
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 
 from streams.lanes import ConversationLanes
+
+
+async def _until(predicate: Callable[[], bool], what: str, timeout_s: float = 3.0) -> None:
+    """Poll with a deadline (never a fixed sleep)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            while True:
+                if predicate():
+                    return
+                await asyncio.sleep(0.001)
+    except TimeoutError:
+        raise AssertionError(f"timed out waiting for {what}") from None
 
 
 async def test_order_per_key_and_concurrency_across_keys() -> None:
@@ -47,10 +60,12 @@ async def test_submit_waits_when_bound_reached() -> None:
     await lanes.submit("a", 1)
     await lanes.submit("b", 2)
     third = asyncio.ensure_future(lanes.submit("c", 3))
-    await asyncio.sleep(0.01)
+    await _until(lambda: lanes.waiting == 1 or third.done(), "the third submit to wait or return")
     assert not third.done()
+    assert lanes.waiting == 1 and lanes.in_flight == 2
     gate.set()
     await asyncio.wait_for(third, 1)
+    assert lanes.waiting == 0
     assert await lanes.join(1)
 
 

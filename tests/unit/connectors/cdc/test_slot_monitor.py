@@ -153,19 +153,27 @@ async def test_postgresql_away_is_logged_once_per_outage_and_never_raises(
 async def test_heartbeats_are_written_only_while_streaming() -> None:
     conn = FakeConnection((0, 0, True))
     streaming = False
+    ticks = 0
+
+    def is_streaming() -> bool:
+        # Asked at each heartbeat tick: the count is the signal that ticks went by.
+        nonlocal ticks
+        ticks += 1
+        return streaming
+
     monitor = SlotMonitor(
         "postgresql://unused",
         SLOT,
         interval_s=60.0,
         heartbeat_interval_s=0.01,
-        streaming=lambda: streaming,
+        streaming=is_streaming,
         clock=lambda: 1_700_000_456.0,
         connect=Connector(conn),
     )
     async with monitor:
         await until(lambda: len(conn.queries) >= 1, "the first slot read")
         # Several heartbeat intervals pass as a standby: nothing is written.
-        await asyncio.sleep(0.05)
+        await until(lambda: ticks >= 5, "five heartbeat ticks")
         assert conn.heartbeats == 0
         streaming = True
         await until(lambda: conn.heartbeats >= 3, "three heartbeats")
