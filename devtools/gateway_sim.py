@@ -15,10 +15,13 @@ Gateway endpoints (``X-API-Key`` / ``Authorization: Bearer`` checked when config
   those ``Idempotency-Key`` values (ignored under ``hide_references``), ``since``
   (ISO 8601 or epoch seconds) the jobs that arrived at or after it; the keys of
   the answer are renamed by ``listing_fields`` (e.g. ``{"items": "jobs",
-  "reference": "ref"}``) to imitate a gateway that words its listing differently
+  "reference": "ref"}``) to imitate a gateway that words its listing differently,
+  and ``listing_shape`` answers in the seed guide's jobs-and-counts shape (``seed``)
+  or in one nobody can read (``unknown``)
 - ``POST /v1/instances/{i}/send-queue/{id}/cancel`` -> ``{"id", "status": "cancelled"}``
   while the job is not yet sent (again on an already-cancelled job), 409 once sent
 - ``POST /v1/instances/{i}/messages`` (ZAP API send) -> 200 ``{"id", "status"}``
+- ``GET /{version}/{phone_number_id}`` (Meta: the number's node) -> ``{"id"}``
 - ``POST /{version}/{phone_number_id}/messages`` (Meta Cloud API send, ``version`` like
   ``v21.0``; the ZAP API's Bearer token is checked) -> 200 ``{"messaging_product",
   "contacts": [{"input", "wa_id"}], "messages": [{"id": "wamid..."}]}``; the body's
@@ -35,7 +38,8 @@ Control endpoints (no auth):
 - ``GET  /_sim/messages[?since=<seq>]``: accepted messages with ``seq > since``
 - ``GET  /_sim/stats``: ``accepted``, ``requests``, ``by_outcome``, ``by_api``,
   ``distinct_references``, ``listings`` (StackZap listing requests: ``filtered`` by
-  reference or since, or ``all``)
+  reference or since, or ``all``), ``listing_times`` (per instance, the epoch times of
+  its last 10,000 listing requests)
 - ``GET|POST /_sim/config``: read / partially update :class:`SimConfig`; ``outage_s``
   sets ``outage_until`` to now + N seconds; ``seed`` re-seeds the fault generator
 - ``POST /_sim/reset``: forget messages, stats and config
@@ -211,6 +215,11 @@ class SimConfig:
     """StackZap listing key -> the name the answer uses instead (``items``, ``id``,
     ``reference``, ``to``, ``text``, ``status``, ``created_at``, ``page``,
     ``page_size``, ``total``, ``counts``, ``next_page``); empty: today's names."""
+    listing_shape: str = "items"
+    """How the StackZap listing answers: ``items`` (``{"items", "page", "page_size", "total",
+    "counts", "next_page"}``), ``seed`` (the seed guide's "jobs and counts": ``{"jobs":
+    [{"id", "ref", ...}], "counts"}``, no pagination keys, every job on one page) or
+    ``unknown`` (a shape no parser can read: ``{"result": {"encoded": "..."}}``)."""
     pair_limited_recipients: dict[str, int] = dataclasses.field(default_factory=dict)
     """Recipient (``to`` as received) -> sends still to be refused for the sender/recipient
     pair's rate (Meta: error 131056, HTTP 400; the other APIs: 429 ``Retry-After: 0``)."""
@@ -223,6 +232,7 @@ class SimConfig:
     """The app secret of ``X-Hub-Signature-256`` on Meta notifications; shown masked."""
 
 
+_LISTING_SHAPES = frozenset({"items", "seed", "unknown"})
 _LISTING_KEYS = frozenset(
     {
         "items",
@@ -359,6 +369,10 @@ def _updated_config(current: SimConfig, changes: Mapping[str, Any]) -> SimConfig
                     f"listing_fields must map some of {sorted(_LISTING_KEYS)} to non-empty names"
                 )
             cfg.listing_fields = dict(value)
+        elif key == "listing_shape":
+            if value not in _LISTING_SHAPES:
+                raise SimConfigError(f"listing_shape must be one of {sorted(_LISTING_SHAPES)}")
+            cfg.listing_shape = value
         else:
             raise SimConfigError(f"unknown config key {key!r}")
     return cfg
@@ -451,6 +465,8 @@ class GatewaySimulator:
         self._callbacks_sent = 0
         self._callbacks_failed = 0
         self._listings: collections.Counter[str] = collections.Counter()
+        self._listing_times: dict[str, collections.deque[float]] = {}
+        """Per instance, the epoch times of its last listing requests (bounded)."""
 
     # --- lifecycle -----------------------------------------------------------------
 
@@ -474,6 +490,7 @@ class GatewaySimulator:
         )
         app.router.add_post("/v1/instances/{instance}/messages", self._zapapi_send)
         app.router.add_post(r"/{version:v\d+\.\d+}/{instance}/messages", self._meta_send)
+        app.router.add_get(r"/{version:v\d+\.\d+}/{instance}", self._meta_number)
         app.router.add_get("/_sim/health", self._health)
         app.router.add_get("/_sim/messages", self._messages_endpoint)
         app.router.add_get("/_sim/stats", self._stats_endpoint)
@@ -581,6 +598,7 @@ class GatewaySimulator:
             "callbacks_sent": self._callbacks_sent,
             "callbacks_failed": self._callbacks_failed,
             "listings": dict(self._listings),
+            "listing_times": {i: list(t) for i, t in self._listing_times.items()},
         }
 
     def set_job_status(
@@ -914,6 +932,16 @@ class GatewaySimulator:
     async def _meta_send(self, request: web.Request) -> web.Response:
         return await self._send(request, META, 200)
 
+    async def _meta_number(self, request: web.Request) -> web.Response:
+        """The phone number's node (what ``zapstream doctor`` and the worker's start-up
+        check read): ``{"id"}``, after the same auth and unknown-instance answers."""
+        early, decision = await self._prelude(request, api=META, send=False)
+        if early is not None:
+            return early
+        return self._answer(
+            request, decision, "number_read", _json({"id": request.match_info["instance"]})
+        )
+
     async def _stackzap_list(self, request: web.Request) -> web.Response:
         early, decision = await self._prelude(request, api=STACKZAP, send=False)
         if early is not None:
@@ -943,10 +971,13 @@ class GatewaySimulator:
             jobs = [j for j in jobs if j.reference in references]
         if isinstance(since, float):
             jobs = [j for j in jobs if j.arrived_at >= since]
+        shape = self._config.listing_shape
         start = (page - 1) * page_size
-        chunk = jobs[start : start + page_size]
+        # The seed's shape says nothing of pages: every job is on the one page.
+        chunk = jobs if shape == "seed" else jobs[start : start + page_size]
         hide = self._config.hide_references
         name = self._config.listing_fields.get
+        reference_name = "ref" if shape == "seed" else name("reference", "reference")
         items = []
         for job in chunk:
             item: dict[str, Any] = {
@@ -957,17 +988,29 @@ class GatewaySimulator:
                 name("created_at", "created_at"): _iso(job.arrived_at),
             }
             if not hide:
-                item[name("reference", "reference")] = job.reference
+                item[reference_name] = job.reference
             items.append(item)
-        body = {
-            name("items", "items"): items,
-            name("page", "page"): page,
-            name("page_size", "page_size"): page_size,
-            name("total", "total"): len(jobs),
-            name("counts", "counts"): dict(self._counts.get(instance, {})),
-            name("next_page", "next_page"): page + 1 if start + page_size < len(jobs) else None,
-        }
+        counts = dict(self._counts.get(instance, {}))
+        body: dict[str, Any]
+        if shape == "seed":
+            body = {"jobs": items, "counts": counts}
+        elif shape == "unknown":
+            body = {"result": {"encoded": "eyJqb2JzIjogW119"}, "ok": True}
+        else:
+            body = {
+                name("items", "items"): items,
+                name("page", "page"): page,
+                name("page_size", "page_size"): page_size,
+                name("total", "total"): len(jobs),
+                name("counts", "counts"): counts,
+                name("next_page", "next_page"): (
+                    page + 1 if start + page_size < len(jobs) else None
+                ),
+            }
         self._listings["filtered" if references or since is not None else "all"] += 1
+        self._listing_times.setdefault(instance, collections.deque(maxlen=10_000)).append(
+            time.time()
+        )
         return self._answer(request, decision, "listed", _json(body))
 
     async def _stackzap_cancel(self, request: web.Request) -> web.Response:

@@ -282,6 +282,9 @@ class StatusChanged(Record):
     """Set on the record that answers a command (:class:`CommandOutcome`), else None."""
     command_id: int | None = None
     """The ``outbox_commands`` id this record answers, with ``outcome``."""
+    reconciling_since: str | None = None
+    """While an ATTEMPTING job's outcome is being reconciled: when that began (ISO 8601),
+    for the bound ``ZAPSTREAM_WORKER_RECONCILE_MAX_WAIT_S``; None otherwise."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

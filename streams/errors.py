@@ -18,9 +18,14 @@ of transport errors:
   the gateway refused the *instance*, not the message (401/403 bad credentials,
   404 unknown instance). Certainly not sent; the worker pauses the instance and
   probes it instead of spending the messages' attempts.
+- :class:`GatewayMisconfigured` (an instance error naming a ``setting``): our
+  configuration is wrong, not the message (a 404 on the send route, the same
+  permanent error for many recipients in a row). Paused and probed, never FAILED.
 """
 
 from __future__ import annotations
+
+import re
 
 
 class GatewayError(Exception):
@@ -102,3 +107,48 @@ class ListingUnreadable(GatewayError):
     reconciler postpones (never UNCERTAIN, never a resend) until it parses again."""
 
     retriable = False
+
+
+class GatewayMisconfigured(InstanceUnavailableError):
+    """The gateway's answer says our configuration is wrong, not the message: a 404 (or a
+    redirect, or 405) on the send or listing route that names no recipient or resource, as
+    a wrong base URL gets; or the same permanent error for many sends in a row to different
+    recipients. Nothing was sent; every instance configured the same way fails the same
+    way. ``setting`` names what to check (``ZAP_API_URL``, ``STACKZAP_API_URL``...).
+
+    An :class:`InstanceUnavailableError`: the worker pauses the instance and probes it
+    (with backoff) instead of failing its queue; the first such pause of the gateway is
+    the one ERROR line (:mod:`streams.instance_pauses`)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        setting: str,
+        status_code: int | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(message, status_code=status_code, retry_after_s=retry_after_s)
+        self.setting = setting
+
+
+_RECIPIENT_WORDS = re.compile(
+    r"recipient|number|phone|contact|user|chat|jid|wa_?id|destination|not on whatsapp|"
+    r"not registered|job|message id|\bmessage not found",
+    re.IGNORECASE,
+)
+_URL_OR_PATH = re.compile(r"https?://\S+|/\S*")
+
+
+def names_a_resource(reason: str) -> bool:
+    """True when a gateway's error message is about a recipient or a resource (``invalid
+    recipient``, ``number not on WhatsApp``, ``unknown job``): a message's own failure.
+
+    URL paths in the message are ignored: ``Cannot POST /v1/instances/x/messages`` (a
+    web framework's answer to a route it does not have) names no resource."""
+    return bool(_RECIPIENT_WORDS.search(_URL_OR_PATH.sub(" ", reason)))
+
+
+def without_paths(reason: str) -> str:
+    """``reason`` with URLs and paths blanked (a route echoed back is not a resource name)."""
+    return _URL_OR_PATH.sub(" ", reason)

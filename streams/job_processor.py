@@ -28,7 +28,10 @@ The instance, not the message: a refusal of the instance itself (bad
 credentials, unknown instance: :class:`~streams.errors.InstanceUnavailableError`)
 pauses the instance (:mod:`streams.instance_pauses`). The job parks until the
 next probe and the attempt is given back (nothing was sent); while paused, the
-instance's intents park without calling the gateway, except the probe.
+instance's intents park without calling the gateway, except the probe. So does a
+configuration fault (:class:`~streams.errors.GatewayMisconfigured`: a 404 on the
+send route; or the same permanent error for ``systemic_failures`` sends in a row
+to different recipients, :class:`~streams.instance_pauses.PermanentStreaks`).
 """
 
 from __future__ import annotations
@@ -61,13 +64,18 @@ from streams.errors import (
     UncertainGatewayError,
 )
 from streams.failure_log import FailureLog
-from streams.instance_pauses import InstancePauses
+from streams.instance_pauses import InstancePauses, PermanentStreaks
 from streams.job_history import LateRedeliveries, LateVerdict
-from streams.metrics import ACCEPTED_TO_DELIVERED, GATEWAY_CALL, RECEIPTS_IGNORED
+from streams.metrics import (
+    ACCEPTED_TO_DELIVERED,
+    GATEWAY_CALL,
+    RECEIPTS_IGNORED,
+    RECONCILE_GAVE_UP,
+)
 from streams.pacing import OPERATIONAL, Pacer
-from streams.ports import CancelOutcome, Gateway, ListedJob, SendAccepted, TextMessage
+from streams.ports import CancelOutcome, Gateway, ListedJob, TextMessage
 from streams.receipts import ignored_because, remember_event
-from streams.reconcile import Verdict, reconcile
+from streams.reconcile import InstanceListings, ListingDeferred, Verdict, reconcile
 from streams.state_machine import (
     RECEIPT_RANK,
     REPROCESSABLE,
@@ -146,18 +154,18 @@ def _now() -> dt.datetime:
 
 
 class _RefusalWatch:
-    """The gateway as the reconciler sees it, remembering a refusal of the instance.
+    """The listing as the reconciler sees it, remembering a refusal of the instance.
 
     :func:`streams.reconcile.reconcile` turns every listing failure into a verdict;
     a 401 on the listing must pause the instance instead of spending the budget.
     """
 
-    def __init__(self, gateway: Gateway) -> None:
-        self._gateway = gateway
-        self.name = gateway.name
+    def __init__(self, listing: InstanceListings) -> None:
+        self._listing = listing
+        self.name = listing.name
         self.refused: InstanceUnavailableError | None = None
         self.failed: GatewayError | None = None
-        """Any other listing failure, for the failure log."""
+        """Any other listing failure, for the failure log (not a deferral: nothing sent)."""
 
     async def list_for_reconciliation(
         self,
@@ -165,11 +173,14 @@ class _RefusalWatch:
         *,
         references: Sequence[str] = (),
         since: dt.datetime | None = None,
+        before_page: Callable[[], Awaitable[None]] | None = None,
     ) -> list[ListedJob] | None:
         try:
-            return await self._gateway.list_for_reconciliation(
+            return await self._listing.list_for_reconciliation(
                 instance_id, references=references, since=since
             )
+        except ListingDeferred:
+            raise
         except InstanceUnavailableError as exc:
             self.refused = exc
             raise
@@ -177,17 +188,15 @@ class _RefusalWatch:
             self.failed = exc
             raise
 
-    async def send_text(self, message: TextMessage) -> SendAccepted:
-        return await self._gateway.send_text(message)
 
-    async def cancel_job(self, instance_id: str, gateway_job_id: str) -> CancelOutcome:
-        return await self._gateway.cancel_job(instance_id, gateway_job_id)
-
-    async def start(self) -> None:
-        await self._gateway.start()
-
-    async def stop(self) -> None:
-        await self._gateway.stop()
+def _reconciling_since(current: StatusChanged, now: dt.datetime) -> dt.datetime:
+    """When the reconciliation of the job's attempt began (now, if it begins now)."""
+    if current.reconciling_since:
+        try:
+            return dt.datetime.fromisoformat(current.reconciling_since)
+        except ValueError:
+            pass
+    return now
 
 
 class JobProcessor:
@@ -209,14 +218,28 @@ class JobProcessor:
         pacer: Pacer | None = None,
         pacing_wait_s: Mapping[str, float] | None = None,
         breaker_failures: int = 5,
+        systemic_failures: int = 5,
         controls: Controls | None = None,
+        listings: InstanceListings | None = None,
+        reconcile_max_wait_s: float = 600.0,
     ) -> None:
         self.gateway = gateway
+        self.listings = listings or InstanceListings(gateway)
+        """The gateway's listing, asked per instance for every job waiting on it."""
+        self.reconcile_max_wait_s = reconcile_max_wait_s
+        """How long a job whose outcome is unknown waits for a listing that concludes
+        before it becomes UNCERTAIN and its conversation moves on."""
         self.controls = controls or Controls()
         """Operators' pauses of instances and campaigns (:mod:`streams.controls`)."""
         self.breaker_failures = breaker_failures
         """Transient failures in a row after which an instance is paused (0: never)."""
         self._failing: dict[str, int] = {}
+        self.streaks = PermanentStreaks(
+            systemic_failures,
+            setting=getattr(gateway, "url_setting", "") or "the gateway settings",
+        )
+        """The same permanent error for ``systemic_failures`` sends in a row to different
+        recipients pauses the instance instead of failing its queue (0: never)."""
         self.pacer = pacer or Pacer()
         """Token buckets per instance and recipient (:mod:`streams.pacing`)."""
         self.pacing_wait_s = dict(pacing_wait_s or {OPERATIONAL: 1.0})
@@ -391,6 +414,24 @@ class JobProcessor:
                 return Park(due=due.timestamp(), state=waiting)
             except PermanentGatewayError as exc:
                 self.failures.record(intent.instance_id, exc, self._ts())
+                systemic = self.streaks.observe(intent.instance_id, intent.to, exc)
+                if systemic is not None:
+                    # Not this message's fault: the instance pauses and the job waits like
+                    # one refused for the instance, its attempt given back.
+                    await (
+                        await self._attempt(
+                            intent, seq, AttemptOutcome.TRANSIENT, started, error=str(systemic)
+                        )
+                    )
+                    return await self._hold_for_instance(
+                        intent,
+                        ref,
+                        current,
+                        partition,
+                        systemic,
+                        probe=probe,
+                        attempts=attempts - 1,
+                    )
                 self._gateway_answered(intent.instance_id)
                 ack = await self._attempt(
                     intent, seq, AttemptOutcome.PERMANENT, started, error=str(exc)
@@ -435,6 +476,7 @@ class JobProcessor:
             self._gateway_answered(intent.instance_id)
             self.failures.record_success(intent.instance_id, self._ts())
             self._failing.pop(intent.instance_id, None)
+            self.streaks.reset(intent.instance_id)
             self.pacer.on_sent(intent.instance_id, intent.conversation_key, self.pacer.clock())
             review = accepted.status is S.REVIEW
             # The attempt's outcome and the job's new state go out together (one produce
@@ -474,7 +516,7 @@ class JobProcessor:
         probe: bool = False,
     ) -> Outcome | None:
         """Decide an attempt of unknown outcome. None: not accepted, may be sent again."""
-        watch = _RefusalWatch(self.gateway)
+        watch = _RefusalWatch(self.listings)
         result = await reconcile(
             watch,
             instance_id=intent.instance_id,
@@ -524,21 +566,54 @@ class JobProcessor:
             await ack
             return Done(adopted)
         if result.verdict is Verdict.LATER:
-            if current.attempts >= intent.max_attempts:
-                return await self._retry_or_die(
-                    intent, ref, current, partition, result.reason, None
+            # The listing cannot conclude now: ask it again when the instance's listing may
+            # be asked (its backoff), still ATTEMPTING, so nothing is resent unasked; past
+            # the bound the job is UNCERTAIN and its conversation moves on.
+            now = self.now()
+            since = _reconciling_since(current, now)
+            deadline = since + dt.timedelta(seconds=self.reconcile_max_wait_s)
+            if now >= deadline:
+                RECONCILE_GAVE_UP.labels(intent.instance_id).inc()
+                log.warning(
+                    "job %d: outcome unknown (%s) and the listing did not conclude within "
+                    "%.0fs (ZAPSTREAM_WORKER_RECONCILE_MAX_WAIT_S): UNCERTAIN, its "
+                    "conversation moves on; last: %s",
+                    intent.job_id,
+                    why,
+                    self.reconcile_max_wait_s,
+                    result.reason,
                 )
-            # The listing is unavailable now: ask it again on the schedule, still
-            # ATTEMPTING, so no resend happens before the gateway was asked.
-            delay = self.policy.delay_s(max(current.attempts, 1), None, self.rng)
-            due = self.now() + dt.timedelta(seconds=delay)
+                return Done(
+                    await self._put(
+                        transition(
+                            ref,
+                            current,
+                            S.UNCERTAIN,
+                            reason=(
+                                f"outcome unknown ({why}); reconciliation did not conclude "
+                                f"within {self.reconcile_max_wait_s:.0f}s: {result.reason}; "
+                                "not resent"
+                            ),
+                        ),
+                        partition,
+                    )
+                )
+            due_ts = max(
+                now.timestamp() + 1.0,
+                result.retry_at
+                or (self.listings.deferred_until(intent.instance_id) or now.timestamp()),
+            )
+            due = min(dt.datetime.fromtimestamp(due_ts, dt.UTC), deadline)
             noted = await self._put(
-                transition(
-                    ref,
-                    current,
-                    S.ATTEMPTING,
-                    reason=f"outcome unknown ({why}); {result.reason}; reconciling again",
-                    next_retry_at=due.isoformat(),
+                dataclasses.replace(
+                    transition(
+                        ref,
+                        current,
+                        S.ATTEMPTING,
+                        reason=f"outcome unknown ({why}); {result.reason}; reconciling again",
+                        next_retry_at=due.isoformat(),
+                    ),
+                    reconciling_since=since.isoformat(),
                 ),
                 partition,
             )

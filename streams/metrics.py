@@ -57,6 +57,23 @@ RECEIPTS_IGNORED = Counter(
     "Receipts that changed nothing because they are duplicates or about another attempt",
     ["reason"],
 )
+LISTING_REQUESTS = Counter(
+    "zapstream_reconcile_listing_requests_total",
+    "Listing requests (pages included) made to reconcile jobs, by gateway and instance",
+    ["gateway", "instance"],
+)
+LISTING_LIMIT = Gauge(
+    "zapstream_reconcile_listing_limit_per_minute",
+    "The most listing requests one worker makes per instance in any minute "
+    "(ZAPSTREAM_WORKER_RECONCILE_LISTINGS_PER_MINUTE)",
+    ["gateway"],
+)
+RECONCILE_GAVE_UP = Counter(
+    "zapstream_reconcile_gave_up_total",
+    "Jobs made UNCERTAIN because their reconciliation did not conclude within "
+    "ZAPSTREAM_WORKER_RECONCILE_MAX_WAIT_S",
+    ["instance"],
+)
 LISTING_UNREADABLE = Counter(
     "zapstream_reconcile_listing_unreadable_total",
     "Reconciliations postponed because the gateway's listing did not parse "

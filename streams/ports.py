@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import enum
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 from streams.contract import JobStatus
@@ -69,6 +69,7 @@ class Gateway(Protocol):
         *,
         references: Sequence[str] = (),
         since: dt.datetime | None = None,
+        before_page: Callable[[], Awaitable[None]] | None = None,
     ) -> list[ListedJob] | None:
         """The instance's jobs that may be these attempts; None when it has no listing.
 
@@ -77,11 +78,24 @@ class Gateway(Protocol):
         returns every job. Never fewer than the matching jobs: reconciliation treats
         "not listed" as "not accepted" when the listing is authoritative. Raises
         :class:`~streams.errors.ListingUnreadable` when the answer does not parse.
+        ``before_page`` is awaited before each request (the caller's bound on requests).
         """
         ...
 
     async def cancel_job(self, instance_id: str, gateway_job_id: str) -> CancelOutcome:
         """Cancel an accepted job, or say why not."""
+        ...
+
+    async def probe_configuration(self, instance_id: str) -> str:
+        """One harmless request for the instance that tells a working configuration from
+        a wrong one; returns what it saw, for a log line or ``zapstream doctor``.
+
+        Nothing is ever sent to anybody. Raises
+        :class:`~streams.errors.GatewayMisconfigured` (wrong base URL or route, naming
+        the setting), :class:`~streams.errors.InstanceUnavailableError` (credentials
+        refused, unknown instance), :class:`~streams.errors.ListingUnreadable` (the
+        listing reconciliation needs does not parse) or a transient error (the gateway
+        is down: nothing is known)."""
         ...
 
     async def start(self) -> None: ...

@@ -28,6 +28,7 @@ from streams.controls import Controls, ControlsReader
 from streams.dedup_horizon import DedupHorizon
 from streams.failure_log import FailureLog
 from streams.faust_monitor import setup_lean_prometheus
+from streams.gateway_check import GatewayStartCheck
 from streams.health import add_health_pages
 from streams.instance_pauses import InstancePauses
 from streams.job_history import JobHistory, LateRedeliveries
@@ -37,6 +38,7 @@ from streams.lag_monitor import LagMonitor
 from streams.pacing import Limit, Pacer
 from streams.parking import ParkingLot
 from streams.ports import Gateway
+from streams.reconcile import InstanceListings
 from streams.sink_progress import SinkProgress
 from streams.stores import FaustJobStore, FaustPublisher, KafkaWriter
 from streams.tables import register_tables
@@ -139,7 +141,21 @@ def build_worker_app(
             client_id="zapstream-worker-lag-monitor",
         )
         resources = [*resources, lag]
-    app = build_app(settings, resources=[gateway, *resources])
+    pauses = InstancePauses(settings.instance_probe_s, probe_max_s=settings.instance_probe_max_s)
+    first: list[Resource] = [gateway]
+    if settings.start_probe:
+        # Right after the gateway client starts, before any send: a wrong base URL, key or
+        # listing is one line at start (streams/gateway_check.py), and the worker runs on.
+        g = settings.gateway
+        first.append(
+            GatewayStartCheck(
+                gateway,
+                pauses,
+                settings.probe_instances or list(settings.instance_rates),
+                timeout_s=g.pool_timeout_s + g.connect_timeout_s + g.read_timeout_s,
+            )
+        )
+    app = build_app(settings, resources=[*first, *resources])
     partitions = settings.kafka.partitions
     topics = register_topics(app, partitions)
     jobs, parked = register_tables(app, topics, partitions)
@@ -151,7 +167,11 @@ def build_worker_app(
         FaustPublisher(writer),
         RetryPolicy(schedule_s=tuple(settings.retry_schedule_s), jitter=settings.retry_jitter),
         listing_authoritative=settings.gateway.listing_authoritative,
-        pauses=InstancePauses(settings.instance_probe_s),
+        listings=InstanceListings(
+            gateway, listings_per_minute=settings.reconcile_listings_per_minute
+        ),
+        reconcile_max_wait_s=settings.reconcile_max_wait_s,
+        pauses=pauses,
         failures=FailureLog(
             summary_interval_s=settings.failure_summary_interval_s,
             quiet_period_s=settings.failure_quiet_period_s,
@@ -159,6 +179,7 @@ def build_worker_app(
         late=late,
         pacer=build_pacer(settings, share),
         breaker_failures=settings.breaker_failures,
+        systemic_failures=settings.systemic_failures,
         controls=controls,
         pacing_wait_s={
             Priority.OPERATIONAL: settings.pacing_wait_operational_s,

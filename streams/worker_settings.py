@@ -50,8 +50,32 @@ class WorkerSettings(SettingsBase):
     instance_probe_s: float = Field(default=30.0, gt=0)
     """While the gateway refuses an instance (401/403, unknown instance) its messages
     wait, and one of them is sent this often to find out whether it was fixed."""
+    instance_probe_max_s: float = Field(default=300.0, gt=0)
+    """An instance paused for a configuration fault (a 404 on the send route, or
+    ``systemic_failures``) is probed after ``instance_probe_s``, then twice as long after
+    each failed probe, up to this."""
+    systemic_failures: int = Field(default=5, ge=0)
+    """The same permanent error (not one about the recipient) for this many sends in a row
+    to different recipients of one instance pauses the instance like a wrong base URL: the
+    earlier ones are FAILED (reprocess them), this one and the later ones wait; 0: never."""
+    start_probe: bool = True
+    """At start, make one harmless request per ``probe_instances`` (StackZap: one listing
+    page; ZAP API: an empty send body; Meta: the number's node) and log what is wrong with
+    the gateway's base URL, credentials or listing; a wrong base URL pauses the instances."""
+    probe_instances: list[str] = Field(default_factory=list)
+    """Instances the start-up check asks about (JSON list); empty: the keys of
+    ``instance_rates``, or else one placeholder id that tells a wrong route only."""
     failure_summary_interval_s: float = Field(default=300.0, gt=0)
     """While a gateway failure class lasts, at most one summary line per instance this often."""
+    reconcile_max_wait_s: float = Field(default=600.0, gt=0)
+    """How long a job whose outcome is unknown (a crash after the journal write, a timeout
+    after the request was written) waits for a gateway listing that concludes; then it is
+    UNCERTAIN (counted, alerted) and its conversation moves on. 10 minutes covers a gateway
+    restart or a short listing outage, and bounds how long one conversation is held."""
+    reconcile_listings_per_minute: int = Field(default=12, ge=1)
+    """At most this many listing requests (pages included) per instance in any minute, for
+    every job being reconciled together; after a failure the instance's listing backs off
+    (2 s doubling to 60 s)."""
     failure_quiet_period_s: float = Field(default=60.0, ge=0)
     """A gateway failure class of an instance ends (one INFO line) only at a success this long
     after its last failure; a failure that recurs sooner continues the same outage."""

@@ -35,6 +35,13 @@ Transport exceptions, by how far the request got:
 
 HTTP answers:
 
+- On a route that exists whenever the base URL is right (a send, a listing: the
+  client passes ``url_setting``), a redirect, a 405, or a 404 whose message names
+  no recipient or resource (``404: Not Found``, ``Cannot POST /api/v1/...``) means
+  our base URL or route is wrong, not the message: **gateway misconfigured**
+  (:class:`~streams.errors.GatewayMisconfigured`, an instance error naming the
+  setting). The worker pauses the instance instead of failing its queue. A 404
+  naming a recipient, a job or the instance keeps its meaning below.
 - 401 and 403 (the gateway refused our credentials) and 404 whose message says
   the *instance* is unknown are about the instance, not the message:
   **instance unavailable** (transient, ``scope="instance"``). Nothing was sent;
@@ -57,8 +64,9 @@ HTTP answers:
   the caller reconciles through the listing first. On a ``GET`` they are
   **transient**.
 - Every other 4xx (400, 404, 409, 422, ...) is **permanent**, with the gateway's
-  error message, truncated and masked, as the reason. A 3xx is permanent as
-  well: we do not follow redirects, so it means a misconfigured base URL.
+  error message, truncated and masked, as the reason. A 3xx elsewhere is
+  permanent as well: we do not follow redirects, so it means a misconfigured
+  base URL (on a send or listing route it is *gateway misconfigured*, above).
 
 Error messages never carry a full phone number, message text, API key or token:
 digit runs that look like phone numbers are masked and the caller passes the
@@ -82,11 +90,14 @@ import orjson
 from connectors.outbox.recipients import mask_phone
 from streams.errors import (
     GatewayError,
+    GatewayMisconfigured,
     InstanceUnavailableError,
     PermanentGatewayError,
     RateLimitedError,
     TransientGatewayError,
     UncertainGatewayError,
+    names_a_resource,
+    without_paths,
 )
 
 MAX_REASON_CHARS = 200
@@ -213,7 +224,21 @@ class GatewayResponse:
 
 
 def _unknown_instance(status: int, reason: str) -> bool:
-    return status == 404 and "instance" in reason.lower()
+    # "instance" in a path the gateway echoes back (``Cannot POST /v1/instances/...``) is
+    # the route, not an answer about the instance.
+    return status == 404 and "instance" in without_paths(reason).lower()
+
+
+_ROUTE_STATUSES = frozenset({404, 405})
+"""On a route that exists whenever the base URL is right, these say the route is not there."""
+
+
+def _wrong_route(status: int, reason: str) -> bool:
+    """A redirect, 405, or a 404 that names no recipient or resource: the base URL or the
+    route is wrong (``ZAP_API_URL=https://host/api`` posts to ``/api/v1/...``)."""
+    if 300 <= status < 400:
+        return True
+    return status in _ROUTE_STATUSES and not names_a_resource(reason)
 
 
 _DISCONNECTED = re.compile(r"disconnected|not connected|no session", re.IGNORECASE)
@@ -231,10 +256,14 @@ def error_for_response(
     sensitive: Iterable[str] = (),
     now: float | None = None,
     method: str | None = None,
+    url_setting: str | None = None,
 ) -> GatewayError | None:
     """``None`` for a 2xx answer, else the error-tree class for the status code.
 
-    ``method`` defaults to the request's.
+    ``method`` defaults to the request's. ``url_setting``: the request went to a route
+    that always exists when the base URL is right (a send, a listing), named by this
+    setting; a redirect, a 405 or a 404 naming no resource there is
+    :class:`~streams.errors.GatewayMisconfigured` instead of permanent.
     """
     status = response.status_code
     if 200 <= status < 300:
@@ -248,6 +277,12 @@ def error_for_response(
         return InstanceUnavailableError(f"{message} ({what})", status_code=status)
     if _disconnected(status, reason):
         return InstanceUnavailableError(f"{message} (instance disconnected)", status_code=status)
+    if url_setting is not None and _wrong_route(status, reason):
+        return GatewayMisconfigured(
+            f"{message} (no such route: the base URL or the path is wrong, check {url_setting})",
+            setting=url_setting,
+            status_code=status,
+        )
     retry_after_s = parse_retry_after(response.headers.get("Retry-After"), now=now)
     if status == 429:
         # The instance's throughput: the worker slows the instance down (streams.pacing).
@@ -324,6 +359,7 @@ async def send_request(
     json_body: Any = None,
     params: QueryParams | None = None,
     error_for: Callable[[GatewayResponse], GatewayError | None] | None = None,
+    url_setting: str | None = None,
 ) -> GatewayResponse:
     """Send one request and return its 2xx answer, or raise a classified :class:`GatewayError`.
 
@@ -332,6 +368,7 @@ async def send_request(
     like one before the status line. ``error_for`` replaces :func:`error_for_response`
     for an API whose error bodies say more than the status (Meta's Graph error codes);
     it returns ``None`` for a 2xx and falls back to :func:`error_for_response` itself.
+    ``url_setting``: see :func:`error_for_response` (a route that must exist).
     """
     content = orjson.dumps(json_body) if json_body is not None else None
     request_headers = dict(headers) if headers else {}
@@ -359,7 +396,9 @@ async def send_request(
     if error_for is not None:
         error = error_for(response)
     else:
-        error = error_for_response(response, gateway=gateway, sensitive=sensitive, method=method)
+        error = error_for_response(
+            response, gateway=gateway, sensitive=sensitive, method=method, url_setting=url_setting
+        )
     if error is not None:
         raise error
     return response

@@ -25,6 +25,7 @@ tells whether the request was written (see :mod:`connectors.gateways.classify`):
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self
@@ -56,10 +57,36 @@ def first_str(body: Mapping[str, Any], *keys: str) -> str | None:
     return None
 
 
+def normalise_base_url(url: str, added_path: re.Pattern[str] | None) -> tuple[str, str | None]:
+    """``url`` without trailing slashes and without a trailing ``added_path`` (the version
+    segment the client puts in front of every path itself), and what was dropped.
+
+    The outbox article configures ``baseURL: "https://api.zap-api.tech/v1"`` and posts to
+    ``/instances/{id}/messages``; copied into ``ZAP_API_URL``, zapstream (which adds
+    ``/v1`` itself) would post to ``/v1/v1/...``. ``None``: nothing to drop."""
+    stripped = url.rstrip("/")
+    dropped: list[str] = []
+    if stripped != url:
+        dropped.append("a trailing '/'")
+    if added_path is not None:
+        found = added_path.search(stripped)
+        if found is not None and yarl.URL(stripped).path not in ("", "/"):
+            dropped.append(f"a trailing {found.group(0)!r}")
+            stripped = stripped[: found.start()].rstrip("/")
+    return stripped, (" and ".join(dropped) if dropped else None)
+
+
 class HttpGatewayClient:
     """Lifecycle of a gateway client's connection pool."""
 
     name = "http"
+    url_setting = ""
+    """The setting holding the base URL, named in errors and in ``zapstream doctor``."""
+    credential_setting = ""
+    """The setting holding the key or token (never its value), named likewise."""
+    added_path: re.Pattern[str] | None = None
+    """The version segment the client adds to every path; a base URL ending with it
+    has it dropped (see :func:`normalise_base_url`)."""
 
     def __init__(
         self,
@@ -69,7 +96,7 @@ class HttpGatewayClient:
         auth_headers: Mapping[str, str],
     ) -> None:
         self._settings = settings
-        self._base_url = base_url.rstrip("/")
+        self._base_url, self._normalised = normalise_base_url(base_url, self.added_path)
         self._auth_headers = dict(auth_headers)
         self._session: aiohttp.ClientSession | None = None
 
@@ -107,6 +134,13 @@ class HttpGatewayClient:
             url.port,
             s.max_connections,
         )
+        if self._normalised and self._normalised != "a trailing '/'":
+            log.info(
+                "%s: dropped %s from %s (zapstream adds it to every path itself)",
+                self.name,
+                self._normalised,
+                self.url_setting,
+            )
 
     async def stop(self) -> None:
         session, self._session = self._session, None

@@ -53,6 +53,11 @@ any other code on HTTP 429    :class:`RateLimitedError` ``limit="instance"``
                               transient; 502/504 and other 5xx uncertain on a send)
 ============================  ==========================================================
 
+``META_GRAPH_URL`` is the Graph API's root: the client adds ``/{META_API_VERSION}``
+itself and drops a trailing version (``https://graph.facebook.com/v21.0``) from the URL.
+:meth:`MetaCloudClient.probe_configuration` reads the phone number's node (``GET
+/{version}/{phone_number_id}``): the token and the number id, without sending anything.
+
 There is no listing: :meth:`MetaCloudClient.list_for_reconciliation` returns None, so
 an uncertain send (lost answer, proxy 502) ends UNCERTAIN and is never resent blindly.
 Nothing can be cancelled once sent.
@@ -66,6 +71,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
@@ -165,12 +171,18 @@ def graph_error(response: GatewayResponse, sensitive: Iterable[str] = ()) -> Gra
 
 
 def meta_error(
-    response: GatewayResponse, *, sensitive: Iterable[str] = (), now: float | None = None
+    response: GatewayResponse,
+    *,
+    sensitive: Iterable[str] = (),
+    now: float | None = None,
+    url_setting: str | None = None,
 ) -> GatewayError | None:
     """``None`` for a 2xx, else the error-tree class of a Cloud API answer (table above).
 
     A Graph error code we know decides; otherwise the shared HTTP classification does,
-    except that any 429 is the number's rate.
+    except that any 429 is the number's rate. ``url_setting``: as for
+    :func:`~connectors.gateways.classify.error_for_response` (a 404 without a Graph error
+    on the messages route means ``META_GRAPH_URL`` is wrong).
     """
     status = response.status_code
     if 200 <= status < 300:
@@ -179,7 +191,9 @@ def meta_error(
     retry_after_s = parse_retry_after(response.headers.get("Retry-After"), now=now)
     error = graph_error(response, sensitive)
     if error is None or error.code is None:
-        shared = error_for_response(response, gateway=NAME, sensitive=sensitive, now=now)
+        shared = error_for_response(
+            response, gateway=NAME, sensitive=sensitive, now=now, url_setting=url_setting
+        )
         if status == 429 and shared is not None:
             return _throughput(str(shared), status, retry_after_s)
         return shared
@@ -249,6 +263,9 @@ class MetaCloudClient(HttpGatewayClient):
     """
 
     name = NAME
+    url_setting = "META_GRAPH_URL"
+    credential_setting = "META_ACCESS_TOKEN"
+    added_path = re.compile(r"/v\d+\.\d+$")
 
     def __init__(self, settings: GatewaySettings) -> None:
         self._token = settings.meta_access_token.get_secret_value()
@@ -286,7 +303,9 @@ class MetaCloudClient(HttpGatewayClient):
             gateway=self.name,
             sensitive=sensitive,
             json_body=body,
-            error_for=lambda answer: meta_error(answer, sensitive=sensitive),
+            error_for=lambda answer: meta_error(
+                answer, sensitive=sensitive, url_setting=self.url_setting
+            ),
         )
         return self._accepted_wamid(response)
 
@@ -316,6 +335,7 @@ class MetaCloudClient(HttpGatewayClient):
         *,
         references: Sequence[str] = (),
         since: dt.datetime | None = None,
+        before_page: object = None,
     ) -> list[ListedJob] | None:
         """The Cloud API has no message listing: uncertain outcomes end UNCERTAIN."""
         return None
@@ -323,3 +343,23 @@ class MetaCloudClient(HttpGatewayClient):
     async def cancel_job(self, instance_id: str, gateway_job_id: str) -> CancelOutcome:
         """A Cloud API message cannot be cancelled."""
         return CancelOutcome.UNSUPPORTED
+
+    async def probe_configuration(self, instance_id: str) -> str:
+        """``GET /{version}/{phone_number_id}``: the token and the number, nothing sent.
+
+        A Graph error is classified like a send's (190 refused token, 100/33 unknown
+        number id: :class:`~streams.errors.InstanceUnavailableError`); a bare 404
+        raises :class:`~streams.errors.GatewayMisconfigured` naming ``META_GRAPH_URL``."""
+        sensitive = (self._token,)
+        await send_request(
+            self._http,
+            "GET",
+            self._url(f"/{self._version}/{quote(instance_id, safe='')}"),
+            gateway=self.name,
+            sensitive=sensitive,
+            params={"fields": "id"},
+            error_for=lambda answer: meta_error(
+                answer, sensitive=sensitive, url_setting=self.url_setting
+            ),
+        )
+        return f"the phone number {self._version}/{instance_id} answered with the token"

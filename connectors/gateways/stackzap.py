@@ -6,31 +6,42 @@ Endpoints (relative to ``STACKZAP_API_URL``), authenticated with ``X-API-Key``:
   ``Idempotency-Key: <reference>``; answers ``{"id", "status"}`` (older versions
   say ``jobId``/``job_id`` and ``state``).
 - ``GET /v1/instances/{instance}/send-queue?page=&page_size=&status=&reference=&since=``
-  answers ``{"items": [{"id", "to", "text", "status", "reference", "created_at"}],
-  "page", "page_size", "total", "counts": {label: n}, "next_page": n | null}``;
-  ``reference`` (repeatable) and ``since`` (ISO 8601) narrow it. Every one of
-  these names is configurable (``ZAPSTREAM_STACKZAP_LISTING_FIELDS``, see
-  :func:`streams.settings.default_listing_fields`); a listing that does not parse
-  with them raises :class:`~streams.errors.ListingUnreadable`, logged once per
-  instance until a listing of that instance parses again.
+  answers the jobs and their counts, e.g. ``{"items": [{"id", "to", "text", "status",
+  "reference", "created_at"}], "page", "page_size", "total", "counts": {label: n},
+  "next_page": n | null}`` or ``{"jobs": [{"id", "ref", ...}], "counts": {...}}``:
+  :mod:`connectors.gateways.stackzap_listing` reads the common shapes, and the
+  names of ``ZAPSTREAM_STACKZAP_LISTING_FIELDS`` first. ``reference`` (repeatable,
+  at most :data:`MAX_URL_REFERENCES`) and ``since`` (ISO 8601) narrow it. A
+  listing that does not parse raises :class:`~streams.errors.ListingUnreadable`,
+  logged once per instance until a listing of that instance parses again.
 - ``POST /v1/instances/{instance}/send-queue/{job_id}/cancel`` answers
   ``{"id", "status": "cancelled"}``, or 409 when the job already left the queue.
 
-Every failure is classified by :mod:`connectors.gateways.classify`.
+Every failure is classified by :mod:`connectors.gateways.classify`; a 404 naming no
+resource on the send or listing route means ``STACKZAP_API_URL`` is wrong (a trailing
+``/v1``, which the client adds itself, is dropped from it).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from urllib.parse import quote
 
-from connectors.gateways.classify import json_object, send_request
+import orjson
+
+from connectors.gateways.classify import GatewayResponse, json_object, send_request
 from connectors.gateways.http_client import HttpGatewayClient, first_str
 from connectors.gateways.labels import map_label
+from connectors.gateways.stackzap_listing import (
+    GatewayJob,
+    JobPage,
+    PageGuard,
+    parse_page,
+    url_references,
+)
 from streams.contract import JobStatus
 from streams.errors import ListingUnreadable, PermanentGatewayError
 from streams.ports import CancelOutcome, ListedJob, SendAccepted, TextMessage
@@ -38,31 +49,9 @@ from streams.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
 
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class GatewayJob:
-    """One job in the StackZap send queue. ``to`` and ``text`` stay out of ``repr``."""
-
-    id: str | None
-    gateway_status: str | None
-    status: JobStatus
-    reference: str | None
-    """The ``Idempotency-Key`` we sent; ``None`` when the gateway does not show it."""
-    created_at: str | None
-    to: str | None = dataclasses.field(default=None, repr=False)
-    text: str | None = dataclasses.field(default=None, repr=False)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class JobPage:
-    """One page of the StackZap send-queue listing."""
-
-    items: tuple[GatewayJob, ...]
-    page: int
-    page_size: int
-    total: int | None
-    counts: Mapping[str, int]
-    next_page: int | None
+MAX_URL_REFERENCES = 50
+"""More references than this are not put in the listing's URL (its length): the listing is
+then narrowed by ``since`` only, and our references are recognised in the answer."""
 
 
 class StackZapClient(HttpGatewayClient):
@@ -73,6 +62,9 @@ class StackZapClient(HttpGatewayClient):
     """
 
     name = "stackzap"
+    url_setting = "STACKZAP_API_URL"
+    credential_setting = "STACKZAP_API_KEY"
+    added_path = re.compile(r"/v1$", re.IGNORECASE)
 
     def __init__(
         self,
@@ -105,6 +97,7 @@ class StackZapClient(HttpGatewayClient):
             sensitive=sensitive,
             headers={"Idempotency-Key": message.reference},
             json_body={"to": message.to, "text": message.text},
+            url_setting=self.url_setting,
         )
         return self._accepted(
             response,
@@ -134,7 +127,10 @@ class StackZapClient(HttpGatewayClient):
         if status is not None:
             pairs.append(("status", status))
         if self._fields["reference_param"]:
-            pairs.extend((self._fields["reference_param"], r) for r in references)
+            pairs.extend(
+                (self._fields["reference_param"], r)
+                for r in url_references(references, MAX_URL_REFERENCES)
+            )
         if since is not None and self._fields["since_param"]:
             pairs.append((self._fields["since_param"], since.isoformat()))
         response = await send_request(
@@ -144,8 +140,17 @@ class StackZapClient(HttpGatewayClient):
             gateway=self.name,
             sensitive=(self._api_key,),
             params=pairs,
+            url_setting=self.url_setting,
         )
-        return self._parse_page(json_object(response), page=page or 1, page_size=page_size)
+        return parse_page(
+            _json_body(response),
+            self._fields,
+            self._labels,
+            page=page or 1,
+            page_size=page_size,
+            references=references,
+            gateway=self.name,
+        )
 
     async def iter_pages(
         self,
@@ -155,10 +160,16 @@ class StackZapClient(HttpGatewayClient):
         status: str | None = None,
         references: Sequence[str] = (),
         since: dt.datetime | None = None,
+        before_page: Callable[[], Awaitable[None]] | None = None,
     ) -> AsyncIterator[JobPage]:
-        """Every page of the listing, following ``next_page`` until it is null."""
+        """Every page of the listing, following its pagination to the end.
+
+        ``before_page`` is awaited before each request (the worker's per-instance bound)."""
         page: int | None = None
+        guard = PageGuard(self.name)
         while True:
+            if before_page is not None:
+                await before_page()
             current = await self.list_jobs(
                 instance_id,
                 page=page,
@@ -167,6 +178,7 @@ class StackZapClient(HttpGatewayClient):
                 references=references,
                 since=since,
             )
+            guard.check(current)
             yield current
             if current.next_page is None:
                 return
@@ -184,10 +196,16 @@ class StackZapClient(HttpGatewayClient):
         status: str | None = None,
         references: Sequence[str] = (),
         since: dt.datetime | None = None,
+        before_page: Callable[[], Awaitable[None]] | None = None,
     ) -> AsyncIterator[GatewayJob]:
         """Every job of the listing, page after page."""
         async for current in self.iter_pages(
-            instance_id, page_size=page_size, status=status, references=references, since=since
+            instance_id,
+            page_size=page_size,
+            status=status,
+            references=references,
+            since=since,
+            before_page=before_page,
         ):
             for job in current.items:
                 yield job
@@ -198,6 +216,7 @@ class StackZapClient(HttpGatewayClient):
         *,
         references: Sequence[str] = (),
         since: dt.datetime | None = None,
+        before_page: Callable[[], Awaitable[None]] | None = None,
     ) -> list[ListedJob] | None:
         """The instance's jobs with one of ``references`` / since ``since``, all pages."""
         try:
@@ -211,16 +230,20 @@ class StackZapClient(HttpGatewayClient):
                     gateway_status=job.gateway_status,
                 )
                 async for job in self.iter_jobs(
-                    instance_id, page_size=1000, references=references, since=since
+                    instance_id,
+                    page_size=1000,
+                    references=references,
+                    since=since,
+                    before_page=before_page,
                 )
             ]
         except ListingUnreadable as exc:
             if instance_id not in self._unreadable:
                 self._unreadable.add(instance_id)
                 log.warning(
-                    "%s listing of instance %s is unreadable: %s; reconciliation is postponed "
-                    "until it parses (set ZAPSTREAM_STACKZAP_LISTING_FIELDS to the names "
-                    "the gateway uses)",
+                    "%s listing of instance %s is unreadable: %s; reconciliation cannot "
+                    "conclude until it parses (set ZAPSTREAM_STACKZAP_LISTING_FIELDS to the "
+                    "names the gateway uses)",
                     self.name,
                     instance_id,
                     exc,
@@ -230,6 +253,12 @@ class StackZapClient(HttpGatewayClient):
             self._unreadable.discard(instance_id)
             log.info("%s listing of instance %s parses again", self.name, instance_id)
         return listed
+
+    async def probe_configuration(self, instance_id: str) -> str:
+        """One page of one job of the instance's send queue: the base URL, the key, and
+        whether the listing parses (:class:`~streams.errors.ListingUnreadable` if not)."""
+        listed = await self.list_jobs(instance_id, page_size=1)
+        return f"the send-queue listing answered and parses ({len(listed.items)} of 1 asked for)"
 
     async def cancel_job(self, instance_id: str, gateway_job_id: str) -> CancelOutcome:
         cancelled = await self.cancel(instance_id, gateway_job_id)
@@ -253,67 +282,10 @@ class StackZapClient(HttpGatewayClient):
         # A 2xx without a label is taken at its word; a label must say cancelled.
         return label is None or map_label(label, self._labels) is JobStatus.CANCELLED
 
-    def _parse_page(self, body: dict[str, Any] | None, *, page: int, page_size: int) -> JobPage:
-        """One listing page with the configured names; :class:`ListingUnreadable` if not.
 
-        The errors name keys and types, never values (recipients and texts)."""
-        f = self._fields
-        if body is None:
-            raise ListingUnreadable(f"{self.name}: listing is not a JSON object")
-        if not isinstance(body.get(f["items"]), list):
-            raise ListingUnreadable(
-                f"{self.name}: listing has no {f['items']!r} array "
-                f"(top-level keys: {_key_names(body)})"
-            )
-        items: list[GatewayJob] = []
-        for raw in body[f["items"]]:
-            if not isinstance(raw, dict):
-                raise ListingUnreadable(
-                    f"{self.name}: listing item is a {type(raw).__name__}, not an object"
-                )
-            job_id = first_str(raw, f["id"], "id", "jobId", "job_id")
-            if job_id is None:
-                raise ListingUnreadable(
-                    f"{self.name}: listing item has no {f['id']!r} (keys: {_key_names(raw)})"
-                )
-            label = first_str(raw, f["status"], "status", "state")
-            text = raw.get(f["text"])
-            items.append(
-                GatewayJob(
-                    id=job_id,
-                    gateway_status=label,
-                    status=map_label(label, self._labels),
-                    reference=first_str(
-                        raw, f["reference"], "reference", "idempotency_key", "idempotencyKey"
-                    ),
-                    created_at=first_str(raw, f["created_at"], "created_at", "createdAt"),
-                    to=first_str(raw, f["to"], "to"),
-                    text=text if isinstance(text, str) else None,
-                )
-            )
-        counts_raw = body.get(f["counts"])
-        counts = (
-            {str(k): v for k, v in counts_raw.items() if _int_or_none(v) is not None}
-            if isinstance(counts_raw, dict)
-            else {}
-        )
-        next_page = _int_or_none(body.get(f["next_page"]))
-        return JobPage(
-            items=tuple(items),
-            page=_int_or_none(body.get(f["page"])) or page,
-            page_size=_int_or_none(body.get(f["page_size"])) or page_size,
-            total=_int_or_none(body.get(f["total"])),
-            counts=counts,
-            next_page=next_page if next_page is not None and next_page > 0 else None,
-        )
-
-
-def _key_names(obj: Mapping[str, Any], limit: int = 12) -> str:
-    """A listing object's key names for an error (never its values), shortened."""
-    names = [str(k)[:40] for k in list(obj)[:limit]]
-    more = ", ..." if len(obj) > limit else ""
-    return ", ".join(names) + more if names else "none"
-
-
-def _int_or_none(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+def _json_body(response: GatewayResponse) -> object:
+    """The listing's JSON: an object or an array (:func:`json_object` takes objects only)."""
+    try:
+        return orjson.loads(response.content)
+    except orjson.JSONDecodeError:
+        return None

@@ -9,8 +9,10 @@ the remedy (the setting or command to fix it):
   lag in bytes (``pg_current_wal_lsn() - confirmed_flush_lsn``);
 - Kafka reachable (``ZAPSTREAM_KAFKA_BROKERS``), every topic with the partition
   count ``ZAPSTREAM_KAFKA_PARTITIONS`` says (read without creating anything);
-- the gateway accepts the credentials (StackZap: list one page of a queue; the
-  ZAP API has no read-only authenticated call, so it is reported as not checkable).
+- the gateway: base URL, route and credentials, with one harmless request
+  (StackZap: one listing page, which must parse; ZAP API: an empty send body, where a
+  400/422 proves the route and a 404 a wrong ``ZAP_API_URL``; Meta: the phone
+  number's node). A FAIL names the setting to fix.
 
 Every check is bounded by ``timeout_s``. Exit code 0 if nothing failed, 1 otherwise.
 """
@@ -323,56 +325,98 @@ async def _kafka_checks(relay: RelaySettings, timeout_s: float) -> list[CheckRes
 # --- the gateway -----------------------------------------------------------------------------
 
 
+DOCTOR_INSTANCE = "zapstream-doctor"
+"""The instance asked about without ``--instance``: tells the route and the key, not an instance."""
+
+
 async def _gateway_checks(
     gateway: GatewaySettings, timeout_s: float, instance_id: str
 ) -> list[CheckResult]:
-    if gateway.kind is GatewayKind.ZAPAPI:
-        token = "set" if gateway.zap_token.get_secret_value() else "empty"
-        return [
-            _skip(
-                "gateway",
-                f"zapapi at {gateway.zap_api_url}: not checkable (the ZAP API has no read-only "
-                f"authenticated call); ZAP_TOKEN is {token}",
-            )
-        ]
-    if gateway.kind is GatewayKind.META:
-        token = "set" if gateway.meta_access_token.get_secret_value() else "empty"
-        return [
-            _skip(
-                "gateway",
-                f"meta at {gateway.meta_graph_url}: not checked (a send is the only call "
-                f"zapstream makes); META_ACCESS_TOKEN is {token}",
-            )
-        ]
-    from connectors.gateways.stackzap import StackZapClient
-    from streams.errors import GatewayError
+    """One harmless request (the client's ``probe_configuration``): StackZap lists one job
+    (and the listing must parse), the ZAP API is sent an empty body (a 400/422 proves the
+    route, a 404 a wrong base URL), Meta reads the phone number's node."""
+    from connectors.gateways.factory import build_gateway
+    from connectors.gateways.http_client import HttpGatewayClient
+    from streams.errors import (
+        GatewayError,
+        GatewayMisconfigured,
+        InstanceUnavailableError,
+        ListingUnreadable,
+    )
 
+    client = build_gateway(gateway)
+    assert isinstance(client, HttpGatewayClient)
+    where = f"{client.name} at {_url_of(gateway)}"
+    url_setting, key_setting = client.url_setting, client.credential_setting
+    placeholder = instance_id == DOCTOR_INSTANCE
     try:
-        async with StackZapClient(gateway) as client:
-            await asyncio.wait_for(client.list_jobs(instance_id, page_size=1), timeout_s)
+        await client.start()
+        try:
+            detail = await asyncio.wait_for(client.probe_configuration(instance_id), timeout_s)
+        finally:
+            await client.stop()
     except TimeoutError:
+        return [
+            _fail("gateway", f"{where}: no answer within {timeout_s:g} s", f"check {url_setting}")
+        ]
+    except GatewayMisconfigured as exc:
         return [
             _fail(
                 "gateway",
-                f"stackzap at {gateway.stackzap_api_url}: no answer within {timeout_s:g} s",
-                "check STACKZAP_API_URL",
+                f"{where} has no such route (HTTP {exc.status_code}): {error_detail(exc)}",
+                f"check {url_setting}: the API's root, without /v1 or a path",
             )
         ]
-    except GatewayError as exc:
-        if exc.status_code in (401, 403):
+    except InstanceUnavailableError as exc:
+        if exc.status_code in (401, 403) or "credentials" in str(exc):
             return [
                 _fail(
                     "gateway",
-                    f"stackzap at {gateway.stackzap_api_url} rejected the credentials "
-                    f"({exc.status_code})",
-                    "check STACKZAP_API_KEY",
+                    f"{where} rejected the credentials ({exc.status_code})",
+                    f"check {key_setting}",
                 )
             ]
-        remedy = "check STACKZAP_API_URL" if exc.status_code is None else "see the gateway's status"
+        if placeholder and "unknown" in str(exc):
+            return [
+                _ok(
+                    "gateway",
+                    f"{where}: route and credentials answer (instance {instance_id} is unknown, "
+                    "as it should be; pass --instance to check one of yours)",
+                )
+            ]
         return [
-            _fail("gateway", f"stackzap at {gateway.stackzap_api_url}: {error_detail(exc)}", remedy)
+            _fail(
+                "gateway",
+                f"{where}: instance {instance_id} unavailable: {error_detail(exc)}",
+                "check the instance id, or its session at the gateway",
+            )
         ]
-    return [_ok("gateway", f"stackzap at {gateway.stackzap_api_url} accepted the credentials")]
+    except ListingUnreadable as exc:
+        return [
+            _fail(
+                "gateway",
+                f"{where}: the job listing is unreadable: {error_detail(exc)}",
+                "set ZAPSTREAM_STACKZAP_LISTING_FIELDS to the names the gateway uses",
+            )
+        ]
+    except GatewayError as exc:
+        remedy = f"check {url_setting}" if exc.status_code is None else "see the gateway's status"
+        return [_fail("gateway", f"{where}: {error_detail(exc)}", remedy)]
+    return [_ok("gateway", f"{where}: {detail}")]
+
+
+def _url_of(gateway: GatewaySettings) -> str:
+    """The configured base URL, scheme://host:port only (a URL may carry userinfo)."""
+    import yarl
+
+    raw = {
+        GatewayKind.STACKZAP: gateway.stackzap_api_url,
+        GatewayKind.ZAPAPI: gateway.zap_api_url,
+        GatewayKind.META: gateway.meta_graph_url,
+    }[gateway.kind]
+    url = yarl.URL(raw)
+    path = url.path if url.path not in ("", "/") else ""
+    return f"{url.scheme}://{url.host}:{url.port}{path}"
 
 
 # --- running and printing --------------------------------------------------------------------
@@ -383,7 +427,7 @@ async def run_doctor(
     gateway: GatewaySettings,
     *,
     timeout_s: float = 5.0,
-    instance_id: str = "zapstream-doctor",
+    instance_id: str = DOCTOR_INSTANCE,
 ) -> list[CheckResult]:
     """Run every check (PostgreSQL, Kafka, gateway concurrently), each bounded by ``timeout_s``."""
     # PostgreSQL runs up to five queries in sequence, each bounded; the whole group gets room.

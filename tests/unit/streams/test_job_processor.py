@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import random
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import pytest
 
@@ -29,6 +29,7 @@ from streams.instance_pauses import InstancePauses
 from streams.job_processor import Done, JobProcessor, Park, RetryPolicy
 from streams.pacing import Pacer
 from streams.ports import CancelOutcome, ListedJob, SendAccepted, TextMessage
+from streams.reconcile import InstanceListings
 
 NOW = dt.datetime(2026, 11, 29, 12, 0, tzinfo=dt.UTC)
 S = JobStatus
@@ -58,7 +59,10 @@ class ScriptedGateway:
         *,
         references: Sequence[str] = (),
         since: dt.datetime | None = None,
+        before_page: Callable[[], Awaitable[None]] | None = None,
     ) -> list[ListedJob] | None:
+        if before_page is not None:
+            await before_page()
         self.listing_queries.append((tuple(references), since))
         return self.listing
 
@@ -119,7 +123,11 @@ def _intent(**kw: object) -> IntentCaptured:
 
 
 def _processor(
-    gateway: ScriptedGateway, *, authoritative: bool = True, pauses: InstancePauses | None = None
+    gateway: ScriptedGateway,
+    *,
+    authoritative: bool = True,
+    pauses: InstancePauses | None = None,
+    listings: InstanceListings | None = None,
 ) -> tuple[JobProcessor, MemoryStore, MemoryPublisher]:
     store, publisher = MemoryStore(), MemoryPublisher()
     processor = JobProcessor(
@@ -131,6 +139,7 @@ def _processor(
         now=lambda: NOW,
         rng=random.Random(1),
         pauses=pauses,
+        listings=listings or InstanceListings(gateway, gather_s=0),
     )
     return processor, store, publisher
 
@@ -296,10 +305,23 @@ async def test_uncertain_with_listing_unavailable_stays_attempting_and_reconcile
         return [_listed("7-1")]
 
     gw.list_for_reconciliation = listing  # type: ignore[method-assign]
-    p, store, _ = _processor(gw)
+    clock = [1000.0]
+    listings = InstanceListings(
+        gw,
+        gather_s=0,
+        clock=lambda: clock[0],
+        wall=lambda: NOW.timestamp() + clock[0] - 1000.0,
+    )
+    p, store, _ = _processor(gw, listings=listings)
     outcome = await p.on_intent(_intent(), 0)
     assert isinstance(outcome, Park) and outcome.state is not None
     assert outcome.state.status == "ATTEMPTING" and outcome.state.next_retry_at
+    # Asked again at once, the instance's listing is backing off: LATER, nothing asked.
+    deferred = await p.on_intent(_intent(), 0)
+    assert isinstance(deferred, Park) and FlakyListing.calls == 1
+    waited = deferred.due - NOW.timestamp()
+    assert 1.6 <= waited <= 2.0, f"the instance's first backoff step is 2 s, not {waited}"
+    clock[0] += 2.0
     again = await p.on_intent(_intent(), 0)
     assert isinstance(again, Done) and again.state and again.state.status == "ACCEPTED"
     assert len(gw.sent) == 1, "never resent before the listing was read"

@@ -383,7 +383,16 @@ async def test_listing_without_references_and_with_fallback_keys() -> None:
 
 @pytest.mark.parametrize(
     "body",
-    [b"nope", [], {"items": "x"}, {"items": [1]}, {"jobs": []}, {"items": [{"ref": "7-1"}]}],
+    [
+        b"nope",
+        "7-1",
+        [1],
+        {"items": "x"},
+        {"items": [1]},
+        {"payload": "7-1", "entries_b64": "x"},
+        {"items": [{"ref": "7-1"}]},
+        {"a": [{"id": 1}], "b": [{"id": 2}]},
+    ],
 )
 async def test_malformed_listing_is_unreadable_not_permanent(body: Any) -> None:
     async with client(answer(200, body)) as gw:

@@ -81,27 +81,45 @@ async def test_another_shape_parses_with_configured_names_across_pages() -> None
     assert len(seen) == 2
 
 
-async def test_default_names_on_another_shape_are_unreadable_logged_once_per_outage(
+async def test_default_names_read_the_seeds_jobs_and_counts_shape() -> None:
+    """``{"jobs": [...], "counts": {...}}`` with the reference in ``ref``: no setting needed."""
+    seen: list[Seen] = []
+    seed_shape = {**jobs_shape("7-1", "8-2"), "counts": {"queued": 2}}
+    del seed_shape["next_page"]
+    async with client([seed_shape], seen) as gw:
+        listed = await gw.list_for_reconciliation("shop", references=["7-1"])
+    assert [(j.gateway_job_id, j.reference) for j in listed or []] == [
+        ("g-7-1", "7-1"),
+        ("g-8-2", "8-2"),
+    ]
+    assert len(seen) == 1, "two jobs of 1000 asked for: the last page"
+
+
+UNKNOWN_SHAPE = {"result": {"rows_b64": "eyJ9"}, "ok": True}
+
+
+async def test_an_unknown_shape_is_unreadable_logged_once_per_outage(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     seen: list[Seen] = []
     caplog.set_level(logging.INFO, logger="connectors.gateways.stackzap")
-    async with client([jobs_shape("7-1")], seen) as gw:
+    pages: list[dict[str, Any]] = [UNKNOWN_SHAPE]
+    async with client(pages, seen) as gw:
         for _ in range(3):
-            with pytest.raises(ListingUnreadable, match="no 'items' array"):
+            with pytest.raises(ListingUnreadable, match="no array of jobs"):
                 await gw.list_for_reconciliation("shop")
         with pytest.raises(ListingUnreadable):
             await gw.list_for_reconciliation("shop-2")
         warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
         assert len(warnings) == 2, "once per instance per outage"
         text = warnings[0].getMessage()
-        assert "ZAPSTREAM_STACKZAP_LISTING_FIELDS" in text and "jobs" in text
-        assert PHONE not in caplog.text and "hi" not in text.split(":")[-1]
-        # The gateway (or the setting) is fixed: one recovery line, then a new outage logs again.
-        gw._fields = {**gw._fields, **OTHER_SHAPE}
+        assert "ZAPSTREAM_STACKZAP_LISTING_FIELDS" in text and "result" in text
+        assert "eyJ9" not in caplog.text  # keys are named, values never
+        # The gateway is fixed: one recovery line, then a new outage logs again.
+        pages[0] = jobs_shape("7-1")
         assert await gw.list_for_reconciliation("shop")
         assert sum("parses again" in r.getMessage() for r in caplog.records) == 1
-        gw._fields = default_listing_fields()
+        pages[0] = UNKNOWN_SHAPE
         with pytest.raises(ListingUnreadable):
             await gw.list_for_reconciliation("shop")
         assert sum(r.levelno == logging.WARNING for r in caplog.records) == 3
@@ -129,7 +147,8 @@ def test_listing_query_covers_every_attempt_and_a_margin_before_creation() -> No
     assert refs == ["7-1", "7-2", "7-3"]
     assert since == dt.datetime(2026, 12, 1, 10, 0, tzinfo=dt.UTC) - SINCE_MARGIN
     assert listing_query(7, 0, None) == ([], None)
-    assert listing_query(7, 500, "not a time") == ([], None)
+    refs, since = listing_query(7, 500, "not a time")
+    assert len(refs) == 500 and refs[-1] == "7-500" and since is None
 
 
 class _Gateway:

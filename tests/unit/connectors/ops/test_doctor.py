@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -23,7 +24,8 @@ from streams.contract import (
     RESULTS,
     STATE,
 )
-from streams.settings import KafkaSettings
+from streams.settings import GatewayKind, GatewaySettings, KafkaSettings
+from tests.unit.connectors.gateways.fake_gateway import FakeGateway, Reply, Seen
 
 
 def test_worker_needs_every_topic_and_the_relay_what_it_produces_to() -> None:
@@ -103,7 +105,7 @@ def test_json_report(capsys: pytest.CaptureFixture[str]) -> None:
     }
 
 
-async def test_meta_gateway_is_skipped_without_calling_it_or_showing_the_token() -> None:
+async def test_meta_gateway_unreachable_fails_naming_the_url_never_the_token() -> None:
     from pydantic import SecretStr
 
     from connectors.ops.doctor import _gateway_checks
@@ -112,10 +114,81 @@ async def test_meta_gateway_is_skipped_without_calling_it_or_showing_the_token()
     token = "EAAG-secret-token-0123456789"
     gateway = GatewaySettings(
         kind=GatewayKind.META,
-        meta_graph_url="http://127.0.0.1:9",  # nothing listens: a call would fail, not skip
+        meta_graph_url="http://127.0.0.1:9",  # nothing listens
         meta_access_token=SecretStr(token),
     )
     (result,) = await _gateway_checks(gateway, 0.5, "106540352242922")
-    assert result.status is Status.SKIP
-    assert "META_ACCESS_TOKEN is set" in result.detail
-    assert token not in result.detail
+    assert result.status is Status.FAIL
+    assert result.remedy == "check META_GRAPH_URL"
+    assert token not in result.line()
+
+
+def _zapapi(request: Seen) -> Reply:
+    """A ZAP API: 422 to an empty body on its send route, 401 without the token, else 404."""
+    if not re.fullmatch(r"/v1/instances/[^/]+/messages", request.path):
+        return Reply(404, body=b"404: Not Found")
+    if request.headers.get("Authorization") != f"Bearer {TOKEN}":
+        return Reply(401, json={"message": "unauthorized"})
+    return Reply(422, json={"message": "type must be 'text'"})
+
+
+TOKEN = "zap-token-0123456789abcdef"
+
+
+def _zap_settings(url: str, token: str = TOKEN) -> GatewaySettings:
+    from pydantic import SecretStr
+
+    return GatewaySettings(kind=GatewayKind.ZAPAPI, zap_api_url=url, zap_token=SecretStr(token))
+
+
+@pytest.mark.parametrize(
+    ("suffix", "token", "status", "remedy"),
+    [
+        ("", TOKEN, Status.OK, ""),
+        ("/v1", TOKEN, Status.OK, ""),
+        ("/api", TOKEN, Status.FAIL, "check ZAP_API_URL: the API's root, without /v1 or a path"),
+        ("", "wrong-token-0123456789", Status.FAIL, "check ZAP_TOKEN"),
+    ],
+)
+async def test_zapapi_gateway_check_tells_a_wrong_base_url_and_token(
+    suffix: str, token: str, status: Status, remedy: str
+) -> None:
+    from connectors.ops.doctor import _gateway_checks
+
+    async with FakeGateway(_zapapi) as fake:
+        (result,) = await _gateway_checks(_zap_settings(fake.url + suffix, token), 2.0, "inst-1")
+        methods = {r.method for r in fake.seen}
+    print(result.line())
+    assert result.status is status, result.line()
+    assert result.remedy == remedy
+    assert TOKEN not in result.line() and token not in result.line()
+    assert len(fake.seen) == 1 and methods == {"POST"}
+
+
+async def test_stackzap_gateway_check_fails_an_unreadable_listing_naming_the_setting() -> None:
+    from pydantic import SecretStr
+
+    from connectors.ops.doctor import _gateway_checks
+
+    async with FakeGateway(lambda request: Reply(200, json={"total": 2})) as fake:
+        gateway = GatewaySettings(
+            kind=GatewayKind.STACKZAP, stackzap_api_url=fake.url, stackzap_api_key=SecretStr("k")
+        )
+        (result,) = await _gateway_checks(gateway, 2.0, "inst-1")
+    assert result.status is Status.FAIL
+    assert "ZAPSTREAM_STACKZAP_LISTING_FIELDS" in result.remedy
+
+
+async def test_an_unknown_placeholder_instance_is_ok_and_a_named_one_fails() -> None:
+    from pydantic import SecretStr
+
+    from connectors.ops.doctor import DOCTOR_INSTANCE, _gateway_checks
+
+    async with FakeGateway(lambda r: Reply(404, json={"error": "unknown instance"})) as fake:
+        gateway = GatewaySettings(
+            kind=GatewayKind.STACKZAP, stackzap_api_url=fake.url, stackzap_api_key=SecretStr("k")
+        )
+        (placeholder,) = await _gateway_checks(gateway, 2.0, DOCTOR_INSTANCE)
+        (named,) = await _gateway_checks(gateway, 2.0, "inst-7")
+    assert placeholder.status is Status.OK and "--instance" in placeholder.detail
+    assert named.status is Status.FAIL and "inst-7" in named.detail
