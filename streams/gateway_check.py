@@ -19,6 +19,9 @@ route but names no real instance) and says what it found:
 - the gateway down, or no answer within the bound: one WARNING, and the worker
   carries on (the sends will tell, and a down gateway is not a configuration fault).
 
+An instance the start did not ask about is probed once, in the background, when its
+first message is seen (:meth:`GatewayStartCheck.first_sight`), with the same report.
+
 The worker keeps running in every case. Nothing is sent to anybody: the clients'
 probes are a listing page, an empty send body, a read of the number's node.
 """
@@ -69,6 +72,10 @@ class GatewayStartCheck:
         self.outcomes: dict[str, Outcome] = {}
         """What each probe found, once :meth:`start` ran (for tests and the summary)."""
         self._done = False
+        self._seen: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._gate = asyncio.Semaphore(1)
+        """First-sight probes: one at a time (never a burst at the gateway)."""
 
     async def start(self) -> None:
         if self._done:
@@ -77,30 +84,47 @@ class GatewayStartCheck:
         placeholder = not self.instances
         instances = self.instances or [PLACEHOLDER_INSTANCE]
         gate = asyncio.Semaphore(CONCURRENCY)
-
-        async def probe(instance: str) -> Outcome:
-            async with gate:
-                try:
-                    return await asyncio.wait_for(
-                        self.gateway.probe_configuration(instance), self.timeout_s
-                    )
-                except (GatewayError, TimeoutError) as exc:
-                    return exc
-
-        found = await asyncio.gather(*(probe(i) for i in instances))
+        found = await asyncio.gather(*(self._probe(i, gate) for i in instances))
         self.outcomes = dict(zip(instances, found, strict=True))
-        self._report(placeholder)
+        self._report(self.outcomes, placeholder)
+
+    def first_sight(self, instance: str) -> None:
+        """An instance the start did not ask about is seen (its first message): probe it once,
+        in the background, so a listing it cannot read is named now, not after a crash."""
+        if not self._done or instance in self.outcomes or instance in self._seen:
+            return
+        self._seen.add(instance)
+        task = asyncio.get_running_loop().create_task(self._probe_one(instance))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _probe_one(self, instance: str) -> None:
+        outcome = await self._probe(instance, self._gate)
+        self.outcomes[instance] = outcome
+        self._report({instance: outcome}, placeholder=False)
+
+    async def _probe(self, instance: str, gate: asyncio.Semaphore) -> Outcome:
+        async with gate:
+            try:
+                return await asyncio.wait_for(
+                    self.gateway.probe_configuration(instance), self.timeout_s
+                )
+            except (GatewayError, TimeoutError) as exc:
+                return exc
 
     async def stop(self) -> None:
-        return None
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    def _report(self, placeholder: bool) -> None:
+    def _report(self, outcomes: dict[str, Outcome], placeholder: bool) -> None:
         name = self.gateway.name
         now = self.clock()
         ok: list[str] = []
         unreadable: list[tuple[str, ListingUnreadable]] = []
         unknown: list[tuple[str, BaseException]] = []
-        for instance, outcome in self.outcomes.items():
+        for instance, outcome in outcomes.items():
             if isinstance(outcome, str):
                 ok.append(instance)
             elif isinstance(outcome, GatewayMisconfigured):
@@ -152,12 +176,12 @@ class GatewayStartCheck:
                 str(problem) or type(problem).__name__,
             )
         if ok:
-            detail = self.outcomes[ok[0]]
+            detail = outcomes[ok[0]]
             log.info(
                 "gateway check (%s): %d of %d answered as configured (%s: %s)",
                 name,
                 len(ok),
-                len(self.outcomes),
+                len(outcomes),
                 ok[0],
                 detail if isinstance(detail, str) else "unknown instance, as expected",
             )

@@ -189,6 +189,9 @@ class _RefusalWatch:
             raise
 
 
+GAVE_UP_LOG_INTERVAL_S = 300.0
+
+
 def _reconciling_since(current: StatusChanged, now: dt.datetime) -> dt.datetime:
     """When the reconciliation of the job's attempt began (now, if it begins now)."""
     if current.reconciling_since:
@@ -222,10 +225,17 @@ class JobProcessor:
         controls: Controls | None = None,
         listings: InstanceListings | None = None,
         reconcile_max_wait_s: float = 600.0,
+        first_sight: Callable[[str], None] | None = None,
     ) -> None:
         self.gateway = gateway
+        self.first_sight = first_sight
+        """Told each intent's instance (cheap): probes an instance the start did not ask about
+        once (:meth:`streams.gateway_check.GatewayStartCheck.first_sight`)."""
         self.listings = listings or InstanceListings(gateway)
         """The gateway's listing, asked per instance for every job waiting on it."""
+        self._gave_up: dict[str, tuple[float, int]] = {}
+        """Per instance: when the last "gave up reconciling" line was logged, and how many
+        jobs since."""
         self.reconcile_max_wait_s = reconcile_max_wait_s
         """How long a job whose outcome is unknown waits for a listing that concludes
         before it becomes UNCERTAIN and its conversation moves on."""
@@ -268,6 +278,8 @@ class JobProcessor:
     ) -> Outcome:
         """Carry out an intent. ``probe``: send even though the instance is paused."""
         ref = job_ref(intent)
+        if self.first_sight is not None:
+            self.first_sight(intent.instance_id)
         current = self.store.get(intent.job_id)
         if reprocess is not None:
             current = await self.recall(ref)
@@ -572,62 +584,67 @@ class JobProcessor:
             now = self.now()
             since = _reconciling_since(current, now)
             deadline = since + dt.timedelta(seconds=self.reconcile_max_wait_s)
-            if now >= deadline:
-                RECONCILE_GAVE_UP.labels(intent.instance_id).inc()
-                log.warning(
-                    "job %d: outcome unknown (%s) and the listing did not conclude within "
-                    "%.0fs (ZAPSTREAM_WORKER_RECONCILE_MAX_WAIT_S): UNCERTAIN, its "
-                    "conversation moves on; last: %s",
-                    intent.job_id,
-                    why,
-                    self.reconcile_max_wait_s,
-                    result.reason,
+            if now < deadline:
+                due_ts = max(
+                    now.timestamp() + 1.0,
+                    result.retry_at
+                    or (self.listings.deferred_until(intent.instance_id) or now.timestamp()),
                 )
-                return Done(
-                    await self._put(
+                due = min(dt.datetime.fromtimestamp(due_ts, dt.UTC), deadline)
+                noted = await self._put(
+                    dataclasses.replace(
                         transition(
                             ref,
                             current,
-                            S.UNCERTAIN,
-                            reason=(
-                                f"outcome unknown ({why}); reconciliation did not conclude "
-                                f"within {self.reconcile_max_wait_s:.0f}s: {result.reason}; "
-                                "not resent"
-                            ),
+                            S.ATTEMPTING,
+                            reason=f"outcome unknown ({why}); {result.reason}; reconciling again",
+                            next_retry_at=due.isoformat(),
                         ),
-                        partition,
-                    )
-                )
-            due_ts = max(
-                now.timestamp() + 1.0,
-                result.retry_at
-                or (self.listings.deferred_until(intent.instance_id) or now.timestamp()),
-            )
-            due = min(dt.datetime.fromtimestamp(due_ts, dt.UTC), deadline)
-            noted = await self._put(
-                dataclasses.replace(
-                    transition(
-                        ref,
-                        current,
-                        S.ATTEMPTING,
-                        reason=f"outcome unknown ({why}); {result.reason}; reconciling again",
-                        next_retry_at=due.isoformat(),
+                        reconciling_since=since.isoformat(),
                     ),
-                    reconciling_since=since.isoformat(),
-                ),
-                partition,
+                    partition,
+                )
+                return Park(due=due.timestamp(), state=noted)
+            RECONCILE_GAVE_UP.labels(intent.instance_id).inc()
+            self._log_gave_up(intent, result.reason)
+            detail = (
+                f"reconciliation did not conclude within {self.reconcile_max_wait_s:.0f}s: "
+                f"{result.reason}"
             )
-            return Park(due=due.timestamp(), state=noted)
+        else:
+            detail = result.reason
         return Done(
             await self._put(
                 transition(
                     ref,
                     current,
                     S.UNCERTAIN,
-                    reason=f"outcome unknown ({why}); {result.reason}; not resent",
+                    reason=f"outcome unknown ({why}); {detail}; not resent",
                 ),
                 partition,
             )
+        )
+
+    def _log_gave_up(self, intent: IntentCaptured, reason: str) -> None:
+        """One WARNING per instance when its jobs start ending UNCERTAIN for want of a
+        listing, then at most one line with the count every :data:`GAVE_UP_LOG_INTERVAL_S`."""
+        now = self._ts()
+        last, count = self._gave_up.get(intent.instance_id, (0.0, 0))
+        count += 1
+        if last and now - last < GAVE_UP_LOG_INTERVAL_S:
+            self._gave_up[intent.instance_id] = (last, count)
+            return
+        self._gave_up[intent.instance_id] = (now, 0)
+        log.warning(
+            "instance %s: %d job(s) UNCERTAIN%s (last: job %d): the outcome is unknown and the "
+            "listing did not conclude within %.0fs (ZAPSTREAM_WORKER_RECONCILE_MAX_WAIT_S); "
+            "their conversations move on; see `zapstream jobs list --state UNCERTAIN`; %s",
+            intent.instance_id,
+            count,
+            f" in the last {now - last:.0f}s" if last else "",
+            intent.job_id,
+            self.reconcile_max_wait_s,
+            reason,
         )
 
     async def _retry_or_die(

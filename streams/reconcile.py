@@ -311,7 +311,8 @@ class InstanceListings:
             first, longest = self.backoff_s
             delay = min(longest, first * 2 ** (state.failures - 1))
             state.retry_at = self._clock() + self._rng.uniform(delay * 0.8, delay)
-            state.last_error = str(exc)[:200]
+            what = "unreadable" if isinstance(exc, ListingUnreadable) else "unavailable"
+            state.last_error = f"listing {what}: {exc}"[:240]
             batch.future.set_exception(exc)
             return
         except Exception as exc:  # a bug: every waiter raises it

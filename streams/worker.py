@@ -143,18 +143,19 @@ def build_worker_app(
         resources = [*resources, lag]
     pauses = InstancePauses(settings.instance_probe_s, probe_max_s=settings.instance_probe_max_s)
     first: list[Resource] = [gateway]
+    check: GatewayStartCheck | None = None
     if settings.start_probe:
         # Right after the gateway client starts, before any send: a wrong base URL, key or
-        # listing is one line at start (streams/gateway_check.py), and the worker runs on.
+        # listing is one line at start (streams/gateway_check.py), and the worker runs on;
+        # an instance not configured is probed once when its first message is seen.
         g = settings.gateway
-        first.append(
-            GatewayStartCheck(
-                gateway,
-                pauses,
-                settings.probe_instances or list(settings.instance_rates),
-                timeout_s=g.pool_timeout_s + g.connect_timeout_s + g.read_timeout_s,
-            )
+        check = GatewayStartCheck(
+            gateway,
+            pauses,
+            settings.probe_instances or list(settings.instance_rates),
+            timeout_s=g.pool_timeout_s + g.connect_timeout_s + g.read_timeout_s,
         )
+        first.append(check)
     app = build_app(settings, resources=[*first, *resources])
     partitions = settings.kafka.partitions
     topics = register_topics(app, partitions)
@@ -171,6 +172,7 @@ def build_worker_app(
             gateway, listings_per_minute=settings.reconcile_listings_per_minute
         ),
         reconcile_max_wait_s=settings.reconcile_max_wait_s,
+        first_sight=check.first_sight if check is not None else None,
         pauses=pauses,
         failures=FailureLog(
             summary_interval_s=settings.failure_summary_interval_s,

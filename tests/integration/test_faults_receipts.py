@@ -254,14 +254,15 @@ def test_a_callback_older_than_the_replay_window_gets_401_and_a_duplicated_event
 def test_a_listing_that_does_not_parse_postpones_reconciliation_never_uncertain(
     pipeline: LocalPipeline, worker: Worker
 ) -> None:
-    """Default field names, a gateway answering ``{"jobs": [...]}`` with ``ref``: every
-    dropped response waits (logged once, counted), none UNCERTAIN, none sent twice; once
-    the listing parses again they are adopted."""
+    """A gateway answering a listing no parser can read: every dropped response waits
+    (logged once, counted), none UNCERTAIN within ``ZAPSTREAM_WORKER_RECONCILE_MAX_WAIT_S``
+    (600 s here), none sent twice; once the listing parses again they are adopted. (The
+    seed's ``{"jobs": [...]}`` with ``ref`` parses with the default names now.)"""
     run = uuid.uuid4().hex[:8]
     instance = f"shape-{run}"
     log_offset = worker.process.log_offset()
     before = worker.metric("zapstream_reconcile_listing_unreadable_total", instance=instance)
-    pipeline.sim_config(listing_fields=OTHER_SHAPE, drop_response_rate=1.0)
+    pipeline.sim_config(listing_shape="unknown", drop_response_rate=1.0)
     recipients = [f"55119000007{n + 10:02d}" for n in range(6)]
     keys = [f"{run}:{instance}:{to}:0" for to in recipients]  # one per conversation
     with psycopg.connect(pipeline.dsn) as conn:
@@ -305,7 +306,7 @@ def test_a_listing_that_does_not_parse_postpones_reconciliation_never_uncertain(
     assert sent_while_unreadable == len(keys), "a job was sent again before it was reconciled"
 
     # The gateway's listing is readable again: the waiting jobs are adopted, not resent.
-    pipeline.sim_config(listing_fields={}, drop_response_rate=0.0)
+    pipeline.sim_config(listing_shape="items", drop_response_rate=0.0)
     wait_for_status(pipeline.dsn, keys, "ACCEPTED", 60)
     report = arrivals.wait_for(keys, timeout_s=10)
     recovered = worker.log_count(rf"listing of instance {instance} parses again", since=log_offset)
@@ -358,7 +359,9 @@ def test_a_listing_in_another_shape_reconciles_dropped_responses_when_configured
         assert dropped > 0
         assert report.duplicate_count == 0 and report.order_violations == ()
         assert report.accepted_unique == len(keys)
-        assert narrow >= dropped and full == 0
+        # Jobs reconciled together share a listing request (one per instance, not per job);
+        # the only full listings are the one-page start checks of the two new instances.
+        assert 0 < narrow <= dropped and full <= 2
         assert unreadable == 0
     finally:
         shaped.process.stop()

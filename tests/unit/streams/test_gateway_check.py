@@ -132,3 +132,23 @@ async def test_a_down_or_silent_gateway_is_one_warning_within_the_bound(
     assert isinstance(check.outcomes["b"], TimeoutError)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "2 instance(s)" in warnings[0]
+
+
+async def test_an_instance_first_seen_later_is_probed_once_in_the_background(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO)
+    unreadable = ListingUnreadable("scripted: listing has no array of jobs (top-level keys: x)")
+    gateway = ProbedGateway({"a": "ok", "late": unreadable, "fine": "ok"})
+    check, _ = await run(gateway, ["a"])
+    assert gateway.asked == ["a"]
+    for _ in range(5):  # every intent of the instance tells the check; one probe
+        check.first_sight("late")
+        check.first_sight("a")  # asked at start: not again
+    await asyncio.wait_for(asyncio.gather(*check._tasks), 1.0)
+    assert gateway.asked == ["a", "late"]
+    assert isinstance(check.outcomes["late"], ListingUnreadable)
+    assert [e for e in errors(caplog) if "ZAPSTREAM_STACKZAP_LISTING_FIELDS" in e] != []
+    check.first_sight("fine")
+    await check.stop()  # a probe still running is cancelled, never left behind
+    assert not check._tasks

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import logging
 import random
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -227,12 +228,27 @@ def intent(job_id: int) -> IntentCaptured:
     )
 
 
-async def test_an_unreadable_listing_ends_uncertain_within_the_bound_never_dead() -> None:
-    clock = Clock()
+def in_flight(store: Store, job_id: int) -> None:
+    """A crash after the journal write: ATTEMPTING with attempts == max_attempts."""
+    store.states[job_id] = StatusChanged(
+        job_id=job_id,
+        idempotency_key=f"k{job_id}",
+        instance_id="i",
+        conversation_key=f"c{job_id}",
+        status=JobStatus.ATTEMPTING,
+        previous=JobStatus.PENDING,
+        version=1,
+        attempts=1,
+        attempt_seq=1,
+        attempt_id=f"{job_id}-1",
+        at=NOW.isoformat(),
+    )
+
+
+def unreadable_processor(clock: Clock, store: Store) -> tuple[JobProcessor, CountingListing]:
     gateway = CountingListing([])
     gateway.error = ListingUnreadable("stackzap: listing has no array of jobs")
     listings = InstanceListings(gateway, gather_s=0, clock=clock.mono, wall=clock.wall)
-    store = Store()
     processor = JobProcessor(
         gateway,  # type: ignore[arg-type]
         store,
@@ -242,20 +258,14 @@ async def test_an_unreadable_listing_ends_uncertain_within_the_bound_never_dead(
         listings=listings,
         reconcile_max_wait_s=30.0,
     )
-    # A crash after the journal write: the job is ATTEMPTING with attempts == max_attempts.
-    store.states[1] = StatusChanged(
-        job_id=1,
-        idempotency_key="k1",
-        instance_id="i",
-        conversation_key="c1",
-        status=JobStatus.ATTEMPTING,
-        previous=JobStatus.PENDING,
-        version=1,
-        attempts=1,
-        attempt_seq=1,
-        attempt_id="1-1",
-        at=NOW.isoformat(),
-    )
+    return processor, gateway
+
+
+async def test_an_unreadable_listing_ends_uncertain_within_the_bound_never_dead() -> None:
+    clock = Clock()
+    store = Store()
+    processor, gateway = unreadable_processor(clock, store)
+    in_flight(store, 1)
     parks = 0
     while True:
         outcome = await processor.on_intent(intent(1), 0)
@@ -294,3 +304,28 @@ async def test_a_transient_listing_failure_of_the_whole_batch_is_shared() -> Non
     )
     assert gateway.requests == 1
     assert {r.verdict for r in results} == {Verdict.LATER}
+
+
+async def test_jobs_giving_up_together_are_one_warning_per_instance(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="streams.job_processor")
+    clock = Clock()
+    store = Store()
+    processor, _ = unreadable_processor(clock, store)
+    for job_id in range(1, 21):
+        in_flight(store, job_id)
+    for job_id in range(1, 21):  # each starts its wait
+        assert isinstance(await processor.on_intent(intent(job_id), 0), Park)
+    clock.t = 31.0
+    outcomes = [await processor.on_intent(intent(job_id), 0) for job_id in range(1, 21)]
+    assert all(isinstance(o, Done) and o.state and o.state.status == "UNCERTAIN" for o in outcomes)
+    lines = [r.getMessage() for r in caplog.records if "UNCERTAIN" in r.getMessage()]
+    assert len(lines) == 1 and "ZAPSTREAM_WORKER_RECONCILE_MAX_WAIT_S" in lines[0], lines
+    assert "5511987654321" not in caplog.text and "hi" not in lines[0].split(";")[-1]
+    in_flight(store, 99)
+    assert isinstance(await processor.on_intent(intent(99), 0), Park)
+    clock.t = 400.0  # past the summary interval: one line counts the 19 held back and this one
+    await processor.on_intent(intent(99), 0)
+    lines = [r.getMessage() for r in caplog.records if "UNCERTAIN" in r.getMessage()]
+    assert len(lines) == 2 and "20 job(s) UNCERTAIN in the last" in lines[1], lines
