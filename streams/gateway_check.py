@@ -73,6 +73,8 @@ class GatewayStartCheck:
         """What each probe found, once :meth:`start` ran (for tests and the summary)."""
         self._done = False
         self._seen: set[str] = set()
+        self._unreadable_reported = False
+        """An unreadable listing was named at ERROR (once per gateway and worker)."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._gate = asyncio.Semaphore(1)
         """First-sight probes: one at a time (never a burst at the gateway)."""
@@ -153,7 +155,16 @@ class GatewayStartCheck:
                 unreadable.append((instance, outcome))
             else:
                 unknown.append((instance, outcome))
-        if unreadable:
+        if unreadable and self._unreadable_reported:
+            # Named at ERROR once for the gateway; a later instance with the same fault is
+            # one INFO line, not another alarm.
+            log.info(
+                "gateway check (%s): the job listing is unreadable for instance(s) %s too",
+                name,
+                ", ".join(i for i, _ in unreadable[:5]),
+            )
+        elif unreadable:
+            self._unreadable_reported = True
             first, error = unreadable[0]
             log.error(
                 "gateway check (%s): the job listing is unreadable for %d instance(s) "

@@ -147,7 +147,6 @@ def test_unreadable_listing_is_named_at_start_and_in_flight_jobs_end_uncertain_i
     worker.wait(timeout_s=10)
     in_flight = attempting(pipeline, keys)
     worker = pipeline.start_worker("unknown-2", env=env)
-    started = worker.log_path.stat().st_mtime
 
     # Every job settles: the ones in flight at the kill UNCERTAIN, the rest sent, so every
     # conversation went on past its uncertain head.
@@ -187,20 +186,29 @@ def test_unreadable_listing_is_named_at_start_and_in_flight_jobs_end_uncertain_i
         default=0,
     )
     log_text = worker.log_path.read_text(errors="replace")
-    unreadable_lines = log_text.count("is unreadable")
-    instances_listed = len(times)
+    # The reconciliation's outage line, once per instance; the start check's ERROR, once.
+    outage_lines = re.findall(r"listing of instance (\S+) is unreadable", log_text)
+    unreadable_lines = len(outage_lines)
+    instances_listed = len(set(outage_lines))
+    check_errors = [
+        line
+        for line in log_text.splitlines()
+        if "ERROR" in line and "gateway check" in line and "unreadable" in line
+    ]
     print(
         f"\nunreadable listing: {in_flight} in flight at the kill, {uncertain} UNCERTAIN "
         f"(reason names the {MAX_WAIT_S}s bound: {reasons}), {report.accepted_unique} others "
         f"delivered, {report.duplicate_count} duplicates; at most {worst} listing requests "
-        f"per instance in a minute (bound {LISTINGS_PER_MINUTE}); 'unreadable' logged "
-        f"{unreadable_lines} times for {instances_listed} instances; worker started {started:.0f}"
+        f"per instance in a minute (bound {LISTINGS_PER_MINUTE}); the outage logged "
+        f"{unreadable_lines} times for {instances_listed} instances, the start check's ERROR "
+        f"{len(check_errors)} time(s)"
     )
     assert uncertain >= 1 and reasons == uncertain
     assert uncertain <= in_flight + CONVERSATIONS
     assert report.order_violations == () and report.duplicate_count == 0
     assert worst <= LISTINGS_PER_MINUTE
-    assert unreadable_lines <= instances_listed, "once per instance per outage"
+    assert unreadable_lines == instances_listed, "once per instance per outage"
+    assert len(check_errors) == 1, check_errors
     worker.terminate(timeout_s=30)
     pipeline.sim_config(listing_shape="items", latency_ms=0)
 

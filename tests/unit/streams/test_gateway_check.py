@@ -139,7 +139,7 @@ async def test_an_instance_first_seen_later_is_probed_once_in_the_background(
 ) -> None:
     caplog.set_level(logging.INFO)
     unreadable = ListingUnreadable("scripted: listing has no array of jobs (top-level keys: x)")
-    gateway = ProbedGateway({"a": "ok", "late": unreadable, "fine": "ok"})
+    gateway = ProbedGateway({"a": "ok", "late": unreadable, "later": unreadable, "fine": "ok"})
     check, _ = await run(gateway, ["a"])
     assert gateway.asked == ["a"]
     for _ in range(5):  # every intent of the instance tells the check; one probe
@@ -148,7 +148,12 @@ async def test_an_instance_first_seen_later_is_probed_once_in_the_background(
     await asyncio.wait_for(asyncio.gather(*check._tasks), 1.0)
     assert gateway.asked == ["a", "late"]
     assert isinstance(check.outcomes["late"], ListingUnreadable)
-    assert [e for e in errors(caplog) if "ZAPSTREAM_STACKZAP_LISTING_FIELDS" in e] != []
+    assert len([e for e in errors(caplog) if "ZAPSTREAM_STACKZAP_LISTING_FIELDS" in e]) == 1
+    check.first_sight("later")  # the same fault on another instance: no second alarm
+    await asyncio.wait_for(asyncio.gather(*check._tasks), 1.0)
+    assert isinstance(check.outcomes["later"], ListingUnreadable)
+    assert len(errors(caplog)) == 1
+    assert any("unreadable for instance(s) later too" in m for m in caplog.messages)
     check.first_sight("fine")
     await check.stop()  # a probe still running is cancelled, never left behind
     assert not check._tasks
