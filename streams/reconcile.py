@@ -216,7 +216,7 @@ class InstanceListings:
         self,
         gateway: Listing,
         *,
-        listings_per_minute: int = 12,
+        listings_per_minute: int = 60,
         backoff_s: tuple[float, float] = (2.0, 60.0),
         gather_s: float = 0.05,
         clock: Callable[[], float] = time.monotonic,
