@@ -16,7 +16,13 @@ from streams.contract import IntentCaptured, JobStatus, StatusChanged
 from streams.errors import ListingUnreadable, TransientGatewayError
 from streams.job_processor import Done, JobProcessor, Park, RetryPolicy
 from streams.ports import ListedJob, SendAccepted, TextMessage
-from streams.reconcile import InstanceListings, ListingDeferred, Verdict, reconcile
+from streams.reconcile import (
+    InstanceListings,
+    ListingDeferred,
+    Reconciliation,
+    Verdict,
+    reconcile,
+)
 
 NOW = dt.datetime(2026, 12, 2, 12, 0, tzinfo=dt.UTC)
 
@@ -82,16 +88,11 @@ class CountingListing:
         raise AssertionError("reconciliation never sends")
 
 
-def listed(reference: str) -> ListedJob:
-    return ListedJob(f"g-{reference}", reference, None, None, JobStatus.ACCEPTED, "queued")
-
-
-async def test_jobs_of_one_instance_waiting_together_share_one_request() -> None:
-    clock = Clock()
-    gateway = CountingListing([listed(f"{n}-1") for n in range(0, 40, 2)])
-    listings = InstanceListings(gateway, gather_s=0.01, clock=clock.mono, wall=clock.wall)
-    since = [NOW - dt.timedelta(minutes=n) for n in range(40)]
-    results = await asyncio.gather(
+async def reconcile_together(
+    listings: InstanceListings, jobs: int, created: list[dt.datetime] | None = None
+) -> list[Reconciliation]:
+    """Jobs 0..jobs-1 of instance ``i`` (attempt 1 each) reconciled at the same time."""
+    return await asyncio.gather(
         *(
             reconcile(
                 listings,
@@ -101,11 +102,23 @@ async def test_jobs_of_one_instance_waiting_together_share_one_request() -> None
                 text="x",
                 authoritative=True,
                 attempt_seq=1,
-                created_at=since[n].isoformat(),
+                created_at=created[n].isoformat() if created else None,
             )
-            for n in range(40)
+            for n in range(jobs)
         )
     )
+
+
+def listed(reference: str) -> ListedJob:
+    return ListedJob(f"g-{reference}", reference, None, None, JobStatus.ACCEPTED, "queued")
+
+
+async def test_jobs_of_one_instance_waiting_together_share_one_request() -> None:
+    clock = Clock()
+    gateway = CountingListing([listed(f"{n}-1") for n in range(0, 40, 2)])
+    listings = InstanceListings(gateway, gather_s=0.01, clock=clock.mono, wall=clock.wall)
+    since = [NOW - dt.timedelta(minutes=n) for n in range(40)]
+    results = await reconcile_together(listings, 40, since)
     assert gateway.requests == 1, f"{gateway.requests} requests for 40 waiting jobs"
     references, asked_since = gateway.calls[0]
     assert set(references) == {f"{n}-1" for n in range(40)}
@@ -288,20 +301,7 @@ async def test_a_transient_listing_failure_of_the_whole_batch_is_shared() -> Non
     gateway = CountingListing([])
     gateway.error = TransientGatewayError("stackzap: HTTP 503")
     listings = InstanceListings(gateway, gather_s=0.01, clock=clock.mono, wall=clock.wall)
-    results = await asyncio.gather(
-        *(
-            reconcile(
-                listings,
-                instance_id="i",
-                job_id=n,
-                to="t",
-                text="x",
-                authoritative=True,
-                attempt_seq=1,
-            )
-            for n in range(10)
-        )
-    )
+    results = await reconcile_together(listings, 10)
     assert gateway.requests == 1
     assert {r.verdict for r in results} == {Verdict.LATER}
 
