@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 ARGS   ?=
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup postgres promtool chromium dev test unit integration lint deploy-check bench clean
+.PHONY: setup postgres kafka promtool chromium dev test unit integration lint deploy-check bench clean
 
 # The deployment files' validators live in their own venv: check-jsonschema needs a newer
 # click than faust-streaming allows. tests/unit/deploy runs them from $(TOOLS)/bin.
@@ -26,6 +26,26 @@ postgres:
 		echo "installing Debian's postgresql package (initdb, pg_ctl)"; \
 		$(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q postgresql; \
 	fi
+
+# The tests' and `make dev`'s Apache Kafka broker (devtools/kafka_broker.py) runs from the jars of
+# the release pinned in devtools/kafka/pom.xml, which Maven copies from Maven Central into
+# .cache/kafka-<version>/ once (then offline), on Debian's JRE; install the JRE and Maven if absent.
+KAFKA_VERSION := $(shell sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' devtools/kafka/pom.xml)
+KAFKA_LIBS    := .cache/kafka-$(KAFKA_VERSION)
+
+kafka: $(KAFKA_LIBS)/.installed
+
+$(KAFKA_LIBS)/.installed: devtools/kafka/pom.xml
+	@if command -v java >/dev/null 2>&1 && command -v mvn >/dev/null 2>&1; then :; else \
+		echo "installing Debian's default-jre-headless and maven packages (the Kafka broker)"; \
+		$(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends default-jre-headless maven; \
+	fi
+	@echo "fetching Apache Kafka $(KAFKA_VERSION) and its dependencies into $(KAFKA_LIBS)"
+	rm -rf $(KAFKA_LIBS).tmp
+	mvn -q -B -Dstyle.color=never -f devtools/kafka/pom.xml dependency:copy-dependencies -DincludeScope=runtime \
+		-DoutputDirectory=$(CURDIR)/$(KAFKA_LIBS).tmp
+	rm -rf $(KAFKA_LIBS) && mv $(KAFKA_LIBS).tmp $(KAFKA_LIBS)
+	touch $@
 
 # promtool checks the Prometheus alert rules and the dashboard's queries in the tests
 # (Debian's prometheus package; its server is not needed and not started here).
@@ -51,7 +71,7 @@ $(TOOLS)/.installed: devtools/deploy-tools.txt
 	$(TOOLS)/bin/pip install -q -r devtools/deploy-tools.txt
 	touch $@
 
-setup: $(BIN)/.installed $(TOOLS)/.installed postgres promtool chromium
+setup: $(BIN)/.installed $(TOOLS)/.installed postgres kafka promtool chromium
 
 dev: setup
 	$(BIN)/python -m devtools.dev_runner $(ARGS)

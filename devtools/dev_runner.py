@@ -1,6 +1,7 @@
 """``make dev``: the whole pipeline on embedded defaults, with a demo batch and a summary.
 
-Starts a throwaway PostgreSQL and Tansu, the gateway simulator, the state sink,
+Starts a throwaway PostgreSQL and a broker (Tansu, or Apache Kafka with ``--kafka apache``),
+the gateway simulator, the state sink,
 a relay and a worker, each its own process; enqueues ``--messages`` intents over
 ``--instances`` WhatsApp instances and ``--conversations`` conversations through
 the application API; shows
@@ -134,10 +135,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="stackzap",
         help="the API the worker speaks to the simulator (ZAPSTREAM_GATEWAY)",
     )
+    parser.add_argument(
+        "--kafka",
+        choices=["apache", "tansu"],
+        default="tansu",
+        help="the broker: Apache Kafka (one KRaft node, the jars `make kafka` fetched) or Tansu",
+    )
     args = parser.parse_args(argv)
 
+    broker_name = "Apache Kafka" if args.kafka == "apache" else "Tansu"
     print(
-        "make dev: starting PostgreSQL, Tansu, the gateway simulator and the state sink ...",
+        f"make dev: starting PostgreSQL, {broker_name}, the gateway simulator and the state "
+        "sink ...",
         flush=True,
     )
     pipeline = LocalPipeline(
@@ -145,11 +154,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         partitions=args.partitions,
         keep=args.dir is not None,
         worker_env={"ZAPSTREAM_GATEWAY": args.gateway},
+        broker="kafka" if args.kafka == "apache" else "tansu",
     )
     try:
         pipeline.start()
         print(f"  PostgreSQL  {pipeline.dsn}")
-        print(f"  Kafka       {pipeline.kafka.bootstrap} (Tansu)")
+        print(f"  Kafka       {pipeline.kafka.bootstrap} ({pipeline.broker_description})")
         print(f"  gateway     {pipeline.sim_url} (simulator, {args.gateway} API)")
         print(f"  logs        {pipeline.dir}")
         if pipeline.sink is not None:

@@ -1,10 +1,12 @@
 """The whole pipeline on throwaway local processes, for ``make dev`` and the tests.
 
 :class:`LocalPipeline` starts a private PostgreSQL cluster (wal_level=logical)
-and a Tansu broker on free ports in its own directory, applies the schema,
+and a broker on free ports in its own directory, applies the schema,
 creates the topics, and runs the gateway simulator, the state sink, relays and
 workers as real ``zapstream`` subprocesses that tests can SIGKILL and restart.
 
+The broker is Tansu by default, or Apache Kafka (:class:`devtools.kafka_broker.KafkaBroker`,
+one KRaft node) with ``broker="kafka"`` or ``DEVSTACK_BROKER=kafka``.
 Tansu differs from Apache Kafka (see the README):
 Kafka-only features are switched off through ``ZAPSTREAM_KAFKA_FLAVOR=tansu``,
 and short session timeouts keep group joins at a few seconds.
@@ -25,6 +27,7 @@ import httpx
 from connectors.ops.topics import ensure_topics
 from connectors.outbox.migrate import migrate
 from devtools.devstack import ManagedProcess, PostgresCluster, TansuBroker, find_free_port
+from devtools.kafka_broker import KafkaBroker, kafka_version
 from devtools.tcp_proxy import TcpProxy
 from devtools.tls import Pki
 from streams.settings import BrokerFlavor, KafkaSettings
@@ -35,10 +38,24 @@ SIM_TOKEN = "dev-zap-token"
 WEBHOOK_SECRET = "dev-webhook-secret"
 META_APP_SECRET = "dev-meta-app-secret"
 META_VERIFY_TOKEN = "dev-meta-verify-token"
+BROKERS = ("tansu", "kafka")
+BROKER_ENV = "DEVSTACK_BROKER"
+"""Picks the broker of a pipeline that was not given one: ``tansu`` (default) or ``kafka``.
+Not ``ZAPSTREAM_*``: zapstream refuses to start with a ``ZAPSTREAM_`` variable no setting reads,
+and every service the tests start inherits the environment."""
+
+
+def default_broker() -> str:
+    """``DEVSTACK_BROKER`` if set (``tansu`` or ``kafka``), else ``tansu``."""
+    broker = os.environ.get(BROKER_ENV, "").strip().lower() or "tansu"
+    if broker not in BROKERS:
+        raise ValueError(f"{BROKER_ENV}={broker!r}: expected one of {', '.join(BROKERS)}")
+    return broker
 
 
 class LocalPipeline:
-    """PostgreSQL + Tansu + simulator, and relay/worker processes on demand."""
+    """PostgreSQL + a broker (Tansu or Apache Kafka) + simulator, and relay/worker processes
+    on demand."""
 
     def __init__(
         self,
@@ -51,12 +68,16 @@ class LocalPipeline:
         with_sink: bool = True,
         proxied: bool = False,
         tls: Pki | None = None,
+        broker: str | None = None,
     ) -> None:
-        """``with_sink``: :meth:`start` also runs ``zapstream sink`` (states into PostgreSQL).
+        """``broker``: ``"tansu"`` or ``"kafka"`` (Apache Kafka, one KRaft node); default
+        :func:`default_broker` (``DEVSTACK_BROKER``, else Tansu).
+
+        ``with_sink``: :meth:`start` also runs ``zapstream sink`` (states into PostgreSQL).
 
         ``proxied``: the services reach PostgreSQL and Kafka through
         :class:`~devtools.tcp_proxy.TcpProxy` instances (``pg_proxy``,
-        ``kafka_proxy``) that tests can cut; Tansu advertises the proxy's port.
+        ``kafka_proxy``) that tests can cut; the broker advertises the proxy's port.
         The test's own connections (:attr:`dsn`) go direct.
         ``tls``: Kafka speaks TLS only (the broker's certificate signed by ``tls.ca_file``);
         every service, and :meth:`kafka_settings`, connects with
@@ -64,6 +85,9 @@ class LocalPipeline:
         """
         if tls is not None and proxied:
             raise ValueError("a TLS pipeline is not proxied")
+        self.broker = broker if broker is not None else default_broker()
+        if self.broker not in BROKERS:
+            raise ValueError(f"broker={self.broker!r}: expected one of {', '.join(BROKERS)}")
         self.tls = tls
         self._own_dir = base_dir is None
         self.dir = Path(base_dir or tempfile.mkdtemp(prefix="zapstream-"))
@@ -76,17 +100,26 @@ class LocalPipeline:
         self.postgres = PostgresCluster()
         self.pg_proxy: TcpProxy | None = None
         self.kafka_proxy: TcpProxy | None = None
+        self.kafka: TansuBroker | KafkaBroker
+        server_tls = tls.server if tls is not None else None
         if proxied:
             kafka_port = find_free_port()
             self.pg_proxy = TcpProxy(self.postgres.port, port=find_free_port())
             self.kafka_proxy = TcpProxy(kafka_port, port=find_free_port())
-            self.kafka = TansuBroker(
-                kafka_port, log_path=self.dir / "tansu.log", advertised_port=self.kafka_proxy.port
-            )
+            if self.broker == "kafka":
+                self.kafka = KafkaBroker(
+                    kafka_port, base_dir=self.dir / "kafka", advertised_port=self.kafka_proxy.port
+                )
+            else:
+                self.kafka = TansuBroker(
+                    kafka_port,
+                    log_path=self.dir / "tansu.log",
+                    advertised_port=self.kafka_proxy.port,
+                )
+        elif self.broker == "kafka":
+            self.kafka = KafkaBroker(base_dir=self.dir / "kafka", tls=server_tls)
         else:
-            self.kafka = TansuBroker(
-                log_path=self.dir / "tansu.log", tls=tls.server if tls is not None else None
-            )
+            self.kafka = TansuBroker(log_path=self.dir / "tansu.log", tls=server_tls)
         self.sim_port = find_free_port()
         self.simulator: ManagedProcess | None = None
         self.processes: list[ManagedProcess] = []
@@ -161,6 +194,18 @@ class LocalPipeline:
         return f"127.0.0.1:{self.kafka_proxy.port}"
 
     @property
+    def flavor(self) -> BrokerFlavor:
+        """``ZAPSTREAM_KAFKA_FLAVOR`` of the services: what the broker supports."""
+        return BrokerFlavor.KAFKA if self.broker == "kafka" else BrokerFlavor.TANSU
+
+    @property
+    def broker_description(self) -> str:
+        """The broker in words, for the lines that say what a run ran on."""
+        if self.broker == "kafka":
+            return f"Apache Kafka {kafka_version()} (KRaft, 1 node)"
+        return "Tansu"
+
+    @property
     def sim_url(self) -> str:
         return f"http://127.0.0.1:{self.sim_port}"
 
@@ -170,7 +215,7 @@ class LocalPipeline:
             security = {"security_protocol": "SSL", "ssl_cafile": self.tls.ca_file}
         return KafkaSettings(
             brokers=self.kafka.bootstrap,
-            flavor=BrokerFlavor.TANSU,
+            flavor=self.flavor,
             partitions=self.partitions,
             session_timeout_s=6,
             heartbeat_interval_s=1,
@@ -190,7 +235,7 @@ class LocalPipeline:
         return {
             "ZAPSTREAM_DATABASE_URL": self.service_dsn,
             "ZAPSTREAM_KAFKA_BROKERS": self.service_brokers,
-            "ZAPSTREAM_KAFKA_FLAVOR": "tansu",
+            "ZAPSTREAM_KAFKA_FLAVOR": self.flavor.value,
             "ZAPSTREAM_KAFKA_PARTITIONS": str(self.partitions),
             "ZAPSTREAM_KAFKA_SESSION_TIMEOUT_S": "6",
             "ZAPSTREAM_KAFKA_HEARTBEAT_INTERVAL_S": "1",

@@ -38,6 +38,10 @@ from streams.settings import KafkaSettings
 log = logging.getLogger(__name__)
 
 ENSURE_HINT = "run `zapstream topics ensure`"
+CREATED_VISIBLE_S = 30.0
+"""How long ``topics ensure`` waits for topics it created to appear in the metadata: a KRaft
+broker answers CreateTopics once the controller committed them, and its own metadata cache
+learns of them a moment later (Tansu: at once)."""
 
 
 class TopicMismatch(StartupRefused):
@@ -235,6 +239,11 @@ async def ensure_topics(kafka: KafkaSettings, specs: list[TopicSpec] | None = No
             except TopicAlreadyExistsError:
                 log.info("another process created the topics first")
         counts = await _partition_counts(admin)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CREATED_VISIBLE_S
+        while any(s.name not in counts for s in missing) and loop.time() < deadline:
+            await asyncio.sleep(0.1)
+            counts = await _partition_counts(admin)
         for spec in specs:
             have = counts.get(spec.name)
             if have is None:

@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -16,6 +17,16 @@ class TopicRecord:
     value: bytes
     headers: dict[str, bytes]
     timestamp_ms: int = 0
+
+
+async def _partitions(bootstrap: str, topic: str) -> int:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        described = await admin.describe_topics()
+    finally:
+        await admin.close()
+    return next((len(d["partitions"]) for d in described if d["topic"] == topic), 0)
 
 
 async def _read(bootstrap: str, topic: str, timeout_s: float) -> list[TopicRecord]:
@@ -32,9 +43,10 @@ async def _read(bootstrap: str, topic: str, timeout_s: float) -> list[TopicRecor
             TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())
         ]
         if not partitions:
-            await consumer.client.force_metadata_update()
+            # An unassigned consumer's metadata names no topic on Apache Kafka (Tansu's lists
+            # them all): ask for every topic's, which names none and so creates none.
             partitions = [
-                TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())
+                TopicPartition(topic, p) for p in range(await _partitions(bootstrap, topic))
             ]
         consumer.assign(partitions)
         await consumer.seek_to_beginning(*partitions)
