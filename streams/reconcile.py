@@ -271,9 +271,8 @@ class InstanceListings:
                 raise ListingDeferred(
                     self._deferred_reason(instance_id, state, retry_at), retry_at=retry_at
                 )
-            batch = _Batch(asyncio.get_running_loop().create_future(), since=since)
+            batch = _Batch(asyncio.get_running_loop().create_future())
             batch.future.add_done_callback(_retrieve)
-            batch.whole = since is None
             state.collecting = batch
             asyncio.get_running_loop().create_task(self._ask(instance_id, state, batch))
         batch.references.update(references)
