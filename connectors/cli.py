@@ -290,15 +290,17 @@ def _cmd_lag_monitor(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stopping.set)
+        # Groups and topics as named on the cluster (ZAPSTREAM_KAFKA_TOPIC_PREFIX before each).
+        groups = settings.watched()
         monitor = LagMonitor(
             settings.kafka,
-            settings.groups,
+            groups,
             interval_s=settings.interval_s,
             read_timeout_s=settings.read_timeout_s,
         )
         log.info(
             "lag monitor watching %s every %.0fs (%s); metrics on http://%s:%d/metrics",
-            ", ".join(f"{g} on {'+'.join(t)}" for g, t in settings.groups.items()),
+            ", ".join(f"{g} on {'+'.join(t)}" for g, t in groups.items()),
             settings.interval_s,
             settings.kafka.end_offset_source,
             host,

@@ -30,7 +30,9 @@ Semantics, where a schema cannot see the mistake:
 - the ScaledObject never allows more workers than partitions, its kafka triggers use only
   documented metadata keys, the worker's group and rendered topics;
 - the KafkaTopics are exactly the topics ``zapstream topics ensure`` creates (names,
-  partitions, configs), with the replication factor of the ConfigMap.
+  partitions, configs), with the replication factor of the ConfigMap;
+- topic and group names carry the ConfigMap's ``ZAPSTREAM_KAFKA_TOPIC_PREFIX`` (the facts
+  hold the contract's names, without it).
 """
 
 from __future__ import annotations
@@ -93,6 +95,7 @@ SERVERS: dict[str, tuple[str, int, tuple[str, str]]] = {
 }  # fmt: skip
 
 DEFAULT_WORKER_GROUP = "zapstream-worker"
+TOPIC_PREFIX = "ZAPSTREAM_KAFKA_TOPIC_PREFIX"
 DEFAULT_PARTITIONS = 12
 DEFAULT_REPLICATION = 1
 
@@ -502,6 +505,17 @@ def _cluster_setting(r: Render, name: str, default: int) -> tuple[int, list[str]
         return default, [f"{name}: {exc}"]
 
 
+def topic_prefix(r: Render) -> tuple[str, list[str]]:
+    """The ``ZAPSTREAM_KAFKA_TOPIC_PREFIX`` every container must agree on ("" if unset)."""
+    values = set()
+    for _, template in r.workloads():
+        for container in template.get("spec", {}).get("containers", []):
+            values.add(r.env(container).get(TOPIC_PREFIX, ""))
+    if len(values) > 1:
+        return "", [f"containers disagree on {TOPIC_PREFIX}: {sorted(values)}"]
+    return (values.pop() if values else ""), []
+
+
 def check_scaled_objects(r: Render) -> list[str]:
     partitions, problems = _cluster_setting(r, "ZAPSTREAM_KAFKA_PARTITIONS", DEFAULT_PARTITIONS)
     deployments = {o["metadata"]["name"]: o for o in r.of_kind("Deployment")}
@@ -527,7 +541,8 @@ def check_scaled_objects(r: Render) -> list[str]:
             continue
         containers = target["spec"]["template"]["spec"].get("containers", [])
         env = r.env(containers[0]) if containers else {}
-        group = env.get("ZAPSTREAM_WORKER_APP_ID", DEFAULT_WORKER_GROUP)
+        app_id = env.get("ZAPSTREAM_WORKER_APP_ID", DEFAULT_WORKER_GROUP)
+        group = env.get(TOPIC_PREFIX, "") + app_id
         for trigger in spec.get("triggers", []):
             if trigger.get("type") != "kafka":
                 continue
@@ -542,7 +557,7 @@ def check_scaled_objects(r: Render) -> list[str]:
             if meta.get("consumerGroup", group) != group:
                 problems.append(
                     f"{twhere}: consumerGroup {meta.get('consumerGroup')!r} is not the worker's "
-                    f"group {group!r} (ZAPSTREAM_WORKER_APP_ID)"
+                    f"group {group!r} ({TOPIC_PREFIX} + ZAPSTREAM_WORKER_APP_ID)"
                 )
             if "topic" in meta and meta["topic"] not in topics:
                 problems.append(f"{twhere}: topic {meta['topic']!r} is no rendered KafkaTopic")
@@ -561,7 +576,9 @@ def check_topics(r: Render, facts: Obj) -> list[str]:
     )
     partitions, more = _cluster_setting(r, "ZAPSTREAM_KAFKA_PARTITIONS", DEFAULT_PARTITIONS)
     problems += more
-    expected = {t["name"]: t for t in facts["topics"]}
+    prefix, more = topic_prefix(r)
+    problems += more
+    expected = {prefix + t["name"]: t for t in facts["topics"]}
     seen: dict[str, Obj] = {}
     for topic in r.of_kind("KafkaTopic"):
         spec = topic.get("spec", {})
@@ -574,7 +591,8 @@ def check_topics(r: Render, facts: Obj) -> list[str]:
             problems.append(f"{where}: no strimzi.io/cluster label (no operator would manage it)")
         want = expected.get(name)
         if want is None:
-            problems.append(f"{where}: not a topic zapstream uses")
+            named = f" under {TOPIC_PREFIX}={prefix!r}" if prefix else ""
+            problems.append(f"{where}: not a topic zapstream uses{named}")
             continue
         if spec.get("partitions") != want["partitions"]:
             problems.append(

@@ -96,7 +96,8 @@ class Dispatcher:
         self.priority = priority
         """Which intents this dispatcher runs: ``operational`` (``zapstream.intents``, with
         commands and receipts) or ``bulk`` (``zapstream.intents.bulk``)."""
-        self.topic = intents_topic(priority)
+        # The topic's name under the app's prefix (tests without topics: the logical name).
+        self.topic = topics.names.intents_for(priority) if topics else intents_topic(priority)
         self.active_jobs: set[int] = active_jobs if active_jobs is not None else set()
         """Jobs being sent, shared by the dispatchers of every priority."""
         self.queued_jobs: set[int] = queued_jobs if queued_jobs is not None else set()

@@ -33,11 +33,15 @@ class WorkerApp(faust.App):
         *args: Any,
         resources: Sequence[Resource] = (),
         fetch_max_wait_ms: int | None = None,
+        isolation_level: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.fetch_max_wait_ms = fetch_max_wait_ms
         """The worker consumer's fetch wait (see :mod:`streams.transport`); None: Faust's."""
+        self.isolation_level = isolation_level
+        """The worker consumer's isolation level (see :mod:`streams.transport`); None: Faust's
+        (``read_uncommitted`` unless its own exactly-once processing is on)."""
         self.resources = list(resources)
         self.after_streams_stopped: list[Any] = []
         """Hooks run once Faust stopped the flow and waited for every event to be acked."""
@@ -111,9 +115,11 @@ def build_app(settings: WorkerSettings, resources: Sequence[Resource] = ()) -> W
         extra["producer_max_batch_size"] = 1
         extra["producer_linger"] = 0.0
     return WorkerApp(
-        settings.app_id,
+        # The prefixed app id: the worker's consumer group, and the start of Faust's own topics.
+        settings.group_id,
         resources=resources,
         fetch_max_wait_ms=kafka.consumer_fetch_max_wait_ms,
+        isolation_level=kafka.consumer_isolation_level,
         broker=[f"kafka://{server}" for server in kafka.bootstrap_servers],
         broker_credentials=broker_credentials(kafka),
         autodiscover=False,

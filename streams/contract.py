@@ -45,6 +45,94 @@ from ``outbox_controls`` via CDC): one partition, compacted, keyed by
 :func:`control_key`, so the latest action per target survives and every worker
 reads all of them."""
 
+# The constants above are the logical names: the names on the wire when
+# ``ZAPSTREAM_KAFKA_TOPIC_PREFIX`` is empty (the default). A client always gets the
+# names it uses from :class:`TopicNames` (``KafkaSettings.names``), never from them.
+
+LOGICAL_TOPICS = (INTENTS, BULK_INTENTS, RESULTS, STATE, PARKED, INVALID, DEAD, CONTROLS)
+"""Every topic of the contract, by its logical name."""
+
+TOPIC_NAME_MAX = 249
+"""Kafka's longest topic name (``org.apache.kafka.common.internals.Topic``)."""
+_TOPIC_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+
+
+def topic_name_problem(prefix: str, longest_suffix: str) -> str | None:
+    """Why ``prefix`` cannot start topic names (up to ``prefix + longest_suffix``), or None.
+
+    Kafka's rules: ASCII letters, digits, ``.``, ``_`` and ``-`` only, at most
+    :data:`TOPIC_NAME_MAX` characters.
+    """
+    bad = sorted({c for c in prefix if c not in _TOPIC_CHARS})
+    if bad:
+        shown = " ".join(repr(c) for c in bad)
+        return f"has characters a Kafka topic name cannot hold ({shown}): use [a-zA-Z0-9._-]"
+    longest = prefix + longest_suffix
+    if len(longest) > TOPIC_NAME_MAX:
+        return (
+            f"is too long: {longest[:20]}... would be {len(longest)} characters, "
+            f"Kafka allows {TOPIC_NAME_MAX}"
+        )
+    return None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TopicNames:
+    """The names of zapstream's topics and consumer groups in one namespace.
+
+    ``prefix`` (``ZAPSTREAM_KAFKA_TOPIC_PREFIX``) is prepended verbatim to every topic
+    of the contract and to every consumer group id and Faust app id (so Faust's own
+    topics follow), so deployments sharing a cluster (staging and production,
+    tenants, test modules) share no topic, group or offset. The empty prefix gives the
+    logical names (:data:`INTENTS` ...). An invalid prefix raises ``ValueError``.
+    """
+
+    prefix: str = ""
+    intents: str = dataclasses.field(init=False)
+    bulk_intents: str = dataclasses.field(init=False)
+    results: str = dataclasses.field(init=False)
+    state: str = dataclasses.field(init=False)
+    parked: str = dataclasses.field(init=False)
+    invalid: str = dataclasses.field(init=False)
+    dead: str = dataclasses.field(init=False)
+    controls: str = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        problem = topic_name_problem(self.prefix, max(LOGICAL_TOPICS, key=len))
+        if problem is not None:
+            raise ValueError(f"topic prefix {self.prefix[:40]!r} {problem}")
+        for field, logical in zip(_NAME_FIELDS, LOGICAL_TOPICS, strict=True):
+            object.__setattr__(self, field, self.prefix + logical)
+
+    def topic(self, logical: str) -> str:
+        """The name of the topic ``logical`` (one of :data:`LOGICAL_TOPICS`) here."""
+        if logical not in LOGICAL_TOPICS:
+            raise ValueError(f"{logical!r} is no topic of the contract")
+        return self.prefix + logical
+
+    def group(self, logical: str) -> str:
+        """A consumer group id or Faust app id (``zapstream-worker``) in this namespace."""
+        return self.prefix + logical
+
+    def intents_for(self, priority: str) -> str:
+        """The topic an intent of ``priority`` travels on."""
+        return self.bulk_intents if priority == Priority.BULK else self.intents
+
+    def all(self) -> tuple[str, ...]:
+        """Every topic of the contract, in :data:`LOGICAL_TOPICS` order."""
+        return tuple(self.prefix + logical for logical in LOGICAL_TOPICS)
+
+    def by_logical(self) -> dict[str, str]:
+        """Logical name -> name here, for code that routes by the logical name."""
+        return {logical: self.prefix + logical for logical in LOGICAL_TOPICS}
+
+
+_NAME_FIELDS = ("intents", "bulk_intents", "results", "state", "parked", "invalid", "dead",
+                "controls")  # fmt: skip
+
+DEFAULT_NAMES = TopicNames()
+"""The names without a prefix (the logical names)."""
+
 # Headers set on every record the relay produces.
 HEADER_SCHEMA = "zapstream-schema"
 HEADER_LSN = "zapstream-lsn"
@@ -451,12 +539,18 @@ class TopicSpec:
 
 
 def intents_topic(priority: str) -> str:
-    """The topic an intent of ``priority`` travels on."""
+    """The logical topic an intent of ``priority`` travels on (:meth:`TopicNames.intents_for`
+    gives its name under a prefix)."""
     return BULK_INTENTS if priority == Priority.BULK else INTENTS
 
 
-def topic_specs(partitions: int, changelog_topics: tuple[str, ...] = ()) -> list[TopicSpec]:
-    """Every topic zapstream uses, with explicit partition counts.
+def topic_specs(
+    partitions: int,
+    changelog_topics: tuple[str, ...] = (),
+    *,
+    names: TopicNames = DEFAULT_NAMES,
+) -> list[TopicSpec]:
+    """Every topic zapstream uses, with explicit partition counts, named by ``names``.
 
     The intents topic, the state topic and every Faust changelog must have the
     same partition count: the worker's tables are co-partitioned with intents.
@@ -465,16 +559,17 @@ def topic_specs(partitions: int, changelog_topics: tuple[str, ...] = ()) -> list
     """
     compacted = {"cleanup.policy": "compact", "min.compaction.lag.ms": "3600000"}
     week = {"cleanup.policy": "delete", "retention.ms": str(7 * 24 * 3600 * 1000)}
+    n = names
     specs = [
-        TopicSpec(INTENTS, partitions, week),
-        TopicSpec(BULK_INTENTS, partitions, week),
-        TopicSpec(RESULTS, partitions, week),
-        TopicSpec(STATE, partitions, compacted),
-        TopicSpec(PARKED, partitions, compacted),
-        TopicSpec(INVALID, 1, {"cleanup.policy": "delete", "retention.ms": "-1"}),
-        TopicSpec(DEAD, 1, {"cleanup.policy": "delete", "retention.ms": "-1"}),
+        TopicSpec(n.intents, partitions, week),
+        TopicSpec(n.bulk_intents, partitions, week),
+        TopicSpec(n.results, partitions, week),
+        TopicSpec(n.state, partitions, compacted),
+        TopicSpec(n.parked, partitions, compacted),
+        TopicSpec(n.invalid, 1, {"cleanup.policy": "delete", "retention.ms": "-1"}),
+        TopicSpec(n.dead, 1, {"cleanup.policy": "delete", "retention.ms": "-1"}),
         # No min.compaction.lag: only the latest control per target matters.
-        TopicSpec(CONTROLS, 1, {"cleanup.policy": "compact"}),
+        TopicSpec(n.controls, 1, {"cleanup.policy": "compact"}),
     ]
     specs.extend(TopicSpec(name, partitions, compacted) for name in changelog_topics)
     return specs

@@ -23,6 +23,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 if TYPE_CHECKING:
     import ssl
 
+    from streams.contract import TopicNames
+
 
 def _secrets_dir() -> str | None:
     # The one place besides pydantic that looks at the environment: where secrets live.
@@ -96,6 +98,12 @@ class KafkaSettings(SettingsBase):
 
     brokers: str = "127.0.0.1:9092"
     flavor: BrokerFlavor = BrokerFlavor.KAFKA
+    topic_prefix: str = ""
+    """Prepended verbatim to every topic name (``staging-`` -> ``staging-zapstream.intents``),
+    consumer group id and Faust app id (``staging-zapstream-worker``, and so its internal
+    topics), so several deployments (staging and production, tenants) share one cluster
+    without sharing a topic, group or offset. Kafka topic characters only
+    (``[a-zA-Z0-9._-]``). Every deployable of one deployment must have the same."""
     partitions: int = Field(default=12, ge=1)
     replication_factor: int = Field(default=1, ge=1)
     session_timeout_s: float = Field(default=30.0, gt=0)
@@ -149,6 +157,16 @@ class KafkaSettings(SettingsBase):
     ssl_check_hostname: bool = True
     """The broker's certificate must name the host connected to. Turn off only for
     brokers reached by an address their certificate does not name."""
+
+    @field_validator("topic_prefix")
+    @classmethod
+    def _valid_topic_prefix(cls, prefix: str) -> str:
+        from streams.contract import LOGICAL_TOPICS, topic_name_problem
+
+        problem = topic_name_problem(prefix, max(LOGICAL_TOPICS, key=len))
+        if problem is not None:
+            raise ValueError(problem)
+        return prefix
 
     @model_validator(mode="after")
     def _security_consistent(self) -> Self:
@@ -270,6 +288,16 @@ class KafkaSettings(SettingsBase):
         return 1500 if self.flavor is BrokerFlavor.KAFKA else 10
 
     @property
+    def consumer_isolation_level(self) -> str:
+        """``read_committed`` on Apache Kafka, ``read_uncommitted`` on Tansu (no transactions).
+
+        Every consumer of records the relay produces (the worker, the state sink, the
+        group-less readers) reads committed: with ``ZAPSTREAM_RELAY_EXACTLY_ONCE`` an aborted
+        transaction's records are never seen. Without transactions it changes nothing: the
+        last stable offset is the high watermark (and ListOffsets answers it)."""
+        return "read_committed" if self.flavor is BrokerFlavor.KAFKA else "read_uncommitted"
+
+    @property
     def use_idempotent_producer(self) -> bool:
         if self.idempotent_producer is not None:
             return self.idempotent_producer
@@ -278,6 +306,13 @@ class KafkaSettings(SettingsBase):
     @property
     def bootstrap_servers(self) -> list[str]:
         return [b.strip() for b in self.brokers.split(",") if b.strip()]
+
+    @property
+    def names(self) -> TopicNames:
+        """Every topic and group name under ``topic_prefix``: the one place clients get them."""
+        from streams.contract import TopicNames
+
+        return TopicNames(self.topic_prefix)
 
 
 def _default_lag_groups() -> dict[str, list[str]]:
@@ -298,13 +333,22 @@ class LagMonitorSettings(SettingsBase):
     groups: dict[str, list[str]] = Field(default_factory=_default_lag_groups)
     """``zapstream lag-monitor`` only: the consumer groups watched and the topics each
     consumes, JSON (default: the worker's and the state sink's groups). A worker watches
-    its own group (``ZAPSTREAM_WORKER_APP_ID``) on the intent topics."""
+    its own group (``ZAPSTREAM_WORKER_APP_ID``) on the intent topics. Names before
+    ``ZAPSTREAM_KAFKA_TOPIC_PREFIX``: the prefix is prepended to each group and topic
+    (:meth:`watched`)."""
     metrics_port: int = Field(default=6068, ge=1, le=65535)
     """``zapstream lag-monitor`` serves its metrics at ``http://HOST:PORT/metrics``."""
     metrics_bind_local: bool = True
     """Serve metrics on 127.0.0.1 only; false binds 0.0.0.0 (containers)."""
 
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+
+    def watched(self) -> dict[str, list[str]]:
+        """:attr:`groups` as named on the cluster: the topic prefix on every group and topic."""
+        names = self.kafka.names
+        return {
+            names.group(g): [names.prefix + t for t in topics] for g, topics in self.groups.items()
+        }
 
 
 class PostgresSettings(SettingsBase):

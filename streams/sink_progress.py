@@ -22,8 +22,8 @@ fetch response, which Tansu reports correctly), the sink has everything, and the
 time is when we asked. While the sink lags, the table grows instead of losing the only record.
 
 The worker runs :meth:`SinkProgress.refresh` from a timer wrapped in
-:func:`streams.kafka_reader.guarded`: an error other than Kafka's (which is
-handled here) is logged and counted, and the worker keeps running.
+:func:`streams.kafka_reader.guarded`: an error (Kafka away included) is counted and
+logged once per outage, what is known stays, and the worker keeps running.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from collections.abc import Iterable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import KafkaError
 from prometheus_client import Gauge
 
 from streams.contract import STATE
@@ -98,19 +97,17 @@ class SinkProgress:
         tps = [TopicPartition(self.topic, p) for p in sorted(set(partitions))]
         if not tps:
             return
-        try:
-            committed = await self._admin.list_consumer_group_offsets(self.group_id, partitions=tps)
-            moved = {
-                tp: meta.offset
-                for tp, meta in committed.items()
-                if meta is not None and meta.offset > 0
-            }
-            if moved:
-                await self._read_times(moved)
-        except KafkaError as exc:
-            # Kafka is away: keep what is known; the horizon waits, nothing is lost.
-            log.warning("dedup horizon: cannot read the state sink's progress (%s)", exc)
-            return
+        # Kafka away: what is known stays and the horizon waits, nothing is lost. The
+        # error goes to the timer's guard (streams.kafka_reader.guarded): logged once per
+        # outage and counted, not a line every dedup_sink_check_s.
+        committed = await self._admin.list_consumer_group_offsets(self.group_id, partitions=tps)
+        moved = {
+            tp: meta.offset
+            for tp, meta in committed.items()
+            if meta is not None and meta.offset > 0
+        }
+        if moved:
+            await self._read_times(moved)
         self._report(tps)
 
     async def _read_times(self, moved: dict[TopicPartition, int]) -> None:

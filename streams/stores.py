@@ -12,12 +12,12 @@ from typing import Any
 
 from streams import metrics
 from streams.contract import (
-    DEAD,
-    RESULTS,
+    DEFAULT_NAMES,
     STATE,
     AttemptFinished,
     JobDead,
     StatusChanged,
+    TopicNames,
     job_state_key,
 )
 from streams.metrics import ATTEMPTS, STATES
@@ -66,6 +66,7 @@ class FaustJobStore:
     """
 
     def __init__(self, table: Any, writer: KafkaWriter, topic: str = STATE) -> None:
+        """``topic``: the table's changelog (``KafkaSettings.names.state`` in a worker)."""
         self.table = table
         self.writer = writer
         self.topic = topic
@@ -89,14 +90,16 @@ class FaustJobStore:
 class FaustPublisher:
     """Attempt outcomes to ``zapstream.results``, dead jobs to ``zapstream.dead``."""
 
-    def __init__(self, writer: KafkaWriter) -> None:
+    def __init__(self, writer: KafkaWriter, names: TopicNames = DEFAULT_NAMES) -> None:
         self.writer = writer
+        self.results = names.results
+        self.dead = names.dead
 
     async def attempt_finished(self, record: AttemptFinished, key: bytes) -> Awaitable[Any]:
-        ack = await self.writer.send(RESULTS, key, record.dumps())
+        ack = await self.writer.send(self.results, key, record.dumps())
         ATTEMPTS.labels(record.gateway, record.instance_id, record.outcome).inc()
         return ack
 
     async def job_dead(self, record: JobDead) -> None:
-        await (await self.writer.send(DEAD, str(record.job_id).encode(), record.dumps()))
+        await (await self.writer.send(self.dead, str(record.job_id).encode(), record.dumps()))
         metrics.DEAD.inc()

@@ -23,6 +23,8 @@ _RAW: dict[str, Any] = {
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Topics:
+    names: contract.TopicNames
+    """The names these topics have (under ``ZAPSTREAM_KAFKA_TOPIC_PREFIX``)."""
     intents: Any
     bulk_intents: Any
     results: Any
@@ -32,14 +34,16 @@ class Topics:
     parked: Any
 
 
-def register_topics(app: faust.App, partitions: int) -> Topics:
+def register_topics(app: faust.App, partitions: int, names: contract.TopicNames) -> Topics:
+    """The worker's topics, named by ``names`` (the app's ``KafkaSettings.names``)."""
     return Topics(
-        intents=app.topic(contract.INTENTS, partitions=partitions, **_RAW),
-        bulk_intents=app.topic(contract.BULK_INTENTS, partitions=partitions, **_RAW),
-        results=app.topic(contract.RESULTS, partitions=partitions, **_RAW),
+        names=names,
+        intents=app.topic(names.intents, partitions=partitions, **_RAW),
+        bulk_intents=app.topic(names.bulk_intents, partitions=partitions, **_RAW),
+        results=app.topic(names.results, partitions=partitions, **_RAW),
         # The job table's changelog: compacted, co-partitioned with intents.
         state=app.topic(
-            contract.STATE,
+            names.state,
             partitions=partitions,
             compacting=True,
             deleting=False,
@@ -48,7 +52,7 @@ def register_topics(app: faust.App, partitions: int) -> Topics:
             **_RAW,
         ),
         parked=app.topic(
-            contract.PARKED,
+            names.parked,
             partitions=partitions,
             compacting=True,
             deleting=False,
@@ -56,6 +60,6 @@ def register_topics(app: faust.App, partitions: int) -> Topics:
             internal=True,
             **_RAW,
         ),
-        invalid=app.topic(contract.INVALID, partitions=1, **_RAW),
-        dead=app.topic(contract.DEAD, partitions=1, **_RAW),
+        invalid=app.topic(names.invalid, partitions=1, **_RAW),
+        dead=app.topic(names.dead, partitions=1, **_RAW),
     )

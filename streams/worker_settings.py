@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from typing import Self
+
+from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from streams.settings import (
@@ -27,6 +29,8 @@ class WorkerSettings(SettingsBase):
     model_config = SettingsConfigDict(env_prefix="ZAPSTREAM_WORKER_", extra="ignore")
 
     app_id: str = "zapstream-worker"
+    """The Faust app id, which is also the worker's consumer group and starts the names of
+    Faust's own topics; ``ZAPSTREAM_KAFKA_TOPIC_PREFIX`` goes before it (:attr:`group_id`)."""
     data_dir: str = "/tmp/zapstream-worker"
     web_port: int = Field(default=6066, ge=1)
     web_bind_local: bool = True
@@ -137,3 +141,30 @@ class WorkerSettings(SettingsBase):
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     postgres: PostgresSettings = Field(default_factory=PostgresSettings)
     """Only for late redeliveries (connected on first use)."""
+
+    @model_validator(mode="after")
+    def _app_id_names_topics(self) -> Self:
+        from streams.contract import topic_name_problem
+
+        # Faust names its leader topic after the app id (faust/assignor/leader_assignor.py).
+        problem = topic_name_problem(self.group_id, FAUST_TOPIC_SUFFIX)
+        if problem is not None:
+            raise ValueError(
+                f"ZAPSTREAM_KAFKA_TOPIC_PREFIX + ZAPSTREAM_WORKER_APP_ID "
+                f"({self.group_id[:40]!r}) names Faust's topics and {problem}"
+            )
+        return self
+
+    @property
+    def group_id(self) -> str:
+        """The Faust app id and consumer group on the cluster: the topic prefix + ``app_id``."""
+        return self.kafka.names.group(self.app_id)
+
+    @property
+    def sink_group_id(self) -> str:
+        """``dedup_sink_group`` on the cluster (the topic prefix before it); empty stays empty."""
+        return self.kafka.names.group(self.dedup_sink_group) if self.dedup_sink_group else ""
+
+
+FAUST_TOPIC_SUFFIX = "-__assignor-__leader"
+"""The longest ending Faust gives a topic named after the app id (its leader topic)."""

@@ -310,10 +310,13 @@ async def _kafka_checks(relay: RelaySettings, timeout_s: float) -> list[CheckRes
     specs = worker_topic_specs(kafka)
     problems = topic_problems(counts, specs)
     if not problems:
+        prefix = kafka.topic_prefix
+        named = f" named {prefix}zapstream.*" if prefix else ""
         results.append(
             _ok(
                 "topics",
-                f"{len(specs)} topics, partitions as ZAPSTREAM_KAFKA_PARTITIONS={kafka.partitions}",
+                f"{len(specs)} topics{named}, partitions as "
+                f"ZAPSTREAM_KAFKA_PARTITIONS={kafka.partitions}",
             )
         )
     for problem in problems:

@@ -60,11 +60,20 @@ _NEEDS: dict[str, tuple[str, ...] | None] = {
 }
 
 
+def all_topic_specs(kafka: KafkaSettings) -> list[TopicSpec]:
+    """Every topic ``zapstream topics ensure`` creates: partitions, configs, the topic prefix."""
+    return topic_specs(kafka.partitions, names=kafka.names)
+
+
 def deployable_topic_specs(deployable: str, kafka: KafkaSettings) -> list[TopicSpec]:
     """The topics ``zapstream <deployable>`` reads or writes, with their partition counts."""
-    names = _NEEDS[deployable]
-    specs = topic_specs(kafka.partitions)
-    return specs if names is None else [s for s in specs if s.name in names]
+    logical = _NEEDS[deployable]
+    specs = all_topic_specs(kafka)
+    if logical is None:
+        return specs
+    names = kafka.names
+    wanted = {names.topic(t) for t in logical}
+    return [s for s in specs if s.name in wanted]
 
 
 def worker_topic_specs(kafka: KafkaSettings) -> list[TopicSpec]:
@@ -218,8 +227,9 @@ async def require_topics(kafka: KafkaSettings, specs: list[TopicSpec]) -> None:
 
 
 async def ensure_topics(kafka: KafkaSettings, specs: list[TopicSpec] | None = None) -> list[str]:
-    """Create the missing topics; return the names created now."""
-    specs = specs if specs is not None else topic_specs(kafka.partitions)
+    """Create the missing topics (default: every topic, under the topic prefix); return the
+    names created now."""
+    specs = specs if specs is not None else all_topic_specs(kafka)
     admin = await _started_admin(kafka)
     try:
         existing = set(await admin.list_topics())

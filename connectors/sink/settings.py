@@ -14,7 +14,8 @@ class SinkSettings(SettingsBase):
     model_config = SettingsConfigDict(env_prefix="ZAPSTREAM_SINK_", extra="ignore")
 
     group_id: str = "zapstream-state-sink"
-    """The sink's own consumer group on ``zapstream.state`` and ``zapstream.invalid``."""
+    """The sink's own consumer group on ``zapstream.state`` and ``zapstream.invalid``; on the
+    cluster ``ZAPSTREAM_KAFKA_TOPIC_PREFIX`` goes before it (:attr:`consumer_group`)."""
     batch: int = Field(default=500, ge=1)
     """Most records written to PostgreSQL in one transaction."""
     within_s: float = Field(default=0.2, gt=0)
@@ -35,3 +36,8 @@ class SinkSettings(SettingsBase):
 
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     postgres: PostgresSettings = Field(default_factory=PostgresSettings)
+
+    @property
+    def consumer_group(self) -> str:
+        """The group id on the cluster: the topic prefix + ``group_id``."""
+        return self.kafka.names.group(self.group_id)

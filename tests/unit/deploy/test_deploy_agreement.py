@@ -6,13 +6,18 @@
   container gets (its environment, the ConfigMap, the secret files it mounts).
 - Topics: ``topics ensure`` (what compose runs), the Strimzi KafkaTopics and the
   partition count every deployable checks at start are one definition.
+- Names: with the overlay's ``ZAPSTREAM_KAFKA_TOPIC_PREFIX`` (``staging-`` in the staging
+  overlay), every topic and group the KafkaTopics, the KEDA triggers, the alert rules and the
+  dashboard name is the prefix + the contract's name.
 - The ports the probes, scrapes and Services use are the ports the settings open.
 """
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +25,11 @@ import pytest
 import yaml
 
 from devtools import compose_check as cc
-from streams.contract import topic_specs
+from streams.contract import TopicNames, topic_specs
 from tests.unit.deploy.deployables import isolate_environment, settings_of, write_secret_files
 
 ROOT = cc.ROOT
-OVERLAYS = ("dev", "prod")
+OVERLAYS = ("dev", "prod", "staging")
 
 DATABASE = "ZAPSTREAM_DATABASE_URL"
 BROKERS = "ZAPSTREAM_KAFKA_BROKERS"
@@ -247,8 +252,10 @@ def test_topic_definitions_agree_between_topics_ensure_strimzi_and_compose(
 ) -> None:
     [topics_job] = [d for d in deployments["compose"] if d.command == "topics ensure"]
     partitions = int(topics_job.env["ZAPSTREAM_KAFKA_PARTITIONS"])
-    expected = {s.name: (s.partitions, dict(s.configs)) for s in topic_specs(partitions)}
     for overlay, objects in rendered.items():
+        names = TopicNames(_config(objects).get(PREFIX, ""))
+        specs = topic_specs(partitions, names=names)
+        expected = {s.name: (s.partitions, dict(s.configs)) for s in specs}
         strimzi = {
             o["spec"].get("topicName", o["metadata"]["name"]): (
                 o["spec"]["partitions"],
@@ -261,3 +268,93 @@ def test_topic_definitions_agree_between_topics_ensure_strimzi_and_compose(
         replication = {d.env["ZAPSTREAM_KAFKA_REPLICATION_FACTOR"] for d in deployments[overlay]}
         replicas = {str(o["spec"]["replicas"]) for o in objects if o["kind"] == "KafkaTopic"}
         assert replicas == replication, overlay
+
+
+# --- names under the topic prefix ------------------------------------------------------------
+
+PREFIX = "ZAPSTREAM_KAFKA_TOPIC_PREFIX"
+DASHBOARD = ROOT / "k8s" / "monitoring" / "zapstream-dashboard.json"
+_MATCHER = re.compile(r'\b(topic|group|consumergroup)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"')
+
+
+def _config(objects: list[dict[str, Any]]) -> dict[str, str]:
+    [config] = [
+        o["data"]
+        for o in objects
+        if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("zapstream-config")
+    ]
+    return dict(config)
+
+
+def _exprs(node: Any) -> Iterator[str]:
+    """Every PromQL expression in a PrometheusRule's spec or a Grafana dashboard."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in ("expr", "query", "definition") and isinstance(value, str):
+                yield value
+            else:
+                yield from _exprs(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _exprs(item)
+
+
+def selector_problems(exprs: list[str], topics: set[str], groups: set[str]) -> list[str]:
+    """Label matchers on ``topic``/``group`` that select none of ``topics``/``groups``.
+
+    Prometheus anchors a regex matcher at both ends (fullmatch); a literal one must be one of
+    the names. A negative matcher (``!=``, ``!~``) narrows, it names nothing: not checked.
+    """
+    problems = []
+    for expr in exprs:
+        for label, op, quoted in _MATCHER.findall(expr):
+            value = re.sub(r"\\(.)", r"\1", quoted)  # PromQL string escapes
+            names = topics if label == "topic" else groups
+            if op == "=" and value not in names:
+                problems.append(f"{label}={value!r} is none of {sorted(names)}: {expr}")
+            if op == "=~" and not any(re.fullmatch(value, n) for n in names):
+                problems.append(f"{label}=~{value!r} matches none of {sorted(names)}: {expr}")
+    return problems
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_topic_and_group_named_is_the_prefix_plus_the_contracts_name(
+    rendered: dict[str, list[dict[str, Any]]], overlay: str
+) -> None:
+    objects = rendered[overlay]
+    config = _config(objects)
+    names = TopicNames(config.get(PREFIX, ""))
+    worker_group = names.group(config.get("ZAPSTREAM_WORKER_APP_ID", "zapstream-worker"))
+    sink_group = names.group(config.get("ZAPSTREAM_SINK_GROUP_ID", "zapstream-state-sink"))
+    topics = set(names.all())
+
+    strimzi = {o["spec"]["topicName"] for o in objects if o["kind"] == "KafkaTopic"}
+    assert strimzi == topics, overlay
+
+    triggers = [
+        t["metadata"]
+        for o in objects
+        if o["kind"] == "ScaledObject"
+        for t in o["spec"]["triggers"]
+        if t["type"] == "kafka"
+    ]
+    assert {t["consumerGroup"] for t in triggers} == {worker_group}, overlay
+    assert {t["topic"] for t in triggers} == {names.intents, names.bulk_intents}, overlay
+
+    rules = [o["spec"] for o in objects if o["kind"] == "PrometheusRule"]
+    exprs = [*_exprs(rules), *_exprs(json.loads(DASHBOARD.read_text()))]
+    assert any(_MATCHER.search(e) for e in exprs), "no expression selects a topic or group"
+    assert selector_problems(exprs, topics, {worker_group, sink_group}) == [], overlay
+
+
+def test_an_overlay_sets_a_prefix_and_the_selectors_would_catch_a_stale_one(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    """The check above can fail: the staging overlay has a prefix, and the selector the alert
+    rules had before prefixes (``zapstream\\.intents.*``) selects none of its topics."""
+    prefixes = {overlay: _config(objects).get(PREFIX, "") for overlay, objects in rendered.items()}
+    assert prefixes["staging"] == "staging-" and prefixes["prod"] == ""
+    names = TopicNames("staging-")
+    stale = 'max by (topic) (kafka_consumergroup_group_lag{topic=~"zapstream\\\\.intents.*"})'
+    assert selector_problems([stale], set(names.all()), set()) != []
+    assert selector_problems([stale], set(TopicNames().all()), set()) == []

@@ -25,7 +25,7 @@ from tests.unit.deploy.deployables import deploy_tool_path
 
 ROOT = Path(__file__).resolve().parents[3]
 K8S = ROOT / "k8s"
-OVERLAYS = [K8S / "overlays" / "dev", K8S / "overlays" / "prod"]
+OVERLAYS = [K8S / "overlays" / o for o in ("dev", "prod", "staging")]
 CHECKER = ROOT / "devtools" / "manifest_check.py"
 
 
@@ -83,6 +83,17 @@ def _edit(path: Path, old: str, new: str) -> None:
 def _add_resource(k8s: Path, name: str, text: str) -> None:
     (k8s / "base" / name).write_text(text)
     _edit(k8s / "base" / "kustomization.yaml", "resources:\n", f"resources:\n  - {name}\n")
+
+
+def _prefix_without_its_component(k8s: Path, prefix: str) -> None:
+    """A prefix in the ConfigMap, but the overlay no longer lists the topic-prefix component."""
+    _edit(
+        k8s / "base" / "zapstream.env",
+        "ZAPSTREAM_KAFKA_TOPIC_PREFIX=\n",
+        f"ZAPSTREAM_KAFKA_TOPIC_PREFIX={prefix}\n",
+    )
+    overlay = k8s / "overlays" / "prod" / "kustomization.yaml"
+    _edit(overlay, "  - ../../components/topic-prefix\n", "")
 
 
 BROKEN: dict[str, tuple[Callable[[Path], None], str]] = {
@@ -200,6 +211,20 @@ BROKEN: dict[str, tuple[Callable[[Path], None], str]] = {
             "ZAPSTREAM_RELAY_METRICS_BIND_LOCAL=true\n",
         ),
         "set ZAPSTREAM_RELAY_METRICS_BIND_LOCAL=false",
+    ),
+    "trigger on another group": (
+        lambda k: _edit(
+            k / "base" / "worker.yaml",
+            "consumerGroup: zapstream-worker\n        topic: zapstream.intents\n",
+            "consumerGroup: zapstream-workers\n        topic: zapstream.intents\n",
+        ),
+        "consumerGroup 'zapstream-workers' is not the worker's group 'zapstream-worker'",
+    ),
+    # (Its copy has no other edit whose line names a topic: the prefix renames them all.)
+    "topic prefix not carried into the KafkaTopics": (
+        lambda k: _prefix_without_its_component(k, "x-"),
+        "KafkaTopic/zapstream.intents (topic zapstream.intents): not a topic zapstream uses "
+        "under ZAPSTREAM_KAFKA_TOPIC_PREFIX='x-'",
     ),
 }
 
