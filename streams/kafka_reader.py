@@ -21,10 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter
+
+from streams import kafka_outage
 
 if TYPE_CHECKING:
     from aiokafka import AIOKafkaConsumer
@@ -51,7 +54,14 @@ def group_less_consumer(kafka: KafkaSettings, client_id: str, **config: Any) -> 
     """
     from aiokafka import AIOKafkaConsumer
 
-    options: dict[str, Any] = {"group_id": None, "enable_auto_commit": False, **config}
+    options: dict[str, Any] = {
+        "group_id": None,
+        "enable_auto_commit": False,
+        # Never an aborted transaction's records (the relay's exactly-once); end offsets
+        # are then the last stable offset, what a read_committed group can reach.
+        "isolation_level": kafka.consumer_isolation_level,
+        **config,
+    }
     return AIOKafkaConsumer(
         client_id=client_id, **kafka.client_options(), **{**kafka.deadline_options(), **options}
     )
@@ -73,6 +83,12 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, KafkaError | OSError | TimeoutError)
 
 
+FLAP_WINDOW_S = 60.0
+"""A job failing again (transiently) this soon after its "reading again" line continues
+that outage: counted, no new line (one broker of a cluster down makes a reader's
+client meet it now and then while the others answer)."""
+
+
 class _OutageLog:
     """One log line when a job starts failing, one when it recovers.
 
@@ -86,10 +102,27 @@ class _OutageLog:
         self.log = logger
         self.failing: type[BaseException] | None = None
         self._failing_transient = False
+        self._silent = False
+        """Failing without a line: within the process's Kafka outage (its own line said
+        it), or again soon after reading again (flapping)."""
+        self._read_again_at: float | None = None
+
+    def _flapping(self) -> bool:
+        at = self._read_again_at
+        return at is not None and time.monotonic() - at < FLAP_WINDOW_S
 
     def failed(self, exc: Exception) -> None:
         TIMER_ERRORS.labels(self.job).inc()
         transient = is_transient(exc)
+        if transient and (self.failing is None or self._silent):
+            if kafka_outage.reported() or self._flapping():
+                # The process's Kafka outage line (streams/kafka_outage.py), or this job's
+                # own a moment ago, says it: counted here, not logged again.
+                self.failing, self._failing_transient, self._silent = type(exc), True, True
+                return
+        if self._silent:
+            # Still failing once the process's outage ended, or for another reason: say it.
+            self.failing, self._failing_transient, self._silent = None, False, False
         if self.failing is type(exc) or (transient and self._failing_transient):
             return
         self.failing = type(exc)
@@ -101,9 +134,11 @@ class _OutageLog:
 
     def succeeded(self) -> None:
         if self.failing is not None:
-            self.failing = None
-            self._failing_transient = False
-            self.log.warning("%s: reading again", self.job)
+            silent = self._silent
+            self.failing, self._failing_transient, self._silent = None, False, False
+            if not silent:
+                self._read_again_at = time.monotonic()
+                self.log.warning("%s: reading again", self.job)
 
 
 def guarded(

@@ -121,15 +121,18 @@ def partition_lag(
     latest: int,
     first_unconsumed_ms: int | None,
     now_s: float,
+    drained: bool = False,
 ) -> PartitionLag:
     """Lag of a partition from its offsets and the timestamp of the first unconsumed record.
 
     ``earliest`` stands in for ``committed`` when the group never committed (it would
     start there). A committed offset past ``latest`` (a stale latest offset) is no lag.
     A record stamped in the future (clock skew between producer and monitor) is 0 s old.
+    ``drained``: between the committed offset and ``latest`` lie only offsets no consumer
+    is handed (transaction markers, aborted records: the relay's exactly-once), no lag.
     """
     position = committed if committed is not None else earliest
-    lag = max(latest - position, 0)
+    lag = 0 if drained else max(latest - position, 0)
     seconds: float | None
     if lag == 0:
         seconds = 0.0
@@ -174,6 +177,10 @@ class GroupLag:
 class _FirstRecords:
     timestamps_ms: dict[TopicPartition, int] = dataclasses.field(default_factory=dict)
     highwaters: dict[TopicPartition, int] = dataclasses.field(default_factory=dict)
+    drained: set[TopicPartition] = dataclasses.field(default_factory=set)
+    """No record to consume at or after the position: only transaction markers (and
+    aborted records) up to the last stable offset. A group whose last read was a
+    transaction's last record commits the offset of its commit marker."""
 
 
 class LagMonitor:
@@ -226,14 +233,15 @@ class LagMonitor:
             raise
 
     async def _read_all(self) -> list[GroupLag]:
+        from aiokafka import TopicPartition
+
         consumer, admin = await self._connect()
-        # All topics' metadata (a null topic list): naming a topic could auto-create it.
-        known = await consumer.topics()
+        known = await self._topic_partitions(admin)
         results = []
         for group, topics in self.groups.items():
             present = [t for t in topics if t in known]
             self._warn_missing(set(topics) - set(present))
-            tps = self._partitions(consumer, present)
+            tps = [TopicPartition(topic, p) for topic in present for p in known[topic]]
             if not tps:
                 continue
             lag = await self._read_group(consumer, admin, group, tps)
@@ -275,14 +283,21 @@ class LagMonitor:
         self._missing_topics = (self._missing_topics | missing) & missing
 
     @staticmethod
-    def _partitions(consumer: AIOKafkaConsumer, topics: Sequence[str]) -> list[TopicPartition]:
-        from aiokafka import TopicPartition
+    async def _topic_partitions(admin: AIOKafkaAdminClient) -> dict[str, list[int]]:
+        """Every topic's partitions, from one Metadata request for all topics (a null topic
+        list: naming a topic could auto-create it).
 
-        return [
-            TopicPartition(topic, p)
-            for topic in topics
-            for p in sorted(consumer.partitions_for_topic(topic) or ())
-        ]
+        Asked each reading, not taken from the consumer's own metadata: an unassigned
+        consumer's names no topic on Apache Kafka (its bootstrap asks for none; Tansu
+        answers with all) until its periodic refresh ``metadata_max_age_s`` later, so the
+        monitor read nothing for its first minute, and a new topic for up to a minute.
+        """
+        described = await admin.describe_topics()
+        return {
+            str(d["topic"]): sorted(int(p["partition"]) for p in d["partitions"])
+            for d in described
+            if d["partitions"]
+        }
 
     async def _read_group(
         self,
@@ -319,6 +334,7 @@ class LagMonitor:
                 latest=latest[tp],
                 first_unconsumed_ms=first.timestamps_ms.get(tp),
                 now_s=now,
+                drained=tp in first.drained,
             )
             for tp in tps
             if tp in latest  # no answer in time (high watermark): keep the last values
@@ -350,12 +366,18 @@ class LagMonitor:
                 for tp in list(pending):
                     # Answered without records: the position is the end of the partition.
                     highwater = consumer.highwater(tp)
-                    if (
-                        consumer.last_poll_timestamp(tp) is not None
-                        and highwater is not None
-                        and highwater <= positions[tp]
-                    ):
+                    if consumer.last_poll_timestamp(tp) is None or highwater is None:
+                        continue
+                    if highwater <= positions[tp]:
                         self._done(consumer, tp, found, pending)
+                        continue
+                    # Or read_committed skipped to the last stable offset without a record:
+                    # only transaction markers (or aborted records) were left.
+                    stable = consumer.last_stable_offset(tp)
+                    if stable is not None and stable > positions[tp]:
+                        if await consumer.position(tp) >= stable:
+                            found.drained.add(tp)
+                            self._done(consumer, tp, found, pending)
         finally:
             # Until the next reading, fetch nothing more.
             consumer.pause(*positions)

@@ -71,9 +71,11 @@ import psycopg
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import (
     CorruptRecordException,
+    IllegalOperation,
     KafkaError,
     KafkaTimeoutError,
     MessageSizeTooLargeError,
+    ProducerFenced,
     RecordListTooLargeError,
 )
 from aiokafka.partitioner import DefaultPartitioner, murmur2
@@ -129,6 +131,14 @@ from connectors.cdc.replication_stream import (
 from connectors.cdc.settings import RelaySettings
 from connectors.cdc.slot_monitor import SlotMonitor
 from connectors.cdc.source import ReplicationSource
+from connectors.cdc.transactions import (
+    KafkaPosition,
+    already_in_kafka,
+    position_partition,
+    read_position,
+    resume_point,
+    transactional_id,
+)
 from connectors.http_endpoints import MetricsServer
 from streams.contract import (
     CONTROLS,
@@ -144,6 +154,8 @@ from streams.contract import (
     Record,
     intents_topic,
 )
+from streams.kafka_outage import KafkaOutageWatch
+from streams.producer_stop import stop_producer
 
 log = logging.getLogger(__name__)
 
@@ -235,6 +247,10 @@ class RelayStats:
     acked: int = 0
     batches: int = 0
     """Partition batches handed to the producer (records sent alone not counted)."""
+    kafka_commits: int = 0
+    """Kafka transactions committed (``exactly_once``)."""
+    skipped: int = 0
+    """PostgreSQL transactions replayed by the slot but already in Kafka (``exactly_once``)."""
     started: float = dataclasses.field(default_factory=time.monotonic)
 
 
@@ -266,6 +282,13 @@ class KeyHashPartitioner:
 
 def build_producer(settings: RelaySettings) -> AIOKafkaProducer:
     kafka = settings.kafka
+    transactional: dict[str, Any] = {}
+    if settings.exactly_once:
+        # One transactional id per slot: a new relay's InitProducerId fences the last one.
+        transactional = {
+            "transactional_id": transactional_id(settings),
+            "transaction_timeout_ms": round(settings.transaction_timeout_s * 1000),
+        }
     return AIOKafkaProducer(
         **kafka.client_options(),
         client_id="zapstream-relay",
@@ -275,6 +298,7 @@ def build_producer(settings: RelaySettings) -> AIOKafkaProducer:
         linger_ms=5,
         max_batch_size=256 * 1024,
         **kafka.deadline_options(),
+        **transactional,
     )
 
 
@@ -303,6 +327,7 @@ class OutboxRelay:
         provision: Callable[[], Awaitable[Lsn]] | None = None,
         monitor: SlotMonitor | None = None,
         clock: Callable[[], float] = time.time,
+        position_reader: Callable[[], Awaitable[KafkaPosition | None]] | None = None,
     ) -> None:
         self.settings = settings
         self._clock = clock
@@ -329,6 +354,20 @@ class OutboxRelay:
             )
         self._monitor = monitor
         self._producer = producer or build_producer(settings)
+        # Exactly-once (connectors.cdc.transactions): a transactional producer per streaming
+        # session, started only once this relay holds the slot (a standby's InitProducerId
+        # would fence the active relay); None of this is used without it.
+        self._eos = settings.exactly_once
+        self._make_producer: Callable[[], Any] = (
+            (lambda: producer) if producer is not None else (lambda: build_producer(settings))
+        )
+        self._producer_spent = False
+        self._read_position = position_reader or (lambda: read_position(settings))
+        self._txn_open = False
+        self._txn_due = 0.0
+        self._kafka_committed = Lsn(0)  # what the last Kafka commit reached (reportable)
+        self._skip_before = Lsn(0)  # transactions whose commit starts before it are in Kafka
+        self._system_id: str | None = None
         self._new_source = source_factory or self._replication_stream
         self._provision = provision or self._ensure_replication
         self._stopping = asyncio.Event()
@@ -344,6 +383,8 @@ class OutboxRelay:
         self._stopped = False
         self._pg_outage = OutageLog("PostgreSQL", log)
         self._kafka_outage = OutageLog("Kafka", log)
+        # aiokafka's own errors (a broker away, a leader moving): one outage, logged above.
+        self._kafka_watch = KafkaOutageWatch("relay", settings.kafka, target=self._kafka_outage)
         # Replacements for records Kafka refused, so the drain waits for them too.
         self._replacements: set[asyncio.Task[None]] = set()
         # The LSN header of the transaction being produced, encoded once for all its records.
@@ -356,6 +397,9 @@ class OutboxRelay:
         self._batched = 0  # records in self._batches
         self._partitions: dict[str, list[int]] = {}
         self._partitioner = KeyHashPartitioner()
+        # Records are routed by logical topic (CapturedIntent.topic too); this names them
+        # under ZAPSTREAM_KAFKA_TOPIC_PREFIX.
+        self._topic_name = settings.kafka.names.by_logical()
 
     @property
     def stats(self) -> RelayStats:
@@ -412,6 +456,7 @@ class OutboxRelay:
                 "ZAPSTREAM_RELAY_METRICS_PORT to a free port, or 0 to switch metrics off"
             ) from exc
         self._set_state("connecting")
+        await self._kafka_watch.start()
         if self._monitor is not None:
             # Before Kafka: the slot's lag is exported while the producer waits for brokers.
             await self._monitor.start()
@@ -421,6 +466,10 @@ class OutboxRelay:
             callable(getattr(producer, name, None))
             for name in ("partitions_for", "create_batch", "send_batch")
         )
+        if self._eos:
+            # The transactional producer starts once this relay holds the slot (run()).
+            self._started = True
+            return
         backoff = self._backoff()
         while True:
             try:
@@ -464,8 +513,14 @@ class OutboxRelay:
             if self._monitor is not None:
                 await self._monitor.stop()
             if self._started:
-                await self._producer.stop()
+                # An idempotent producer never lets a batch expire: with Kafka down its
+                # stop() would wait for ever (aio-libs/aiokafka#1101); bounded here. What it
+                # held was never confirmed to PostgreSQL, so the next relay produces it again.
+                await stop_producer(
+                    self._producer, self.settings.drain_timeout_s, what="the relay"
+                )
         finally:
+            await self._kafka_watch.stop()
             await asyncio.to_thread(self._metrics.stop)
 
     def _replication_stream(self) -> ReplicationSource:
@@ -559,7 +614,10 @@ class OutboxRelay:
             announced_standby = False
             self._set_state("streaming")
             try:
-                confirmed = await self._stream(source, confirmed)
+                if self._eos:
+                    await self._begin_session(source, confirmed)
+                if self._failure is None:
+                    confirmed = await self._stream(source, confirmed)
             except ReplicationStreamClosed as exc:
                 if not exc.retriable:
                     raise RelayConfigError(
@@ -569,16 +627,24 @@ class OutboxRelay:
                 # but PostgreSQL did not hear about is replayed from the slot (duplicates
                 # the worker drops), nothing is skipped.
                 self._pg_outage.failed(f"replication connection lost: {exc}")
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(s.drain_timeout_s):
-                        await self._producer.flush()
+                if not self._eos:  # exactly-once: the open transaction goes with its producer
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(s.drain_timeout_s):
+                            await self._producer.flush()
                 confirmed = self._reported
                 await self._sleep(backoff.next_delay_s())
             finally:
                 self._set_state("connecting")
                 await source.close()
+                if self._eos:
+                    await self._end_session()
             if self._failure is not None:
                 failure = self._failure
+                if isinstance(failure, ProducerFenced):
+                    raise RelayError(
+                        f"fenced: another relay produces as {transactional_id(s)} (it took "
+                        "the slot); this one stops without committing"
+                    ) from failure
                 if not kafka_transient(failure):
                     raise RelayError("Kafka did not acknowledge a record") from failure
                 # E.g. a batch expired while the brokers were away: confirm nothing past
@@ -599,6 +665,127 @@ class OutboxRelay:
         if pending:
             await asyncio.wait(pending, timeout=self.settings.drain_timeout_s)
 
+    # --- exactly-once (connectors.cdc.transactions) -------------------------------------
+
+    async def _begin_session(self, source: ReplicationSource, confirmed: Lsn) -> None:
+        """This relay holds the slot: start a transactional producer, read Kafka's position.
+
+        The producer's InitProducerId fences the relay that streamed before and aborts
+        what it left open; then the position its last commit stored says which replayed
+        transactions Kafka already holds. A Kafka failure is noted (``_fail``) like a
+        failed send: the session ends and :meth:`run` retries (or stops, if permanent).
+        """
+        s = self.settings
+        if self._producer_spent:
+            self._producer = self._make_producer()  # an aiokafka producer starts only once
+        self._producer_spent = True
+        try:
+            async with asyncio.timeout(s.kafka.request_timeout_s):
+                await self._producer.start()
+                stored = await self._read_position()
+        except TimeoutError:
+            self._fail(KafkaTimeoutError("no transactional producer within the request timeout"))
+            return
+        except KafkaError as exc:
+            if not kafka_transient(exc) and not isinstance(exc, ProducerFenced):
+                raise RelayConfigError(
+                    f"Kafka refused the relay's transactions as {transactional_id(s)} ({exc!r}): "
+                    "with ACLs, allow it Write and Describe on that transactional id and Read "
+                    "on that group; or set ZAPSTREAM_RELAY_EXACTLY_ONCE=false"
+                ) from exc
+            self._fail(exc)
+            return
+        identity = getattr(source, "identity", None)
+        self._system_id = getattr(identity, "system_id", None)
+        resume = resume_point(stored, slot=s.slot, system_id=self._system_id)
+        self._skip_before = resume if resume is not None else Lsn(0)
+        self._txn_open = False
+        self._kafka_ok = True
+        self._kafka_outage.recovered()
+        confirmed = max(confirmed, self._reported)
+        if resume is not None and resume > confirmed:
+            # Committed in Kafka but never confirmed (the last relay died in between).
+            log.info(
+                "exactly-once: Kafka holds the slot's records up to %s, past the confirmed %s; "
+                "transactions before it are skipped",
+                resume,
+                confirmed,
+            )
+            await source.send_status(flush=resume)
+            self._reported = resume
+            CONFIRMED_LSN.set(resume.value)
+
+    async def _end_session(self) -> None:
+        """Drop the session's producer; an open transaction is aborted by the next one's start."""
+        self._tracker = None  # late answers about this session's records are ignored
+        self._txn_open = False
+        for task in self._replacements:
+            task.cancel()
+        producer = self._producer
+        try:
+            async with asyncio.timeout(self.settings.drain_timeout_s):
+                await producer.stop()
+        except (TimeoutError, KafkaError) as exc:
+            log.debug("exactly-once: the session's producer did not stop cleanly: %r", exc)
+            sender = getattr(producer, "_sender", None)  # aiokafka's, still retrying
+            if sender is not None:
+                with contextlib.suppress(Exception):
+                    await sender.close()
+        self._in_flight.clear()
+        self._replacements.clear()
+
+    async def _begin_txn(self) -> None:
+        """Open the Kafka transaction the next records go into (raises KafkaError)."""
+        tracker = self._tracker
+        assert tracker is not None
+        try:
+            await self._producer.begin_transaction()
+        except IllegalOperation as exc:  # not a KafkaError: the producer is in a bad state
+            raise KafkaError(f"cannot begin a Kafka transaction: {exc}") from exc
+        self._txn_open = True
+        self._txn_due = time.monotonic() + self.settings.transaction_interval_s
+        # Nothing was open: everything acknowledged so far is committed, confirmable.
+        self._kafka_committed = max(self._kafka_committed, tracker.confirmed)
+
+    async def _commit_txn(self, source: ReplicationSource, *, draining: bool = False) -> None:
+        """Commit the open Kafka transaction with the position it reaches, then confirm it.
+
+        Called at a PostgreSQL transaction boundary only: every record produced belongs
+        to a transaction whose Commit was read. The records must all be acknowledged
+        first (one Kafka refused is replaced in this transaction); on any failure
+        nothing is committed and the session ends (:meth:`_end_session`).
+        """
+        tracker = self._tracker
+        assert tracker is not None
+        await self._send_batches()
+        while (self._in_flight or self._replacements) and self._failure is None:
+            if self._stopping.is_set() and not draining:
+                return  # the drain commits, bounded (or leaves it to be aborted)
+            await asyncio.wait(
+                set(self._in_flight) | set(self._replacements),
+                timeout=self.settings.status_interval_s,
+            )
+        if self._failure is not None:
+            return
+        lsn = tracker.confirmed
+        if tracker.records_outstanding or tracker.pending_transactions:
+            self._fail(RelayError("a Kafka transaction would commit records not acknowledged"))
+            return
+        position = KafkaPosition(lsn, self.settings.slot, self._system_id)
+        try:
+            await self._producer.send_offsets_to_transaction(
+                {position_partition(self.settings): (0, position.metadata())},
+                transactional_id(self.settings),
+            )
+            await self._producer.commit_transaction()
+        except (KafkaError, IllegalOperation) as exc:
+            self._fail(exc if isinstance(exc, KafkaError) else KafkaError(str(exc)))
+            return
+        self._txn_open = False
+        self._kafka_committed = max(self._kafka_committed, lsn)
+        self._stats.kafka_commits += 1
+        await self._report(source)
+
     def _log_summary(self) -> None:
         log.info(
             "relay stopped: %d transactions, %d intents, %d rejected (%d reduced), "
@@ -613,6 +800,13 @@ class OutboxRelay:
             self._latency.summary(),
             self._read_lag.summary(),
         )
+        if self._eos:
+            log.info(
+                "relay exactly-once: %d Kafka transactions committed, %d replayed PostgreSQL "
+                "transactions skipped (already in Kafka)",
+                self._stats.kafka_commits,
+                self._stats.skipped,
+            )
 
     def _on_acknowledged(self, commit_ts_us: int, acked_at: float) -> None:
         """A transaction's last record was acknowledged: observe its commit->ack latency."""
@@ -620,6 +814,13 @@ class OutboxRelay:
 
     async def _stream(self, source: ReplicationSource, confirmed: Lsn) -> Lsn:
         s = self.settings
+        eos = self._eos
+        if eos:
+            # The session may have confirmed what Kafka held (_begin_session).
+            confirmed = max(confirmed, self._reported)
+            self._kafka_committed = confirmed
+        skip_before = self._skip_before  # exactly-once: replayed transactions Kafka holds
+        skipping = False
         tracker = AckTracker(confirmed, on_acknowledged=self._on_acknowledged, clock=self._clock)
         self._tracker = tracker
         self._reported = max(self._reported, confirmed)
@@ -679,11 +880,20 @@ class OutboxRelay:
                     continue
             else:
                 linger_until = None
-                message = await source.read(timeout_s=s.status_interval_s)
+                message = None
+                if self._txn_open and txn is None:
+                    # Exactly-once, at a transaction boundary with no more WAL at hand:
+                    # commit now rather than hold read_committed consumers until the interval.
+                    message = source.read_nowait()
+                    if message is None:
+                        await self._commit_txn(source)
+                        continue
+                if message is None:
+                    message = await source.read(timeout_s=s.status_interval_s)
             if type(message) is XLogData:
                 decoded = decode(message.payload)
                 kind = type(decoded)
-                if kind is Insert:
+                if kind is Insert and not skipping:
                     assert isinstance(decoded, Insert)
                     table = decoded.relation.name
                     if table == OUTBOX_TABLE:
@@ -722,6 +932,10 @@ class OutboxRelay:
                     # One datetime per transaction, for the records' committed_at.
                     committed_at = decoded.commit_ts.isoformat()
                     lsn_text = str(decoded.final_lsn)
+                    if eos:
+                        # Replayed by the slot, but committed to Kafka by an earlier relay:
+                        # its inserts are not produced again.
+                        skipping = already_in_kafka(decoded.final_lsn, skip_before)
                 elif kind is Commit:
                     assert isinstance(decoded, Commit)
                     tracker.commit(txn, decoded.end_lsn)
@@ -731,16 +945,23 @@ class OutboxRelay:
                     ROWS.inc(rows - rows_counted)
                     rows_counted = rows
                     txn = None
+                    if skipping:
+                        stats.skipped += 1
+                        skipping = False
             elif isinstance(message, PrimaryKeepalive):
                 tracker.keepalive(message.wal_end)
                 if message.reply_requested:
                     await self._report(source, force=True)
             now = time.monotonic()
+            if eos and txn is None and self._txn_open and now >= self._txn_due:
+                # Exactly-once: the interval passed; this is a transaction boundary.
+                await self._commit_txn(source)
             if now >= next_status:
                 await self._report(source)
                 next_status = now + s.status_interval_s
-        await self._drain(source)
-        return tracker.confirmed
+        await self._drain(source, at_boundary=txn is None)
+        # Exactly-once: only what was confirmed is known to be committed in Kafka.
+        return self._reported if self._eos else tracker.confirmed
 
     def _append_intent(
         self, txn: Any, row: dict[str, str | None], lsn: str, committed_at: str | None
@@ -765,7 +986,7 @@ class OutboxRelay:
         if type(intent) is not CapturedIntent:
             return intent
         value = intent.dumps()
-        topic = intent.topic
+        topic = self._topic_name[intent.topic]
         partitions = self._partitions.get(topic)
         if len(value) > self.settings.max_record_bytes or partitions is None:
             return intent
@@ -918,9 +1139,14 @@ class OutboxRelay:
             row=reference,
         )
 
-    @staticmethod
-    def _route(record: Outgoing) -> tuple[str, bytes]:
+    def _route(self, record: Outgoing) -> tuple[str, bytes]:
         """Topic and key: intents by conversation, controls by target, rejections by job id."""
+        topic, key = self._route_logical(record)
+        return self._topic_name[topic], key
+
+    @staticmethod
+    def _route_logical(record: Outgoing) -> tuple[str, bytes]:
+        """The logical topic (streams.contract) and the key."""
         if isinstance(record, CapturedIntent):
             return record.topic, record.partition_key
         if isinstance(record, IntentCaptured):
@@ -948,6 +1174,8 @@ class OutboxRelay:
     async def _send(self, record: Outgoing, value: bytes | None = None) -> asyncio.Future[Any]:
         """Hand one record to the producer; ``value`` is its encoding when already made."""
         topic, key = self._route(record)
+        if self._eos and not self._txn_open:
+            await self._begin_txn()
         future: asyncio.Future[Any] = await self._producer.send(
             topic,
             record.dumps() if value is None else value,
@@ -1004,6 +1232,8 @@ class OutboxRelay:
         # Closed: a record sent alone later must not slip into it through the producer.
         batch.builder.close()
         try:
+            if self._eos and not self._txn_open:
+                await self._begin_txn()
             future: asyncio.Future[Any] = await self._producer.send_batch(
                 batch.builder, batch.topic, partition=batch.partition
             )
@@ -1044,12 +1274,16 @@ class OutboxRelay:
         self, future: asyncio.Future[Any], tracker: AckTracker, txn: Any, record: Outgoing
     ) -> None:
         self._in_flight.discard(future)
+        if self._eos and tracker is not self._tracker:
+            return  # an ended session's record: its transaction is aborted, whatever Kafka says
         acked = self._stats.acked
         self._settle(_outcome(future), tracker, txn, record)
         ACKED.inc(self._stats.acked - acked)
 
     def _on_batch_ack(self, future: asyncio.Future[Any], batch: _Batch) -> None:
         self._in_flight.discard(future)
+        if self._eos and batch.tracker is not self._tracker:
+            return  # an ended session's batch (see _on_ack)
         failure = _outcome(future)
         if (
             isinstance(failure, PER_RECORD_ERRORS)
@@ -1154,6 +1388,9 @@ class OutboxRelay:
         tracker = self._tracker
         assert tracker is not None
         confirmed = tracker.confirmed
+        if self._txn_open:
+            # Exactly-once: acknowledged is not committed; confirm what the last commit reached.
+            confirmed = self._kafka_committed
         if confirmed < self._reported:
             raise RelayError(f"confirmed LSN would move back from {self._reported} to {confirmed}")
         if confirmed > self._reported or force:
@@ -1161,9 +1398,25 @@ class OutboxRelay:
             self._reported = confirmed
             CONFIRMED_LSN.set(confirmed.value)
 
-    async def _drain(self, source: ReplicationSource) -> None:
-        """Wait (bounded) for Kafka to acknowledge what is in flight, then confirm it."""
+    async def _drain(self, source: ReplicationSource, *, at_boundary: bool = True) -> None:
+        """Wait (bounded) for Kafka to acknowledge what is in flight, then confirm it.
+
+        Exactly-once: commit the open Kafka transaction if the relay stopped at a
+        PostgreSQL transaction boundary (``at_boundary``); inside one it is left open, to be
+        aborted by the next relay's start: a commit would hold part of a transaction
+        that the slot replays whole.
+        """
         if self._failure is not None:
+            return
+        if self._eos:
+            if self._txn_open and at_boundary:
+                try:
+                    async with asyncio.timeout(self.settings.drain_timeout_s):
+                        await self._commit_txn(source, draining=True)
+                except TimeoutError:
+                    log.warning("drain: the Kafka transaction did not commit within the bound")
+            with contextlib.suppress(ReplicationError):
+                await self._report(source, force=True)
             return
         try:
             async with asyncio.timeout(self.settings.drain_timeout_s):

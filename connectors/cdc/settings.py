@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Self
+
+from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from streams.settings import KafkaSettings, PostgresSettings, SettingsBase
+from streams.settings import BrokerFlavor, KafkaSettings, PostgresSettings, SettingsBase
 
 
 class RelaySettings(SettingsBase):
@@ -49,5 +51,45 @@ class RelaySettings(SettingsBase):
     the relay asks the server for a keepalive. 60 s: PostgreSQL's own subscribers'
     ``wal_receiver_timeout`` default (the server's ``wal_sender_timeout`` is 60 s too)."""
 
+    exactly_once: bool = False
+    """Apache Kafka only. Every record is produced inside a Kafka transaction (transactional
+    id ``zapstream-relay.<slot>``, so a restarted relay fences its predecessor), committed
+    at a PostgreSQL transaction boundary together with the position it reaches (as the
+    offset metadata of the group of the same name); the LSN is confirmed to PostgreSQL
+    only after that commit, and a restarted relay skips what Kafka already holds: a
+    ``read_committed`` consumer sees every outbox row once (see
+    :mod:`connectors.cdc.transactions`). Off: at-least-once (a crash replays the records
+    produced since the last confirmation; the worker drops them by job id)."""
+    transaction_interval_s: float = Field(default=0.1, gt=0, le=60)
+    """With ``exactly_once``: a Kafka transaction is committed at the first PostgreSQL
+    transaction boundary after this long, or sooner when no more WAL is at hand. What
+    ``read_committed`` consumers wait for at most under load; longer: fewer commits."""
+    transaction_timeout_s: float = Field(default=60.0, ge=1, le=900)
+    """With ``exactly_once``: the broker aborts a Kafka transaction open this long
+    (``transaction.timeout.ms``; the broker's ``transaction.max.timeout.ms`` caps it, 15 min
+    by default). One PostgreSQL transaction is one Kafka transaction at least, so the
+    largest outbox transaction must be produced within it."""
+
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     postgres: PostgresSettings = Field(default_factory=PostgresSettings)
+
+    @model_validator(mode="after")
+    def _exactly_once_possible(self) -> Self:
+        if not self.exactly_once:
+            return self
+        if self.kafka.flavor is BrokerFlavor.TANSU:
+            raise ValueError(
+                "ZAPSTREAM_RELAY_EXACTLY_ONCE=true needs Apache Kafka: Tansu has no transactions "
+                "(ZAPSTREAM_KAFKA_FLAVOR=tansu); set ZAPSTREAM_RELAY_EXACTLY_ONCE=false"
+            )
+        if not self.kafka.use_idempotent_producer:
+            raise ValueError(
+                "ZAPSTREAM_RELAY_EXACTLY_ONCE=true needs the idempotent producer: unset "
+                "ZAPSTREAM_KAFKA_IDEMPOTENT_PRODUCER (or set it true)"
+            )
+        if self.transaction_interval_s >= self.transaction_timeout_s:
+            raise ValueError(
+                f"ZAPSTREAM_RELAY_TRANSACTION_INTERVAL_S={self.transaction_interval_s:g} must be "
+                f"shorter than ZAPSTREAM_RELAY_TRANSACTION_TIMEOUT_S={self.transaction_timeout_s:g}"
+            )
+        return self

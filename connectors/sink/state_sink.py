@@ -50,15 +50,13 @@ from connectors.sink.failures import Outage, SinkConfigError, Verdict, classify
 from connectors.sink.pipeline_metrics import PipelineGauges
 from connectors.sink.settings import SinkSettings
 from streams.contract import (
-    DEAD,
-    INVALID,
-    STATE,
     ContractError,
     IntentRejected,
     JobDead,
     JobStatus,
     StatusChanged,
 )
+from streams.kafka_outage import KafkaOutageWatch
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -240,6 +238,7 @@ class StateSink:
 
     def __init__(self, settings: SinkSettings) -> None:
         self._settings = settings
+        self._names = settings.kafka.names
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
         self._conn: psycopg.AsyncConnection[Any] | None = None
@@ -253,6 +252,10 @@ class StateSink:
             "postgres": Outage("postgres", log),
             "kafka": Outage("kafka", log),
         }
+        # aiokafka's own errors (a broker away, a leader moving): one kafka outage above.
+        self._kafka_watch = KafkaOutageWatch(
+            "sink", settings.kafka, target=self._outages["kafka"]
+        )
         self.applied = 0
         self.poisoned = 0
         self.invalid = 0
@@ -277,6 +280,7 @@ class StateSink:
         self._started = True
         try:
             self._start_metrics()
+            await self._kafka_watch.start()
             await self._start_gauges()
             await self._retry(self._connect_postgres)
             await self._retry(self._start_kafka)
@@ -290,9 +294,9 @@ class StateSink:
             raise
         log.info(
             "state sink consuming %s, %s as group %s%s",
-            STATE,
-            INVALID,
-            self._settings.group_id,
+            self._names.state,
+            self._names.invalid,
+            self._settings.consumer_group,
             f"; metrics on {self._metrics_url}" if self._metrics_url else "",
         )
 
@@ -306,6 +310,7 @@ class StateSink:
         if gauges is not None:
             await gauges.stop()
         await self._stop_kafka()
+        await self._kafka_watch.stop()
         await self._drop_postgres()
         if self._metrics_server is not None:
             server, self._metrics_server = self._metrics_server, None
@@ -377,7 +382,7 @@ class StateSink:
                 record.topic,
                 record.partition,
                 record.offset,
-                DEAD,
+                self._names.dead,
                 reason,
             )
             await self._retry(functools.partial(self._poison, record, reason))
@@ -403,7 +408,7 @@ class StateSink:
             if record.value is None:
                 continue  # a tombstone: the worker forgot a settled job (dedup horizon)
             try:
-                if record.topic == INVALID:
+                if record.topic == self._names.invalid:
                     self._rejection(IntentRejected.loads(record.value), decoded)
                 else:
                     decoded.states.append(_check_state(StatusChanged.loads(record.value)))
@@ -477,7 +482,7 @@ class StateSink:
                 "value": (record.value or b"").decode("utf-8", "replace"),
             },
         )
-        await (await self._producer.send(DEAD, dead.dumps()))
+        await (await self._producer.send(self._names.dead, dead.dumps()))
 
     # --- waiting out outages ---------------------------------------------------------------
 
@@ -560,16 +565,18 @@ class StateSink:
             **kafka.client_options(), **kafka.deadline_options(), acks="all"
         )
         consumer = AIOKafkaConsumer(
-            STATE,
-            INVALID,
+            self._names.state,
+            self._names.invalid,
             **kafka.client_options(),
             **kafka.deadline_options(),
-            group_id=self._settings.group_id,
+            group_id=self._settings.consumer_group,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             session_timeout_ms=int(kafka.session_timeout_s * 1000),
             heartbeat_interval_ms=int(kafka.heartbeat_interval_s * 1000),
             fetch_max_wait_ms=kafka.consumer_fetch_max_wait_ms,
+            # zapstream.invalid comes from the relay: never an aborted transaction's records.
+            isolation_level=kafka.consumer_isolation_level,
         )
         # Assigned before start(), so a failed start is stopped by the next attempt or stop().
         self._producer, self._consumer = producer, consumer
