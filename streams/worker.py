@@ -16,9 +16,7 @@ from faust.types import TP
 from streams.agents import Dispatcher
 from streams.app import Resource, WorkerApp, build_app
 from streams.contract import (
-    BULK_INTENTS,
-    CONTROLS,
-    INTENTS,
+    DEFAULT_NAMES,
     ContractError,
     ControlChanged,
     Priority,
@@ -33,6 +31,7 @@ from streams.health import add_health_pages
 from streams.instance_pauses import InstancePauses
 from streams.job_history import JobHistory, LateRedeliveries
 from streams.job_processor import JobProcessor, RetryPolicy
+from streams.kafka_outage import KafkaOutageWatch
 from streams.kafka_reader import guarded
 from streams.lag_monitor import LagMonitor
 from streams.pacing import Limit, Pacer
@@ -41,6 +40,7 @@ from streams.ports import Gateway
 from streams.reconcile import InstanceListings
 from streams.sink_progress import SinkProgress
 from streams.stores import FaustJobStore, FaustPublisher, KafkaWriter
+from streams.table_digest import add_digest_page
 from streams.tables import register_tables
 from streams.topics import register_topics
 from streams.worker_settings import WorkerSettings
@@ -58,10 +58,16 @@ class PartitionShare:
     """
 
     def __init__(
-        self, assignment: Callable[[], Collection[Any]], partitions: int, ttl_s: float = 1.0
+        self,
+        assignment: Callable[[], Collection[Any]],
+        partitions: int,
+        ttl_s: float = 1.0,
+        *,
+        topic: str = DEFAULT_NAMES.intents,
     ) -> None:
         self.assignment = assignment
         self.partitions = partitions
+        self.topic = topic
         self.ttl_s = ttl_s
         self._value = 1.0
         self._read_at = float("-inf")
@@ -70,7 +76,7 @@ class PartitionShare:
         now = time.monotonic()
         if now - self._read_at >= self.ttl_s:
             self._read_at = now
-            owned = sum(1 for tp in self.assignment() if tp.topic == INTENTS)
+            owned = sum(1 for tp in self.assignment() if tp.topic == self.topic)
             self._value = max(owned, 1) / self.partitions
         return self._value
 
@@ -78,7 +84,7 @@ class PartitionShare:
 def decode_control(raw: bytes) -> ControlChanged:
     record = decode_topic_record(raw)
     if not isinstance(record, ControlChanged):
-        raise ContractError(f"unexpected record {record.SCHEMA} on {CONTROLS}")
+        raise ContractError(f"unexpected record {record.SCHEMA} on the controls topic")
     return record
 
 
@@ -104,6 +110,7 @@ def build_worker_app(
     history: JobHistory | None = None,
 ) -> tuple[WorkerApp, Dispatcher]:
     """``history``: the long-term record of jobs; without it the jobs table never forgets."""
+    names = settings.kafka.names
     horizon_s = settings.dedup_horizon_s if history is not None else 0.0
     late = None
     progress = None
@@ -112,8 +119,9 @@ def build_worker_app(
         if settings.dedup_sink_group:
             progress = SinkProgress(
                 settings.kafka,
-                settings.dedup_sink_group,
+                settings.sink_group_id,
                 margin_s=settings.dedup_sink_margin_s,
+                topic=names.state,
             )
             resources = [*resources, progress]
         late = LateRedeliveries(
@@ -126,7 +134,7 @@ def build_worker_app(
     reader = ControlsReader(
         controls,
         settings.kafka,
-        CONTROLS,
+        names.controls,
         decode_control,
         clock=time.time,
     )
@@ -135,14 +143,15 @@ def build_worker_app(
         # Every worker exports every partition of its group (aggregate with max).
         lag = LagMonitor(
             settings.kafka,
-            {settings.app_id: [INTENTS, BULK_INTENTS]},
+            {settings.group_id: [names.intents, names.bulk_intents]},
             interval_s=settings.lag.interval_s,
             read_timeout_s=settings.lag.read_timeout_s,
             client_id="zapstream-worker-lag-monitor",
         )
         resources = [*resources, lag]
     pauses = InstancePauses(settings.instance_probe_s, probe_max_s=settings.instance_probe_max_s)
-    first: list[Resource] = [gateway]
+    # First: aiokafka's errors from the start on are one outage line (streams/kafka_outage.py).
+    first: list[Resource] = [KafkaOutageWatch("worker", settings.kafka), gateway]
     check: GatewayStartCheck | None = None
     if settings.start_probe:
         # Right after the gateway client starts, before any send: a wrong base URL, key or
@@ -158,14 +167,14 @@ def build_worker_app(
         first.append(check)
     app = build_app(settings, resources=[*first, *resources])
     partitions = settings.kafka.partitions
-    topics = register_topics(app, partitions)
+    topics = register_topics(app, partitions, names)
     jobs, parked = register_tables(app, topics, partitions)
     writer = KafkaWriter(app)
-    share = PartitionShare(lambda: app.consumer.assignment(), partitions)
+    share = PartitionShare(lambda: app.consumer.assignment(), partitions, topic=names.intents)
     processor = JobProcessor(
         gateway,
-        FaustJobStore(jobs, writer),
-        FaustPublisher(writer),
+        FaustJobStore(jobs, writer, names.state),
+        FaustPublisher(writer, names),
         RetryPolicy(schedule_s=tuple(settings.retry_schedule_s), jitter=settings.retry_jitter),
         listing_authoritative=settings.gateway.listing_authoritative,
         listings=InstanceListings(
@@ -231,7 +240,7 @@ def build_worker_app(
             return set(dispatcher.active_jobs) | set(parking.job_ids())
 
         def owns(partition: int) -> bool:
-            return TP(INTENTS, partition) in app.consumer.assignment()
+            return TP(names.intents, partition) in app.consumer.assignment()
 
         horizon = DedupHorizon(
             jobs,
@@ -262,4 +271,5 @@ def build_worker_app(
     app.after_streams_stopped.append(bulk.drain)
     setup_lean_prometheus(app)
     add_health_pages(app)
+    add_digest_page(app)
     return app, dispatcher
