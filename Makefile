@@ -76,11 +76,21 @@ setup: $(BIN)/.installed $(TOOLS)/.installed postgres kafka promtool chromium
 dev: setup
 	$(BIN)/python -m devtools.dev_runner $(ARGS)
 
-# Two test processes, whole files each (a file shares one pipeline); then the timing
-# measurements (marked serial) on their own, so no other test's load skews them.
+# Phase 1: unit tests and the integration suite on Apache Kafka, in TEST_PROCS processes,
+# whole files each (a file shares one pipeline; a process one broker, each pipeline in its
+# own topic namespace). Phase 2: the timing measurements (marked serial) on their own, so
+# no other test's load skews them. Phase 3: a Tansu smoke (the pipeline and crash tests),
+# so the no-JVM broker keeps working. Each phase ends naming the broker it ran on.
+TEST_PROCS ?= 2
+TANSU_SMOKE := tests/integration/test_pipeline.py tests/integration/test_relay_crash.py \
+	tests/integration/test_worker_crash.py
 test: setup
-	$(BIN)/pytest -q -p no:cacheprovider --durations=15 -n 2 --dist loadfile -m "not serial"
+	@echo "== phase 1 of 3: unit tests and the integration suite (Apache Kafka)"
+	$(BIN)/pytest -q -p no:cacheprovider --durations=15 -n $(TEST_PROCS) --dist loadfile -m "not serial"
+	@echo "== phase 2 of 3: timing measurements, alone (Apache Kafka)"
 	$(BIN)/pytest -q -p no:cacheprovider --durations=5 -m serial
+	@echo "== phase 3 of 3: Tansu smoke (the pipeline and crash tests)"
+	DEVSTACK_BROKER=tansu $(BIN)/pytest -q -p no:cacheprovider --durations=5 -n 2 --dist loadfile $(TANSU_SMOKE)
 
 unit: setup
 	$(BIN)/pytest -q tests/unit
@@ -93,17 +103,18 @@ lint: setup
 	$(BIN)/mypy
 
 # The deployment files, validated offline as `make test` does (no Docker engine, no cluster):
-# the Dockerfile (hadolint), docker-compose.yml (the compose specification), both Kubernetes
+# the Dockerfile (hadolint), docker-compose.yml (the compose specification), the Kubernetes
 # overlays rendered by kustomize and every object checked (built-in and CRD schemas).
 deploy-check: setup
 	$(TOOLS)/bin/hadolint Dockerfile
 	$(TOOLS)/bin/check-jsonschema --builtin-schema vendor.compose-spec docker-compose.yml
 	$(BIN)/python -m devtools.k8s_facts > .venv-deploy-tools/facts.json
 	$(TOOLS)/bin/python devtools/manifest_check.py --facts .venv-deploy-tools/facts.json \
-		--check-schemas k8s/overlays/dev k8s/overlays/prod
+		--check-schemas k8s/overlays/dev k8s/overlays/prod k8s/overlays/staging
 
-# Figures next to their comparisons, as a table and as JSON in bench/results/ (see
-# bench/README.md); under 15 minutes. ARGS="--only relay", "--relay-rows 50000", "--strict".
+# Figures next to their comparisons, Apache Kafka and Tansu side by side (the second broker at
+# reduced sizes), as a table and as JSON in bench/results/ (see bench/README.md); under 15
+# minutes. ARGS="--only relay", "--broker kafka", "--relay-rows 50000", "--strict".
 bench: setup
 	$(BIN)/python -m devtools.bench $(ARGS)
 

@@ -17,6 +17,11 @@
    bounds from ``/metrics``), next to a consumer of ``zapstream.intents`` (arrival
    time: an upper bound on the ack) and the record's CreateTime (the relay's send,
    1 ms resolution: a lower bound). Bench and cluster share a host, hence a clock.
+5. librdkafka (confluent-kafka) producing the same rows as the relay's records to a
+   topic of their own, acks=all and idempotent: the client ceiling the relay's rate
+   is a fraction of (:mod:`devtools.bench_librdkafka`).
+
+Every step runs on the section's one broker (``broker``: Tansu or Apache Kafka).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from connectors.cdc.provisioning import ensure_replication
 from connectors.outbox.migrate import migrate
+from devtools.bench_librdkafka import librdkafka_ceiling, librdkafka_figures
 from devtools.bench_support import (
     Figure,
     cpu_seconds,
@@ -56,6 +62,9 @@ from streams.contract import INTENTS
 SLOT = "zapstream_outbox"
 PUBLICATION = "zapstream_outbox"
 RECV_SLOT = "bench_recvlogical"
+TXN_SLOT = "bench_relay_transactional"
+"""The transactional relay variant's slot (Apache Kafka only): the same WAL as ``SLOT``."""
+TXN_ENV = {"ZAPSTREAM_RELAY_SLOT": TXN_SLOT, "ZAPSTREAM_RELAY_EXACTLY_ONCE": "true"}
 POLLING_TOPIC = "bench.polling"
 DEBEZIUM_ROWS_S = 21_700.0
 
@@ -65,13 +74,24 @@ def _log(out: TextIO, text: str) -> None:
 
 
 def run_relay_section(
-    *, rows: int, latency_s: float, rate: float, partitions: int, out: TextIO
+    *,
+    rows: int,
+    latency_s: float,
+    rate: float,
+    partitions: int,
+    out: TextIO,
+    broker: str | None = None,
 ) -> list[Figure]:
+    """The section on one ``broker``: ``tansu`` or ``kafka`` (default ``DEVSTACK_BROKER``)."""
     figures: list[Figure] = []
-    with LocalPipeline(partitions=partitions, with_sink=False) as pipe:
+    with LocalPipeline(partitions=partitions, with_sink=False, broker=broker) as pipe:
         ensure_replication(pipe.dsn, slot=SLOT, publication=PUBLICATION)
         with psycopg.connect(pipe.dsn, autocommit=True) as conn:
             conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (RECV_SLOT,))
+        # The relay variant "transactional" (ZAPSTREAM_RELAY_EXACTLY_ONCE): Tansu has none.
+        transactional = pipe.broker == "kafka"
+        if transactional:
+            ensure_replication(pipe.dsn, slot=TXN_SLOT, publication=PUBLICATION)
         run = uuid.uuid4().hex[:8]
         started = time.monotonic()
         end_lsn = fill_outbox(pipe.dsn, run=run, start=0, count=rows)
@@ -106,6 +126,15 @@ def run_relay_section(
 
         relay.stop()
 
+        # --- the same rows through the transactional relay (exactly-once) -----------------
+        txn = _transactional_relay(pipe, rows=rows, end_lsn=end_lsn) if transactional else None
+        if txn is not None:
+            _log(
+                out,
+                f"relay (transactional): {txn['rows_s']:,.0f} rows/s ({txn['seconds']:.1f} s), "
+                f"{txn['cpu_us_row']:.0f} us CPU/row, {txn['kafka_commits']:,.0f} Kafka commits",
+            )
+
         # --- commit -> Kafka latency at a fixed offered load ----------------------------
         # A fresh relay, so its metrics and closing summary cover only this run's
         # transactions (not the pre-filled ones it drained above).
@@ -124,6 +153,30 @@ def run_relay_section(
         relay.stop()
         latency.update(_relay_summary(relay.log_tail(400)))
         _log(out, f"commit->Kafka: {latency}")
+        if txn is not None:
+            # Visible to read_committed consumers only at the Kafka commit: time that. The
+            # slot skips the plain latency run's rows first: only this run's rows are in flight.
+            with psycopg.connect(pipe.dsn, autocommit=True) as conn:
+                conn.execute(
+                    "SELECT pg_replication_slot_advance(%s, pg_current_wal_insert_lsn())",
+                    (TXN_SLOT,),
+                )
+            metrics_port = find_free_port()
+            relay = pipe.start_relay(
+                "relay-latency-transactional",
+                env={**TXN_ENV, "ZAPSTREAM_RELAY_METRICS_PORT": str(metrics_port)},
+            )
+            txn_latency = _commit_to_kafka(
+                pipe,
+                run=f"{run}t",
+                seconds=latency_s,
+                rate=rate,
+                metrics_url=f"http://127.0.0.1:{metrics_port}/metrics",
+                isolation_level="read_committed",
+            )
+            relay.stop()
+            txn.update({f"latency_{k}": v for k, v in txn_latency.items()})
+            _log(out, f"commit->read_committed (transactional): {txn_latency}")
 
         # --- pg_recvlogical on the identical slot -----------------------------------------
         recv_s = _pg_recvlogical(pipe, end_lsn)
@@ -137,6 +190,12 @@ def run_relay_section(
         poll_s = asyncio.run(_polling_worker(dsn2, pipe.kafka.bootstrap, partitions))
         poll_rate = rows / poll_s
         _log(out, f"polling worker: {poll_rate:,.0f} rows/s ({poll_s:.1f} s)")
+
+        # --- librdkafka (confluent-kafka) producing the same rows: the client ceiling ---
+        lib = librdkafka_ceiling(
+            pipe.dsn, pipe.kafka.bootstrap, rows=rows, partitions=partitions, lsn=end_lsn
+        )
+        _log(out, f"librdkafka producer: {lib['rows_s']:,.0f} rows/s ({lib['seconds']:.1f} s)")
 
     sec = "relay"
     figures.append(
@@ -187,6 +246,13 @@ def run_relay_section(
             f"polling worker {poll_rate:,.0f} rows/s",
         )
     )
+    # A relay variant measured above (e.g. transactional) adds its rows/s here: it gets
+    # its own "<label> / librdkafka producer" row.
+    variants = {"relay": relay_rate}
+    if txn is not None:
+        variants["relay (transactional)"] = txn["rows_s"]
+        figures.extend(_transactional_figures(txn, relay_rate, latency, rows=rows, rate=rate))
+    figures.extend(librdkafka_figures(lib, variants))
     figures.append(
         Figure(sec, "relay CPU per row", f"{cpu_us_row:.0f} us", raw={"cpu_us_row": cpu_us_row})
     )
@@ -384,9 +450,18 @@ def _insert(conn: psycopg.Connection[Any], key: str, i: int) -> None:
 
 
 def _commit_to_kafka(
-    pipe: LocalPipeline, *, run: str, seconds: float, rate: float, metrics_url: str
+    pipe: LocalPipeline,
+    *,
+    run: str,
+    seconds: float,
+    rate: float,
+    metrics_url: str,
+    isolation_level: str = "read_uncommitted",
 ) -> dict[str, Any]:
-    """Insert one row per transaction at ``rate``/s; the relay and a consumer time them."""
+    """Insert one row per transaction at ``rate``/s; the relay and a consumer time them.
+
+    ``isolation_level="read_committed"``: the consumer sees a transactional relay's
+    records when their Kafka transaction commits, its arrival is commit -> visible."""
     arrivals: dict[str, tuple[float, float]] = {}  # key -> (arrival epoch s, CreateTime s)
     ready = threading.Event()
     stop = threading.Event()
@@ -394,7 +469,10 @@ def _commit_to_kafka(
 
     async def consume() -> None:
         consumer = AIOKafkaConsumer(
-            bootstrap_servers=pipe.kafka.bootstrap, enable_auto_commit=False, fetch_max_wait_ms=5
+            bootstrap_servers=pipe.kafka.bootstrap,
+            enable_auto_commit=False,
+            fetch_max_wait_ms=5,
+            isolation_level=isolation_level,
         )
         await consumer.start()
         try:
@@ -482,3 +560,67 @@ def _commit_to_kafka(
         "ack_hist_p50_le_s": _bucket_bound(hist_before, hist_after, 0.5),
         "ack_hist_p99_le_s": _bucket_bound(hist_before, hist_after, 0.99),
     }
+
+
+# --- the relay variant "transactional" (ZAPSTREAM_RELAY_EXACTLY_ONCE) ----------------------
+
+_EOS_COMMITS = re.compile(r"relay exactly-once: (\d+) Kafka transactions committed")
+
+
+def _transactional_relay(pipe: LocalPipeline, *, rows: int, end_lsn: str) -> dict[str, float]:
+    """The relay with exactly-once on ``TXN_SLOT`` (the WAL the plain relay drained): its rate.
+
+    Timed like the plain relay: from its 'relay streaming' line (the transactional
+    producer started, the stored position read) until ``TXN_SLOT`` is confirmed past the
+    fill's end, i.e. until the last Kafka transaction committed.
+    """
+    relay = pipe.start_relay("relay-transactional", wait=False, env=TXN_ENV)
+    spawned = time.monotonic()
+    streaming_at: float | None = None
+    cpu_at_stream = 0.0
+
+    def confirmed() -> bool:
+        nonlocal streaming_at, cpu_at_stream
+        if streaming_at is None and "relay streaming" in relay.log_tail(200):
+            streaming_at = time.monotonic()
+            cpu_at_stream = cpu_seconds(relay.pid)
+        return slot_confirmed(pipe.dsn, TXN_SLOT, end_lsn)
+
+    done = wait_until(confirmed, timeout_s=1800, what="transactional relay slot confirmation")
+    cpu = cpu_seconds(relay.pid)
+    hwm = proc_status_mib(relay.pid, "VmHWM")
+    relay.stop()
+    seconds = done - (streaming_at if streaming_at is not None else spawned)
+    commits = _EOS_COMMITS.findall(relay.log_tail(400))
+    return {
+        "rows": rows,
+        "rows_s": rows / seconds,
+        "seconds": seconds,
+        "cpu_us_row": (cpu - cpu_at_stream) / rows * 1e6,
+        "vmhwm_mib": hwm,
+        "kafka_commits": float(commits[-1]) if commits else float("nan"),
+    }
+
+
+def _transactional_figures(
+    txn: dict[str, Any], relay_rate: float, latency: dict[str, Any], *, rows: int, rate: float
+) -> list[Figure]:
+    """The cost of exactly-once: rows/s and commit -> visible against the plain relay."""
+    ratio = txn["rows_s"] / relay_rate
+    return [
+        Figure(
+            "relay",
+            f"relay (transactional) rows/s, the same {rows:,} rows until slot confirmed",
+            f"{txn['rows_s']:,.0f}",
+            f"plain relay {relay_rate:,.0f} rows/s (transactional / plain {ratio:.2f}); "
+            f"{txn['kafka_commits']:,.0f} Kafka transactions, CPU {txn['cpu_us_row']:.0f} us/row",
+            raw={**txn, "plain_rows_s": relay_rate, "transactional_over_plain": ratio},
+        ),
+        Figure(
+            "relay",
+            f"relay (transactional) commit->read_committed consumer p50/p99 at {rate:.0f} rows/s",
+            f"{ms(txn.get('latency_arrival_p50_s'))} / {ms(txn.get('latency_arrival_p99_s'))}",
+            f"plain relay, consumer arrival {ms(latency.get('arrival_p50_s'))} / "
+            f"{ms(latency.get('arrival_p99_s'))}",
+        ),
+    ]

@@ -36,6 +36,7 @@ from devtools.bench_support import (
     wait_until,
 )
 from devtools.delivery_audit import KEY_IN_TEXT, audit
+from devtools.kafka_broker import KafkaCluster
 from devtools.local_pipeline import LocalPipeline
 from streams.contract import INTENTS
 
@@ -203,10 +204,14 @@ def run_worker_alone(
     baseline: bool,
     partitions: int,
     out: TextIO,
+    broker: str | None = None,
 ) -> dict[str, Any]:
-    """One worker-alone run; with ``memory_total`` > ``messages``, keep feeding it to there."""
+    """One worker-alone run; with ``memory_total`` > ``messages``, keep feeding it to there.
+
+    ``broker``: ``tansu`` or ``kafka`` (:class:`LocalPipeline`'s; default ``DEVSTACK_BROKER``),
+    as in every run of this module."""
     result: dict[str, Any] = {"latency_ms": latency_ms, "messages": messages}
-    with LocalPipeline(partitions=partitions, with_sink=False) as pipe:
+    with LocalPipeline(partitions=partitions, with_sink=False, broker=broker) as pipe:
         pipe.sim_config(latency_ms=latency_ms)
         run = uuid.uuid4().hex[:8]
         started = time.monotonic()
@@ -280,7 +285,7 @@ def _worker_intents(port: int) -> float:
 
 
 def run_worker_scaling(
-    *, workers: int, messages: int, partitions: int, out: TextIO
+    *, workers: int, messages: int, partitions: int, out: TextIO, broker: str | None = None
 ) -> dict[str, Any]:
     """``workers`` workers of one group, running and assigned before intents arrive.
 
@@ -292,7 +297,7 @@ def run_worker_scaling(
     from devtools.devstack import find_free_port
 
     result: dict[str, Any] = {"workers": workers, "messages": messages}
-    with LocalPipeline(partitions=partitions, with_sink=False) as pipe:
+    with LocalPipeline(partitions=partitions, with_sink=False, broker=broker) as pipe:
         pipe.sim_config(latency_ms=0)
         ports = [find_free_port() for _ in range(workers)]
         procs = [
@@ -308,6 +313,7 @@ def run_worker_scaling(
         relay = pipe.start_relay(name="relay-scaling")
         fill_outbox(pipe.dsn, run=run, start=0, count=messages)
         assert pipe.simulator is not None
+        assert not isinstance(pipe.kafka, KafkaCluster), "one broker process, for its CPU"
         timed = _timed_delivery(
             pipe,
             [p.pid for p in procs],
@@ -392,9 +398,11 @@ def _hops(
     return out
 
 
-def run_end_to_end(*, rate: float, seconds: float, partitions: int, out: TextIO) -> dict[str, Any]:
+def run_end_to_end(
+    *, rate: float, seconds: float, partitions: int, out: TextIO, broker: str | None = None
+) -> dict[str, Any]:
     """Commit one intent per transaction at ``rate``/s; commit -> gateway percentiles."""
-    with LocalPipeline(partitions=partitions) as pipe:
+    with LocalPipeline(partitions=partitions, broker=broker) as pipe:
         relay = pipe.start_relay()
         worker = pipe.start_worker()
         run = uuid.uuid4().hex[:8]

@@ -1,6 +1,6 @@
 """``make dev``: the whole pipeline on embedded defaults, with a demo batch and a summary.
 
-Starts a throwaway PostgreSQL and a broker (Tansu, or Apache Kafka with ``--kafka apache``),
+Starts a throwaway PostgreSQL and a broker (Apache Kafka, or Tansu with ``--kafka tansu``),
 the gateway simulator, the state sink,
 a relay and a worker, each its own process; enqueues ``--messages`` intents over
 ``--instances`` WhatsApp instances and ``--conversations`` conversations through
@@ -138,8 +138,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--kafka",
         choices=["apache", "tansu"],
-        default="tansu",
-        help="the broker: Apache Kafka (one KRaft node, the jars `make kafka` fetched) or Tansu",
+        default="apache",
+        help="the broker: Apache Kafka (default; one KRaft node, the jars `make kafka` fetched) "
+        "or Tansu (no JVM)",
     )
     args = parser.parse_args(argv)
 

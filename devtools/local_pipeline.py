@@ -5,8 +5,9 @@ and a broker on free ports in its own directory, applies the schema,
 creates the topics, and runs the gateway simulator, the state sink, relays and
 workers as real ``zapstream`` subprocesses that tests can SIGKILL and restart.
 
-The broker is Tansu by default, or Apache Kafka (:class:`devtools.kafka_broker.KafkaBroker`,
-one KRaft node) with ``broker="kafka"`` or ``DEVSTACK_BROKER=kafka``.
+The broker is Apache Kafka by default (:class:`devtools.kafka_broker.KafkaBroker`, one
+KRaft node; or the process's shared one, :mod:`devtools.shared_broker`), or Tansu with
+``broker="tansu"`` or ``DEVSTACK_BROKER=tansu``.
 Tansu differs from Apache Kafka (see the README):
 Kafka-only features are switched off through ``ZAPSTREAM_KAFKA_FLAVOR=tansu``,
 and short session timeouts keep group joins at a few seconds.
@@ -26,10 +27,12 @@ import httpx
 
 from connectors.ops.topics import ensure_topics
 from connectors.outbox.migrate import migrate
+from devtools import shared_broker
 from devtools.devstack import ManagedProcess, PostgresCluster, TansuBroker, find_free_port
-from devtools.kafka_broker import KafkaBroker, kafka_version
+from devtools.kafka_broker import KafkaBroker, KafkaCluster, kafka_version
 from devtools.tcp_proxy import TcpProxy
 from devtools.tls import Pki
+from streams.contract import TopicNames
 from streams.settings import BrokerFlavor, KafkaSettings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -40,14 +43,14 @@ META_APP_SECRET = "dev-meta-app-secret"
 META_VERIFY_TOKEN = "dev-meta-verify-token"
 BROKERS = ("tansu", "kafka")
 BROKER_ENV = "DEVSTACK_BROKER"
-"""Picks the broker of a pipeline that was not given one: ``tansu`` (default) or ``kafka``.
+"""Picks the broker of a pipeline that was not given one: ``kafka`` (default) or ``tansu``.
 Not ``ZAPSTREAM_*``: zapstream refuses to start with a ``ZAPSTREAM_`` variable no setting reads,
 and every service the tests start inherits the environment."""
 
 
 def default_broker() -> str:
-    """``DEVSTACK_BROKER`` if set (``tansu`` or ``kafka``), else ``tansu``."""
-    broker = os.environ.get(BROKER_ENV, "").strip().lower() or "tansu"
+    """``DEVSTACK_BROKER`` if set (``kafka`` or ``tansu``), else ``kafka`` (Apache Kafka)."""
+    broker = os.environ.get(BROKER_ENV, "").strip().lower() or "kafka"
     if broker not in BROKERS:
         raise ValueError(f"{BROKER_ENV}={broker!r}: expected one of {', '.join(BROKERS)}")
     return broker
@@ -69,11 +72,25 @@ class LocalPipeline:
         proxied: bool = False,
         tls: Pki | None = None,
         broker: str | None = None,
+        kafka_nodes: int = 1,
+        topic_prefix: str = "",
+        own_broker: bool = False,
     ) -> None:
         """``broker``: ``"tansu"`` or ``"kafka"`` (Apache Kafka, one KRaft node); default
-        :func:`default_broker` (``DEVSTACK_BROKER``, else Tansu).
+        :func:`default_broker` (``DEVSTACK_BROKER``, else Apache Kafka). ``kafka_nodes`` (with
+        ``broker="kafka"``): 3 runs :class:`~devtools.kafka_broker.KafkaCluster` (replication
+        factor 3, ``min.insync.replicas`` 2; the topics and Faust's changelogs get RF 3).
 
         ``with_sink``: :meth:`start` also runs ``zapstream sink`` (states into PostgreSQL).
+
+        ``topic_prefix``: ``ZAPSTREAM_KAFKA_TOPIC_PREFIX`` of :meth:`start`'s ``topics ensure``,
+        of every service and of :meth:`kafka_settings` (every topic and group named with it).
+
+        ``own_broker``: never the process's shared broker (:mod:`devtools.shared_broker`),
+        for a test that kills, restarts or reconfigures its broker. When sharing is on
+        (the integration tests turn it on) a plain one-node Apache Kafka pipeline uses the
+        shared broker under a topic prefix of its own (``topic_prefix`` if given) and
+        deletes its topics when it stops; :attr:`topics` names them.
 
         ``proxied``: the services reach PostgreSQL and Kafka through
         :class:`~devtools.tcp_proxy.TcpProxy` instances (``pg_proxy``,
@@ -85,9 +102,26 @@ class LocalPipeline:
         """
         if tls is not None and proxied:
             raise ValueError("a TLS pipeline is not proxied")
+        # kafka_nodes > 1: Apache Kafka's KafkaCluster (RF kafka_nodes, min.insync 2), direct.
+        if kafka_nodes != 1 and (broker != "kafka" or proxied or tls is not None):
+            raise ValueError("kafka_nodes > 1 needs broker='kafka', neither proxied nor TLS")
+        self.kafka_nodes = kafka_nodes
+        self.topic_prefix = topic_prefix
         self.broker = broker if broker is not None else default_broker()
         if self.broker not in BROKERS:
             raise ValueError(f"broker={self.broker!r}: expected one of {', '.join(BROKERS)}")
+        self.shares_broker = (
+            shared_broker.sharing()
+            and not own_broker
+            and self.broker == "kafka"
+            and kafka_nodes == 1
+            and not proxied
+            and tls is None
+        )
+        if self.shares_broker and not self.topic_prefix:
+            self.topic_prefix = shared_broker.next_prefix()
+        self.topics = TopicNames(self.topic_prefix)
+        """The names of this pipeline's topics and groups (its prefix applied)."""
         self.tls = tls
         self._own_dir = base_dir is None
         self.dir = Path(base_dir or tempfile.mkdtemp(prefix="zapstream-"))
@@ -100,7 +134,7 @@ class LocalPipeline:
         self.postgres = PostgresCluster()
         self.pg_proxy: TcpProxy | None = None
         self.kafka_proxy: TcpProxy | None = None
-        self.kafka: TansuBroker | KafkaBroker
+        self.kafka: TansuBroker | KafkaBroker | KafkaCluster
         server_tls = tls.server if tls is not None else None
         if proxied:
             kafka_port = find_free_port()
@@ -116,6 +150,10 @@ class LocalPipeline:
                     log_path=self.dir / "tansu.log",
                     advertised_port=self.kafka_proxy.port,
                 )
+        elif self.shares_broker:
+            self.kafka = shared_broker.shared_broker()
+        elif self.broker == "kafka" and kafka_nodes > 1:
+            self.kafka = KafkaCluster(nodes=kafka_nodes, base_dir=self.dir / "kafka")
         elif self.broker == "kafka":
             self.kafka = KafkaBroker(base_dir=self.dir / "kafka", tls=server_tls)
         else:
@@ -140,7 +178,8 @@ class LocalPipeline:
             if proxy is not None:
                 proxy.start()
         self.postgres.start()
-        self.kafka.start()
+        if not self.shares_broker:
+            self.kafka.start()
         migrate(self.dsn)
         asyncio.run(ensure_topics(self.kafka_settings()))
         self.simulator = self.process(
@@ -168,7 +207,10 @@ class LocalPipeline:
         for proxy in (self.pg_proxy, self.kafka_proxy):
             if proxy is not None:
                 proxy.stop()
-        self.kafka.stop()
+        if self.shares_broker:
+            shared_broker.delete_namespace(self.kafka.bootstrap, self.topic_prefix)
+        else:
+            self.kafka.stop()
         self.postgres.stop()
         if self._own_dir and not self.keep:
             shutil.rmtree(self.dir, ignore_errors=True)
@@ -202,7 +244,8 @@ class LocalPipeline:
     def broker_description(self) -> str:
         """The broker in words, for the lines that say what a run ran on."""
         if self.broker == "kafka":
-            return f"Apache Kafka {kafka_version()} (KRaft, 1 node)"
+            nodes = "1 node" if self.kafka_nodes == 1 else f"{self.kafka_nodes} nodes"
+            return f"Apache Kafka {kafka_version()} (KRaft, {nodes})"
         return "Tansu"
 
     @property
@@ -217,6 +260,8 @@ class LocalPipeline:
             brokers=self.kafka.bootstrap,
             flavor=self.flavor,
             partitions=self.partitions,
+            replication_factor=self.kafka_nodes,
+            topic_prefix=self.topic_prefix,
             session_timeout_s=6,
             heartbeat_interval_s=1,
             **security,
@@ -237,6 +282,8 @@ class LocalPipeline:
             "ZAPSTREAM_KAFKA_BROKERS": self.service_brokers,
             "ZAPSTREAM_KAFKA_FLAVOR": self.flavor.value,
             "ZAPSTREAM_KAFKA_PARTITIONS": str(self.partitions),
+            "ZAPSTREAM_KAFKA_REPLICATION_FACTOR": str(self.kafka_nodes),
+            "ZAPSTREAM_KAFKA_TOPIC_PREFIX": self.topic_prefix,
             "ZAPSTREAM_KAFKA_SESSION_TIMEOUT_S": "6",
             "ZAPSTREAM_KAFKA_HEARTBEAT_INTERVAL_S": "1",
             "ZAPSTREAM_GATEWAY": "stackzap",

@@ -9,6 +9,8 @@ Usage::
         proxy.restore()    # accepts again, on the same port
         proxy.blackhole()  # every connection stays open and goes silent
         proxy.restore()    # the silent connections are reset, new ones forward again
+        proxy.drop_replies()  # requests still reach the server, its answers are dropped
+        proxy.cut()        # ... then the client sees its connection close, unanswered
 
 While cut, the listening socket is closed, so clients get "connection refused"
 (what a stopped server gives), not a hang.
@@ -23,6 +25,12 @@ notices. A silenced connection never forwards again: :meth:`restore` resets it
 connections made after it. The proxy's own kernel still acknowledges what it
 reads, so TCP-level deadlines (keepalives, ``TCP_USER_TIMEOUT``) do not fire
 through it: what it tests is the application's read deadlines.
+
+While dropping replies, what clients send is forwarded and what the server answers
+is read and dropped: requests the server carries out are never acknowledged. A
+:meth:`cut` after it is the connection lost between a write and its acknowledgement,
+the case a client's retry can duplicate (an idempotent Kafka producer's must not).
+:meth:`cut` ends it, and so does :meth:`restore`, which resets the connections too.
 
 Threads, not asyncio: the callers
 are synchronous pytest tests and the proxy must keep working while they block.
@@ -59,10 +67,15 @@ class TcpProxy(StartStop):
         self._blackholed = False
         # Sockets of silenced connections: what they receive is dropped, never forwarded.
         self._silenced: set[socket.socket] = set()
+        # The server side of each connection, and whether what it sends is dropped.
+        self._upstreams: set[socket.socket] = set()
+        self._dropping_replies = False
         self.accepted = 0
         """Connections accepted so far (tests check that clients came back)."""
         self.silenced = 0
         """Connections silenced so far: open when :meth:`blackhole` came, or accepted during it."""
+        self.replies_dropped = 0
+        """Bytes of the server's answers :meth:`drop_replies` kept from clients so far."""
 
     @property
     def port(self) -> int:
@@ -104,6 +117,7 @@ class TcpProxy(StartStop):
 
     def cut(self) -> None:
         """Close every connection and refuse new ones until :meth:`restore`."""
+        self._dropping_replies = False
         self._cut = True
         self.stop()
         self._cut = True
@@ -116,9 +130,18 @@ class TcpProxy(StartStop):
             self._silenced.update(fresh)
             self.silenced += len(fresh) // 2
 
+    def drop_replies(self) -> None:
+        """Forward what clients send, drop what the server answers, until :meth:`cut` or
+        :meth:`restore`: requests are carried out and never acknowledged."""
+        self._dropping_replies = True
+
     def restore(self) -> None:
         """Accept connections again, on the same port; after :meth:`blackhole`, reset the
-        silenced connections and forward the new ones."""
+        silenced connections and forward the new ones; after :meth:`drop_replies`, reset
+        the connections that lost answers (their byte streams are broken) and forward again."""
+        dropped, self._dropping_replies = self._dropping_replies, False
+        if dropped:
+            self._close_connections()
         with self._lock:
             self._blackholed = False
             silenced = set(self._silenced)
@@ -162,6 +185,7 @@ class TcpProxy(StartStop):
                     _close(upstream)
                     return
                 self._connections.update((client, upstream))
+                self._upstreams.add(upstream)
                 self.accepted += 1
                 if self._blackholed:  # blackhole() came while upstream was connecting
                     self._silenced.update((client, upstream))
@@ -184,8 +208,12 @@ class TcpProxy(StartStop):
     def _pump(self, src: socket.socket, dst: socket.socket | None) -> None:
         try:
             while data := src.recv(_BUFFER):
-                if dst is not None and src not in self._silenced:
-                    dst.sendall(data)
+                if dst is None or src in self._silenced:
+                    continue
+                if self._dropping_replies and src in self._upstreams:
+                    self.replies_dropped += len(data)
+                    continue
+                dst.sendall(data)
         except OSError:
             pass
         finally:
@@ -195,6 +223,7 @@ class TcpProxy(StartStop):
                 passed_on = src not in self._silenced
                 self._connections.discard(src)
                 self._silenced.discard(src)
+                self._upstreams.discard(src)
                 if passed_on and dst is not None:
                     self._connections.discard(dst)
             _close(src)

@@ -24,11 +24,17 @@ that overshoot too, but restarted workers stalled with it (worker-kill tests, un
 load), and Tansu ignores fetch size limits, so it is not used. The overshoot is
 one poll, at most one fetch: the worker's consumer asks for :data:`FETCH_MAX_BYTES`
 per fetch (Tansu ignores the per-partition bound but honours this one).
+
+Seeking to committed offsets (Faust's way back over records it fetched and dropped
+during a rebalance) also rewinds a stream partition that has no committed offset, to
+where the reset policy starts it: aiokafka leaves such a partition where the fetcher
+is, past the dropped records (:meth:`_ConsumerThread._seek_to_committed`).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import aiokafka
@@ -51,7 +57,46 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         if wait_ms is not None:
             # The constructor's argument, stored as is; start() passes it to the fetcher.
             consumer._fetch_max_wait_ms = int(wait_ms)
+        isolation = getattr(self.app, "isolation_level", None)
+        if isolation is not None:
+            # Likewise: read_committed without Faust's exactly-once processing (which would
+            # make the worker's own producer transactional), so no intent of an aborted
+            # relay transaction is ever handled (ZAPSTREAM_RELAY_EXACTLY_ONCE).
+            consumer._isolation_level = isolation
         return consumer
+
+    async def seek_to_committed(self) -> Mapping[TP, int]:
+        """Seek every partition to its committed offset, and a stream partition that has
+        none back to the beginning (see :meth:`_seek_to_committed`)."""
+        result: Mapping[TP, int] = await self.call_thread(self._seek_to_committed)
+        return result
+
+    async def _seek_to_committed(self) -> Mapping[TP, int]:
+        """aiokafka's ``seek_to_committed`` leaves a partition with no committed offset (or
+        0) where the fetcher is. Faust seeks to committed offsets to go back over records it
+        fetched and dropped: after a rebalance, while recovery has the flow stopped, and
+        before streams resume. A partition the group never committed on (new, or whose only
+        owner died before its first commit) stayed past those records, which were never
+        handled: 110 of 200 intents, SIGKILLing one of two workers right after it joined
+        (tests/integration/test_kafka_guarantees.py). Its committed position is where the
+        reset policy starts a new partition (``consumer_auto_offset_reset``, earliest for the
+        worker): go there. Changelogs are left alone: recovery positions them itself."""
+        consumer = self._ensure_consumer()
+        committed: Mapping[TP, int] = await consumer.seek_to_committed()
+        if self.app.conf.consumer_auto_offset_reset != "earliest":
+            return committed
+        rewind = [
+            tp
+            for tp, offset in committed.items()
+            if not offset and not self.consumer._is_changelog_tp(tp)
+        ]
+        # Offset 0, at once: past what retention deleted, the fetch is out of range and
+        # aiokafka resets to the log start, as the policy says. No request here: the seek
+        # happens now, not after a ListOffsets round trip (or, with seek_to_beginning, after
+        # the fetcher's routine, behind a fetch that may wait 1.5 s on the broker).
+        for tp in rewind:
+            consumer.seek(tp, 0)
+        return committed
 
 
 class AgentQueue(ThrowableQueue):  # type: ignore[type-arg]

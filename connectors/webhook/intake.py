@@ -103,14 +103,13 @@ from connectors.webhook.signature import (
     check_verify_token,
 )
 from streams.contract import (
-    DEAD,
     HEADER_JOB_ID,
     HEADER_SCHEMA,
-    INTENTS,
     JobDead,
     ReceiptReceived,
     Record,
 )
+from streams.producer_stop import stop_producer
 from streams.settings import GatewayKind
 
 log = logging.getLogger(__name__)
@@ -228,6 +227,7 @@ class WebhookIntake:
 
     def __init__(self, settings: WebhookSettings, *, publish_timeout_s: float = 10.0) -> None:
         self.settings = settings
+        self._names = settings.kafka.names
         self._publish_timeout_s = publish_timeout_s
         self._runner: web.AppRunner | None = None
         self._producer: AIOKafkaProducer | None = None
@@ -309,7 +309,8 @@ class WebhookIntake:
             client_id="zapstream-webhook",
             acks="all",
             enable_idempotence=kafka.use_idempotent_producer,
-            # Batches not acknowledged in time fail, so stop() never waits longer than this.
+            # A request unanswered this long fails (the idempotent producer on Apache Kafka
+            # retries it, though: stop() bounds its flush itself, streams.producer_stop).
             request_timeout_ms=int(self._publish_timeout_s * 1000),
         )
         await self._producer.start()
@@ -336,7 +337,9 @@ class WebhookIntake:
             pool, self._pool = self._pool, None
             try:
                 if producer is not None:
-                    await producer.stop()
+                    await stop_producer(
+                        producer, self._publish_timeout_s, what="the webhook intake"
+                    )
             finally:
                 if pool is not None:
                     await pool.close()
@@ -450,7 +453,9 @@ class WebhookIntake:
             reference=reference,
             reason=reason,
         )
-        await self._publish(INTENTS, receipt, key=receipt.partition_key, job_id=job.id)
+        await self._publish(
+            self._names.intents, receipt, key=receipt.partition_key, job_id=job.id
+        )
         self.stats["accepted"] += 1
         log.debug(
             "receipt %s for job %d: %s -> %s%s",
@@ -566,8 +571,10 @@ class WebhookIntake:
                 reason=reason,
                 record=dict(record),
             )
-        log.warning("%s (to %s)", reason, DEAD)
-        await self._publish(DEAD, dead, key=gateway_job_id.encode(), job_id=dead.job_id)
+        log.warning("%s (to %s)", reason, self._names.dead)
+        await self._publish(
+            self._names.dead, dead, key=gateway_job_id.encode(), job_id=dead.job_id
+        )
 
     async def _publish(self, topic: str, record: Record, *, key: bytes, job_id: int | None) -> None:
         """Send one record and wait for Kafka's acknowledgement; :class:`_Unavailable` if not."""

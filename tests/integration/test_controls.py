@@ -1,4 +1,4 @@
-"""Controls and backpressure on a real PostgreSQL, and through the real relay into Tansu.
+"""Controls and backpressure on a real PostgreSQL, and through the real relay into Kafka.
 
 The first tests run against the module's own PostgreSQL (``outbox_db``): the
 ``outbox_controls`` table, its view and SQL functions, the Python API, and
@@ -39,8 +39,6 @@ from connectors.outbox.controls import (
 )
 from devtools.local_pipeline import LocalPipeline
 from streams.contract import (
-    CONTROLS,
-    INVALID,
     ControlAction,
     ControlChanged,
     ControlKind,
@@ -304,7 +302,7 @@ def _records(pipeline: LocalPipeline, topic: str) -> list[TopicRecord]:
 
 def _controls_for(pipeline: LocalPipeline, target: str) -> list[ControlChanged]:
     found = []
-    for record in _records(pipeline, CONTROLS):
+    for record in _records(pipeline, pipeline.topics.controls):
         decoded = decode_topic_record(record.value)
         if isinstance(decoded, ControlChanged) and decoded.target == target:
             assert record.key == f"{decoded.kind}:{decoded.target}".encode()
@@ -367,7 +365,7 @@ def test_a_malformed_control_goes_to_invalid_and_later_controls_still_flow(
 
     def rejected() -> list[IntentRejected]:
         found = []
-        for record in _records(pipeline, INVALID):
+        for record in _records(pipeline, pipeline.topics.invalid):
             decoded = decode_topic_record(record.value)
             if isinstance(decoded, IntentRejected) and decoded.row.get("target") == target:
                 found.append(decoded)

@@ -3,8 +3,9 @@ redelivery after that (an offset rewind, a replay) is recognised through Postgre
 and never sent again, also after a restart that recovers the table from its changelog.
 
 The horizon is a few seconds here (``ZAPSTREAM_WORKER_DEDUP_HORIZON_S``); the jobs'
-own intents are read back from ``zapstream.intents`` and re-published byte for byte
-to the same partition with the same key: what a rewind would deliver.
+own intents are read back from ``zapstream.intents`` (the pipeline's, under its topic
+prefix) and re-published byte for byte to the same partition with the same key: what a
+rewind would deliver.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from connectors.sink.job_history import PostgresJobHistory
 from devtools.delivery_audit import audit
 from devtools.devstack import ManagedProcess, find_free_port
 from devtools.local_pipeline import LocalPipeline
-from streams.contract import INTENTS, ContractError, IntentCaptured
+from streams.contract import ContractError, IntentCaptured
 from streams.job_history import HistoryUnavailable
 from streams.settings import PostgresSettings
 from tests.integration.support import Arrivals, enqueue_conversations, wait_for_status, wait_until
@@ -34,7 +35,8 @@ pytestmark = pytest.mark.integration
 
 JOBS = 200
 WORKER_ENV = {
-    # Tansu's ListOffsets is wrong after multi-record batches; recovery must be exact here.
+    # For DEVSTACK_BROKER=tansu: Tansu's ListOffsets is wrong after multi-record batches and
+    # recovery must be exact here (Apache Kafka needs none of it).
     "ZAPSTREAM_KAFKA_ONE_RECORD_PER_BATCH": "true",
     "ZAPSTREAM_WORKER_DEDUP_HORIZON_S": "4",
     "ZAPSTREAM_WORKER_DEDUP_MARGIN_S": "1",
@@ -73,9 +75,9 @@ def pipeline() -> Iterator[LocalPipeline]:
         yield p
 
 
-def _intents_of(bootstrap: str, keys: set[str]) -> list[TopicRecord]:
+def _intents_of(pipeline: LocalPipeline, keys: set[str]) -> list[TopicRecord]:
     found = []
-    for record in read_topic(bootstrap, INTENTS):
+    for record in read_topic(pipeline.kafka.bootstrap, pipeline.topics.intents):
         try:
             intent = IntentCaptured.loads(record.value)
         except ContractError:
@@ -85,13 +87,13 @@ def _intents_of(bootstrap: str, keys: set[str]) -> list[TopicRecord]:
     return found
 
 
-async def _republish(bootstrap: str, records: list[TopicRecord]) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+async def _republish(pipeline: LocalPipeline, records: list[TopicRecord]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=pipeline.kafka.bootstrap, acks="all")
     await producer.start()
     try:
         acks = [
             await producer.send(
-                INTENTS,
+                pipeline.topics.intents,
                 value=r.value,
                 key=r.key,
                 partition=r.partition,
@@ -121,11 +123,11 @@ def test_a_redelivery_after_the_horizon_is_not_sent_again(pipeline: LocalPipelin
         60,
         f"the worker forgetting {JOBS} settled jobs",
     )
-    records = _intents_of(pipeline.kafka.bootstrap, set(keys))
+    records = _intents_of(pipeline, set(keys))
     assert len(records) == JOBS
 
     sent_before = len(arrivals.refresh())
-    asyncio.run(_republish(pipeline.kafka.bootstrap, records))
+    asyncio.run(_republish(pipeline, records))
     wait_until(
         lambda: worker.metric("zapstream_late_redeliveries_total", result="duplicate") >= JOBS,
         60,
@@ -150,7 +152,7 @@ def test_a_redelivery_after_the_horizon_is_not_sent_again(pipeline: LocalPipelin
     # never reaching the late-redelivery check this new process counts.
     assert worker.process.terminate(timeout_s=60) == 0, worker.process.log_tail()
     worker = Worker(pipeline, "worker")
-    asyncio.run(_republish(pipeline.kafka.bootstrap, records))
+    asyncio.run(_republish(pipeline, records))
     wait_until(
         lambda: worker.metric("zapstream_late_redeliveries_total", result="duplicate") >= JOBS,
         60,

@@ -1,4 +1,9 @@
-"""The throwaway PostgreSQL, Tansu and subprocess managers behind ``make dev`` and these tests."""
+"""The throwaway PostgreSQL, Tansu and subprocess managers behind ``make dev`` and these tests.
+
+Tansu is the other broker (``make dev`` with ``--kafka tansu``, the tests with
+``DEVSTACK_BROKER=tansu``); Apache Kafka's, the default, is tested in
+``test_kafka_broker.py``.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Gateway-edge faults on real processes: a wrong API key for one instance, 502 after accept.
 
-Both tests run the whole pipeline (PostgreSQL, Tansu, relay, worker, state sink,
+Both tests run the whole pipeline (PostgreSQL, Kafka, relay, worker, state sink,
 gateway simulator) and audit what the simulator really received: sent, accepted,
 duplicates, order violations, lost.
 """

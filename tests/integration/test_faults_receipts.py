@@ -1,6 +1,6 @@
 """Issue 7 acceptance: receipts for the current attempt only, fresh signatures, each event
 once; a listing in another shape reconciles when configured and never makes jobs
-UNCERTAIN when it does not parse. Real processes: PostgreSQL, Tansu, simulator, relay,
+UNCERTAIN when it does not parse. Real processes: PostgreSQL, Kafka, simulator, relay,
 worker, sink and webhook (``LocalPipeline``).
 
 Each receipt check ends with a receipt about the *same* job's current attempt

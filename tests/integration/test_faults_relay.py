@@ -1,4 +1,4 @@
-"""The relay edge under faults, on real processes (PostgreSQL, Tansu, simulator, relay, worker).
+"""The relay edge under faults, on real processes (PostgreSQL, Kafka, simulator, relay, worker).
 
 - a 2 MB malformed row is reduced onto ``zapstream.invalid`` and the rows after it flow;
   the relay's ``/metrics`` count it, the rows and their commit->ack latency;
@@ -31,7 +31,6 @@ from connectors.outbox.migrate import migrate
 from devtools.delivery_audit import DeliveryReport
 from devtools.devstack import ManagedProcess, PostgresCluster, find_free_port
 from devtools.local_pipeline import REPO_ROOT, LocalPipeline
-from streams.contract import INTENTS, INVALID
 from tests.integration.support import (
     Arrivals,
     count_rows,
@@ -200,7 +199,7 @@ def test_a_2mb_malformed_row_is_reduced_and_the_50_rows_after_it_are_delivered(
     assert relay.is_running, relay.log_tail()
 
     def rejected() -> list[dict[str, object]]:
-        records = read_topic(pipeline.kafka.bootstrap, INVALID)
+        records = read_topic(pipeline.kafka.bootstrap, pipeline.topics.invalid)
         found = [orjson.loads(r.value) for r in records]
         return [r for r in found if r.get("job_id") == bad_id]
 
@@ -393,5 +392,5 @@ def test_a_relay_on_a_database_without_logical_wal_exits_2_with_one_line(
 
 def test_intents_topic_is_readable(pipeline: LocalPipeline) -> None:
     """The helper the crash test relies on to count Kafka-level duplicates."""
-    records = read_topic(pipeline.kafka.bootstrap, INTENTS)
+    records = read_topic(pipeline.kafka.bootstrap, pipeline.topics.intents)
     assert records, "zapstream.intents is empty after the tests above"

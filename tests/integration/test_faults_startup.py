@@ -1,7 +1,9 @@
 """Start-up faults: `zapstream doctor`, topic checks before a worker/relay starts, config errors.
 
 Real processes only: PostgreSQL clusters (one with ``wal_level=replica``), a fresh
-Tansu per test where topics matter, the gateway simulator as a subprocess, and
+topic namespace per test where topics matter (a topic prefix of its own on the process's
+shared Apache Kafka broker, :mod:`devtools.shared_broker`; a fresh Tansu with
+``DEVSTACK_BROKER=tansu``), the gateway simulator as a subprocess, and
 ``python -m connectors.cli`` run as a subprocess with the environment an
 operator would set. A healthy baseline (doctor exits 0 with every line OK) keeps
 each fault test honest: exactly the broken check fails.
@@ -10,6 +12,7 @@ each fault test honest: exactly the broken check fails.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import socket
@@ -23,14 +26,18 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from connectors.ops.topics import ensure_topics, partition_counts
 from connectors.outbox.migrate import shipped_migrations
+from devtools import shared_broker
 from devtools.devstack import ManagedProcess, PostgresCluster, TansuBroker, find_free_port
-from streams.contract import INTENTS
+from devtools.kafka_broker import KafkaBroker
+from devtools.local_pipeline import default_broker
+from streams.contract import TopicNames
 from streams.settings import KafkaSettings
 from tests.integration.support import wait_until, zapstream
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 API_KEY = "doctor-test-key"
 PARTITIONS = 8
+BROKER = default_broker()
 
 
 @pytest.fixture(scope="module")
@@ -69,11 +76,33 @@ def replica_pg() -> Iterator[PostgresCluster]:
         yield cluster
 
 
+@dataclasses.dataclass(frozen=True)
+class Namespace:
+    """Where a test's topics live: a broker and the topic prefix no other test uses."""
+
+    bootstrap: str
+    names: TopicNames
+
+    @property
+    def prefix(self) -> str:
+        return self.names.prefix
+
+
 @pytest.fixture
-def tansu() -> Iterator[TansuBroker]:
-    """A fresh broker per test: the topic state is what each test is about."""
-    with TansuBroker() as broker:
-        yield broker
+def kafka() -> Iterator[Namespace]:
+    """A fresh namespace per test: the topic state is what each test is about. On Apache
+    Kafka a prefix of its own on the shared broker (deleted afterwards), on Tansu (which
+    the tests run without prefixes) a fresh broker."""
+    if BROKER == "tansu":
+        with TansuBroker() as broker:
+            yield Namespace(broker.bootstrap, TopicNames())
+        return
+    broker = shared_broker.shared_broker()  # started on first use
+    namespace = Namespace(broker.bootstrap, TopicNames(shared_broker.next_prefix()))
+    try:
+        yield namespace
+    finally:
+        shared_broker.delete_namespace(namespace.bootstrap, namespace.prefix)
 
 
 _db_counter = 0
@@ -85,7 +114,9 @@ def fresh_db(cluster: PostgresCluster) -> str:
     return cluster.create_database(f"startup_{_db_counter}")
 
 
-def base_env(dsn: str, bootstrap: str, sim_url: str, **extra: str) -> dict[str, str]:
+def base_env(
+    dsn: str, bootstrap: str, sim_url: str, *, prefix: str = "", **extra: str
+) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.upper().startswith("ZAPSTREAM_")}
     env.update(
         {
@@ -94,7 +125,8 @@ def base_env(dsn: str, bootstrap: str, sim_url: str, **extra: str) -> dict[str, 
             # Slots are per cluster: one per test database.
             "ZAPSTREAM_RELAY_SLOT": "slot_" + dsn.rsplit("/", 1)[-1],
             "ZAPSTREAM_KAFKA_BROKERS": bootstrap,
-            "ZAPSTREAM_KAFKA_FLAVOR": "tansu",
+            "ZAPSTREAM_KAFKA_FLAVOR": BROKER,
+            "ZAPSTREAM_KAFKA_TOPIC_PREFIX": prefix,
             "ZAPSTREAM_KAFKA_PARTITIONS": str(PARTITIONS),
             "ZAPSTREAM_GATEWAY": "stackzap",
             "STACKZAP_API_URL": sim_url,
@@ -113,8 +145,11 @@ def failed_checks(stdout: str) -> list[str]:
     return [line for line in lines(stdout) if line.startswith("FAIL")]
 
 
-def topics_of(bootstrap: str) -> dict[str, int]:
-    return asyncio.run(partition_counts(KafkaSettings(brokers=bootstrap)))
+def topics_of(kafka: Namespace) -> dict[str, int]:
+    """The namespace's topics (the shared broker holds other tests' too) and their
+    partition counts."""
+    counts = asyncio.run(partition_counts(KafkaSettings(brokers=kafka.bootstrap)))
+    return {name: n for name, n in counts.items() if name.startswith(kafka.prefix)}
 
 
 def create_topic(bootstrap: str, name: str, partitions: int) -> None:
@@ -129,9 +164,9 @@ def create_topic(bootstrap: str, name: str, partitions: int) -> None:
     asyncio.run(run())
 
 
-def healthy(cluster: PostgresCluster, tansu: TansuBroker, sim_url: str) -> dict[str, str]:
+def healthy(cluster: PostgresCluster, kafka: Namespace, sim_url: str) -> dict[str, str]:
     """A database migrated with its slot, and every topic: what `make dev` sets up."""
-    env = base_env(fresh_db(cluster), tansu.bootstrap, sim_url)
+    env = base_env(fresh_db(cluster), kafka.bootstrap, sim_url, prefix=kafka.prefix)
     assert zapstream(["db", "migrate"], env)[0] == 0
     assert zapstream(["topics", "ensure"], env)[0] == 0
     return env
@@ -141,9 +176,9 @@ def healthy(cluster: PostgresCluster, tansu: TansuBroker, sim_url: str) -> dict[
 
 
 def test_doctor_all_ok_on_a_healthy_setup(
-    logical_pg: PostgresCluster, tansu: TansuBroker, sim_url: str
+    logical_pg: PostgresCluster, kafka: Namespace, sim_url: str
 ) -> None:
-    env = healthy(logical_pg, tansu, sim_url)
+    env = healthy(logical_pg, kafka, sim_url)
     code, out, _ = zapstream(["doctor"], env)
     checks = [line for line in lines(out) if not line.startswith("zapstream doctor:")]
     assert code == 0, out
@@ -159,9 +194,9 @@ def test_doctor_all_ok_on_a_healthy_setup(
 
 
 def test_doctor_names_rejected_gateway_credentials(
-    logical_pg: PostgresCluster, tansu: TansuBroker, sim_url: str
+    logical_pg: PostgresCluster, kafka: Namespace, sim_url: str
 ) -> None:
-    env = {**healthy(logical_pg, tansu, sim_url), "STACKZAP_API_KEY": "wrong"}
+    env = {**healthy(logical_pg, kafka, sim_url), "STACKZAP_API_KEY": "wrong"}
     code, out, _ = zapstream(["doctor"], env)
     failed = failed_checks(out)
     assert code == 1
@@ -170,9 +205,9 @@ def test_doctor_names_rejected_gateway_credentials(
 
 
 def test_doctor_diagnoses_wal_level_replica(
-    replica_pg: PostgresCluster, tansu: TansuBroker, sim_url: str
+    replica_pg: PostgresCluster, kafka: Namespace, sim_url: str
 ) -> None:
-    env = base_env(fresh_db(replica_pg), tansu.bootstrap, sim_url)
+    env = base_env(fresh_db(replica_pg), kafka.bootstrap, sim_url, prefix=kafka.prefix)
     assert zapstream(["db", "migrate", "--no-slot"], env)[0] == 0
     assert zapstream(["topics", "ensure"], env)[0] == 0
     code, out, _ = zapstream(["doctor"], env)
@@ -183,9 +218,9 @@ def test_doctor_diagnoses_wal_level_replica(
 
 
 def test_doctor_names_a_missing_migration(
-    logical_pg: PostgresCluster, tansu: TansuBroker, sim_url: str
+    logical_pg: PostgresCluster, kafka: Namespace, sim_url: str
 ) -> None:
-    env = healthy(logical_pg, tansu, sim_url)
+    env = healthy(logical_pg, kafka, sim_url)
     last = shipped_migrations()[-1]
     with psycopg.connect(env["ZAPSTREAM_DATABASE_URL"], autocommit=True) as conn:
         conn.execute("DELETE FROM schema_migrations WHERE version = %s", (last.version,))
@@ -201,40 +236,41 @@ def test_doctor_names_a_missing_migration(
 
 
 def test_wrong_partition_count_refused_by_doctor_worker_and_relay(
-    logical_pg: PostgresCluster, tansu: TansuBroker, sim_url: str
+    logical_pg: PostgresCluster, kafka: Namespace, sim_url: str
 ) -> None:
-    env = base_env(fresh_db(logical_pg), tansu.bootstrap, sim_url)
+    env = base_env(fresh_db(logical_pg), kafka.bootstrap, sim_url, prefix=kafka.prefix)
     assert zapstream(["db", "migrate"], env)[0] == 0
-    create_topic(tansu.bootstrap, INTENTS, 4)  # as Tansu's auto-creation would have
+    intents = kafka.names.intents
+    create_topic(kafka.bootstrap, intents, 4)  # as Tansu's auto-creation would have
 
     code, out, _ = zapstream(["doctor"], env)
-    mismatch = [line for line in failed_checks(out) if "zapstream.intents has 4 partitions" in line]
+    mismatch = [line for line in failed_checks(out) if f"{intents} has 4 partitions" in line]
     assert code == 1 and len(mismatch) == 1
 
     for command in ("worker", "relay"):
         code, _, err = zapstream([command], env, timeout_s=60)
         assert code == 2, command
         assert len(lines(err)) == 1, err
-        assert "topic zapstream.intents has 4 partitions" in err
+        assert f"topic {intents} has 4 partitions" in err
         assert f"ZAPSTREAM_KAFKA_PARTITIONS says {PARTITIONS}" in err
 
-    after = topics_of(tansu.bootstrap)
+    after = topics_of(kafka)
     print(f"topics after the refused starts: {after}")
-    assert after == {INTENTS: 4}, "the checks must not create (auto-create) any topic"
+    assert after == {intents: 4}, "the checks must not create (auto-create) any topic"
 
 
 def test_services_refuse_missing_topics_without_creating_them(
-    logical_pg: PostgresCluster, tansu: TansuBroker, sim_url: str
+    logical_pg: PostgresCluster, kafka: Namespace, sim_url: str
 ) -> None:
-    env = base_env(fresh_db(logical_pg), tansu.bootstrap, sim_url)
+    env = base_env(fresh_db(logical_pg), kafka.bootstrap, sim_url, prefix=kafka.prefix)
     for command in ("worker", "relay", "sink", "webhook"):
         code, _, err = zapstream([command], env, timeout_s=60)
         assert code == 2, command
         assert len(lines(err)) == 1, err
         assert "does not exist: run `zapstream topics ensure`" in err
-    after = topics_of(tansu.bootstrap)
+    after = topics_of(kafka)
     print(f"topics after the refused starts: {after}")
-    assert not any(name.startswith("zapstream.") for name in after), after
+    assert not any(name.startswith(kafka.prefix + "zapstream") for name in after), after
 
 
 # --- configuration errors --------------------------------------------------------------------
@@ -317,25 +353,42 @@ def test_a_service_waits_out_a_broker_that_is_not_up_yet(
         log_path=tmp_path / "worker.log",
         name="worker",
     )
+    settings = KafkaSettings(brokers=f"127.0.0.1:{port}", partitions=PARTITIONS)
+    broker: KafkaBroker | TansuBroker
+    if BROKER == "kafka":
+        # The topics exist before the worker can reach the broker, as in a deployment
+        # (`topics ensure` first). Created while the worker connects they would race it:
+        # missing, they are refused; just created, a partition whose leader is not serving
+        # yet answers NotLeaderForPartition (Apache Kafka only), which starts an outage.
+        broker = KafkaBroker(port=port)
+        broker.start()
+        asyncio.run(ensure_topics(settings))
+        broker.terminate()  # the log dirs, and so the topics, stay for the restart
     with worker:  # starts it
         worker.wait_for_log(r"Kafka unavailable, .*ZAPSTREAM_KAFKA_BROKERS=", timeout_s=60)
-        with TansuBroker(port=port) as broker:
-            asyncio.run(
-                ensure_topics(KafkaSettings(brokers=broker.bootstrap, partitions=PARTITIONS))
-            )
+        if BROKER == "kafka":
+            broker.restart()
+        else:
+            broker = TansuBroker(port=port)
+            broker.start()
+            asyncio.run(ensure_topics(settings))
+        try:
             worker.wait_for_log(r"Kafka available again after", timeout_s=60)
             worker.wait_for_log(r"\[\^Worker\]: Ready", timeout_s=120)
             assert worker.is_running
-        text = (tmp_path / "worker.log").read_text()
+            # Read while the broker runs: stopping it is an outage the worker logs too.
+            text = (tmp_path / "worker.log").read_text()
+        finally:
+            broker.stop()
         assert text.count("Kafka unavailable") == 1, text[-3000:]
 
 
-def test_relay_names_an_invalidated_slot_and_the_recovery(tansu: TansuBroker, sim_url: str) -> None:
+def test_relay_names_an_invalidated_slot_and_the_recovery(kafka: Namespace, sim_url: str) -> None:
     """PostgreSQL invalidates a slot that needs more WAL than ``max_slot_wal_keep_size``
     (SQLSTATE 55000, like a wrong wal_level): the relay says what happened and how to
     recover, not "set wal_level=logical". Its own cluster: the setting is cluster-wide."""
     with PostgresCluster() as cluster:
-        env = healthy(cluster, tansu, sim_url)
+        env = healthy(cluster, kafka, sim_url)
         slot = env["ZAPSTREAM_RELAY_SLOT"]
         with psycopg.connect(cluster.dsn(), autocommit=True) as conn:
             conn.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")

@@ -1,6 +1,6 @@
 """A configuration detail never FAILs the queue: base URLs as users copy them, and wrong ones.
 
-On the whole pipeline (PostgreSQL, Tansu, relay, worker, state sink, gateway
+On the whole pipeline (PostgreSQL, Kafka, relay, worker, state sink, gateway
 simulator), audited by what the simulator really received:
 
 1. ``ZAP_API_URL`` with a trailing ``/v1`` (as the outbox article writes its

@@ -1,9 +1,11 @@
 """Kafka over TLS on real processes: a throwaway CA, a TLS broker, zapstream's clients.
 
-Tansu 0.6.0 ignores ``--cert``/``--key`` (it serves plaintext), so the broker's side
-of TLS is :class:`devtools.tls.TlsTerminator` in front of it (see
-:class:`devtools.devstack.TansuBroker`'s ``tls``); the clients' side is the real
-one: aiokafka and Faust with the ``ssl.SSLContext`` built from the settings.
+The broker is the integration tests' (:func:`devtools.local_pipeline.default_broker`:
+Apache Kafka, or Tansu with ``DEVSTACK_BROKER=tansu``). The broker's side of TLS is
+:class:`devtools.tls.TlsTerminator` in front of its plaintext listener (the ``tls`` of
+:class:`devtools.kafka_broker.KafkaBroker` and :class:`devtools.devstack.TansuBroker`;
+Tansu 0.6.0 ignores ``--cert``/``--key``); the clients' side is the real one: aiokafka
+and Faust with the ``ssl.SSLContext`` built from the settings.
 
 - ``zapstream topics ensure`` with ``ZAPSTREAM_KAFKA_SECURITY_PROTOCOL=SSL`` and the
   CA file creates the topics; without the CA file (or with another CA) it exits 2
@@ -31,8 +33,9 @@ from connectors.cdc.relay import build_producer
 from connectors.cdc.settings import RelaySettings
 from connectors.outbox.enqueue import enqueue
 from devtools.devstack import TansuBroker
-from devtools.local_pipeline import LocalPipeline
-from devtools.tls import Pki, make_pki
+from devtools.kafka_broker import KafkaBroker
+from devtools.local_pipeline import LocalPipeline, default_broker
+from devtools.tls import Pki, ServerTls, make_pki
 from streams.contract import INTENTS
 from streams.kafka_reader import group_less_consumer
 from streams.settings import KafkaSettings
@@ -42,6 +45,12 @@ pytestmark = pytest.mark.integration
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PARTITIONS = 2
+BROKER = default_broker()
+
+
+def tls_broker_of(tls: ServerTls) -> KafkaBroker | TansuBroker:
+    """A broker of the integration tests' kind, TLS-only on its port."""
+    return KafkaBroker(tls=tls) if BROKER == "kafka" else TansuBroker(tls=tls)
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +59,8 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 
 
 @pytest.fixture(scope="module")
-def tls_broker(pki: Pki) -> Iterator[TansuBroker]:
-    with TansuBroker(tls=pki.server) as broker:
+def tls_broker(pki: Pki) -> Iterator[KafkaBroker | TansuBroker]:
+    with tls_broker_of(pki.server) as broker:
         yield broker
 
 
@@ -61,7 +70,7 @@ def kafka_env(bootstrap: str, **extra: str) -> dict[str, str]:
         {
             "PYTHONPATH": str(REPO_ROOT),
             "ZAPSTREAM_KAFKA_BROKERS": bootstrap,
-            "ZAPSTREAM_KAFKA_FLAVOR": "tansu",
+            "ZAPSTREAM_KAFKA_FLAVOR": BROKER,
             "ZAPSTREAM_KAFKA_PARTITIONS": str(PARTITIONS),
             "ZAPSTREAM_KAFKA_SECURITY_PROTOCOL": "SSL",
         }
@@ -74,7 +83,9 @@ def stderr_lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.strip()]
 
 
-def test_topics_ensure_over_tls_with_the_ca(tls_broker: TansuBroker, pki: Pki) -> None:
+def test_topics_ensure_over_tls_with_the_ca(
+    tls_broker: KafkaBroker | TansuBroker, pki: Pki
+) -> None:
     env = kafka_env(tls_broker.bootstrap, ZAPSTREAM_KAFKA_SSL_CAFILE=str(pki.ca_file))
     code, out, err = zapstream(["topics", "ensure"], env)
     assert code == 0, err
@@ -87,7 +98,7 @@ def test_topics_ensure_over_tls_with_the_ca(tls_broker: TansuBroker, pki: Pki) -
     "ca", ["system trust store", "another CA"], ids=["no-cafile", "wrong-cafile"]
 )
 def test_an_untrusted_broker_certificate_is_one_line_and_exit_2(
-    tls_broker: TansuBroker, pki: Pki, ca: str
+    tls_broker: KafkaBroker | TansuBroker, pki: Pki, ca: str
 ) -> None:
     extra = {"ZAPSTREAM_KAFKA_SSL_CAFILE": str(pki.other_ca_file)} if ca == "another CA" else {}
     code, out, err = zapstream(["topics", "ensure"], kafka_env(tls_broker.bootstrap, **extra))
@@ -101,7 +112,7 @@ def test_an_untrusted_broker_certificate_is_one_line_and_exit_2(
 
 @pytest.mark.parametrize("deployable", ["relay", "worker", "sink", "webhook"])
 def test_a_service_does_not_wait_for_a_broker_it_will_never_trust(
-    tls_broker: TansuBroker, deployable: str
+    tls_broker: KafkaBroker | TansuBroker, deployable: str
 ) -> None:
     # Without the CA file: refused at the start-up topic check, before PostgreSQL.
     code, _, err = zapstream([deployable], kafka_env(tls_broker.bootstrap), timeout_s=60)
@@ -112,7 +123,7 @@ def test_a_service_does_not_wait_for_a_broker_it_will_never_trust(
 
 
 def test_relay_producer_and_group_less_reader_round_trip_over_tls(
-    tls_broker: TansuBroker, pki: Pki, monkeypatch: pytest.MonkeyPatch
+    tls_broker: KafkaBroker | TansuBroker, pki: Pki, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     env = kafka_env(tls_broker.bootstrap, ZAPSTREAM_KAFKA_SSL_CAFILE=str(pki.ca_file))
     code, _, err = zapstream(["topics", "ensure"], env)
@@ -146,7 +157,7 @@ def test_relay_producer_and_group_less_reader_round_trip_over_tls(
 
 
 def test_mutual_tls_needs_the_client_certificate(pki: Pki) -> None:
-    with TansuBroker(tls=pki.server_mutual) as broker:
+    with tls_broker_of(pki.server_mutual) as broker:
         env = kafka_env(broker.bootstrap, ZAPSTREAM_KAFKA_SSL_CAFILE=str(pki.ca_file))
         code, out, err = zapstream(
             ["topics", "ensure"],

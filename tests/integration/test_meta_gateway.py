@@ -1,6 +1,6 @@
 """The Meta WhatsApp Cloud API as the gateway, end to end on real processes.
 
-PostgreSQL, Tansu, relay, worker (``ZAPSTREAM_GATEWAY=meta``), state sink, webhook
+PostgreSQL, Kafka, relay, worker (``ZAPSTREAM_GATEWAY=meta``), state sink, webhook
 intake and the simulator speaking the Cloud API. Each test sends a handful of jobs
 and checks what the simulator really received (arrivals carry our attempt reference
 from ``biz_opaque_callback_data``) and what ``outbox_jobs`` / ``outbox_job_events``
@@ -26,7 +26,6 @@ import pytest
 from connectors.outbox.enqueue import enqueue
 from connectors.webhook.signature import sign_hub
 from devtools.local_pipeline import META_APP_SECRET, META_VERIFY_TOKEN, SIM_TOKEN, LocalPipeline
-from streams.contract import DEAD, INTENTS
 from tests.integration.support import Arrivals, count_rows, wait_for_status, wait_until
 from tests.integration.topic_reader import read_topic
 
@@ -261,7 +260,7 @@ def test_failed_status_fails_the_job_with_metas_reason(pipeline: LocalPipeline) 
     wait_for_status(pipeline.dsn, [key], "FAILED", 30)
     receipts = [
         orjson.loads(r.value)
-        for r in read_topic(pipeline.kafka.bootstrap, INTENTS)
+        for r in read_topic(pipeline.kafka.bootstrap, pipeline.topics.intents)
         if r.value.startswith(b"{") and b'"zapstream.receipt.v1"' in r.value
     ]
     mine = [r for r in receipts if r["job_id"] == job_id]
@@ -306,7 +305,7 @@ def test_status_for_an_unknown_message_goes_to_the_dead_letters(pipeline: LocalP
     assert answer.status_code == 200
     dead = [
         orjson.loads(r.value)
-        for r in read_topic(pipeline.kafka.bootstrap, DEAD)
+        for r in read_topic(pipeline.kafka.bootstrap, pipeline.topics.dead)
         if wamid.encode() in r.value
     ]
     assert len(dead) == 1

@@ -26,7 +26,6 @@ from connectors.outbox.enqueue import enqueue
 from devtools import monitoring_check as mc
 from devtools.devstack import find_free_port
 from devtools.local_pipeline import LocalPipeline
-from streams.contract import STATE
 from tests.integration.support import wait_until
 
 pytestmark = pytest.mark.integration
@@ -74,11 +73,13 @@ def pages() -> Iterator[tuple[LocalPipeline, dict[str, str]]]:
         )
 
 
-async def _poison_state_record(bootstrap: str) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+async def _poison_state_record(pipeline: LocalPipeline) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=pipeline.kafka.bootstrap)
     await producer.start()
     try:
-        await producer.send_and_wait(STATE, key=b"not-a-job", value=b"\xff not json")
+        await producer.send_and_wait(
+            pipeline.topics.state, key=b"not-a-job", value=b"\xff not json"
+        )
     finally:
         await producer.stop()
 
@@ -122,7 +123,7 @@ def test_every_metric_the_alerts_and_the_dashboard_use_is_exported(
                 **extra,  # type: ignore[arg-type]
             )
         conn.commit()
-    asyncio.run(_poison_state_record(pipeline.kafka.bootstrap))
+    asyncio.run(_poison_state_record(pipeline))
 
     wanted = mc.referenced_metrics()
     missing: dict[str, set[str]] = {}

@@ -263,12 +263,13 @@ def test_the_real_pipeline_relay_and_lag_monitor(tmp_path: Path) -> None:
         _, url = pipeline.start_lag_monitor(env={"ZAPSTREAM_LAG_INTERVAL_S": "0.5"})
         for n in range(10):
             _job(pipeline.dsn, f"st-lag-{n}", "st-lag-shop")
+        group = pipeline.topics.group("zapstream-worker")
 
         def worker_lag() -> float:
             return sum(
                 p.messages or 0.0
                 for p in parse_lag_metrics(httpx.get(url, timeout=2).text)
-                if p.group == "zapstream-worker" and p.topic == "zapstream.intents"
+                if p.group == group and p.topic == pipeline.topics.intents
             )
 
         # No worker runs: the 10 intents the relay streamed wait in Kafka.
@@ -285,7 +286,7 @@ def test_the_real_pipeline_relay_and_lag_monitor(tmp_path: Path) -> None:
     lag = [
         p
         for p in payload["consumer_lag"]["partitions"]
-        if p["group"] == "zapstream-worker" and p["topic"] == "zapstream.intents"
+        if p["group"] == group and p["topic"] == pipeline.topics.intents
     ]
     assert len(lag) == 2 and sum(p["lag_messages"] for p in lag) >= 10
     assert payload["consumer_lag"]["error"] is None

@@ -29,8 +29,6 @@ from aiokafka.partitioner import DefaultPartitioner
 from devtools.local_pipeline import LocalPipeline
 from streams.contract import (
     HEADER_JOB_ID,
-    INTENTS,
-    STATE,
     IntentCaptured,
     conversation_partition_key,
     job_state_key,
@@ -125,9 +123,12 @@ def _records_of(pipeline: LocalPipeline, topic: str, expected: int) -> list[Topi
     return found
 
 
-async def _aiokafka_partitions(bootstrap: str, keys: list[bytes]) -> dict[bytes, int]:
-    """Where a plain aiokafka producer (Faust's client) puts each key, on a fresh topic."""
-    topic = f"zapstream.partition-probe.{uuid.uuid4().hex[:8]}"
+async def _aiokafka_partitions(
+    bootstrap: str, prefix: str, keys: list[bytes]
+) -> dict[bytes, int]:
+    """Where a plain aiokafka producer (Faust's client) puts each key, on a fresh topic
+    (in the pipeline's namespace, so it goes with the pipeline's topics)."""
+    topic = f"{prefix}zapstream.partition-probe.{uuid.uuid4().hex[:8]}"
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
@@ -158,7 +159,7 @@ def relayed(pipeline: LocalPipeline) -> tuple[list[str], list[TopicRecord]]:
         instances=7,
     )
     assert len(keys) == MESSAGES
-    return keys, _records_of(pipeline, INTENTS, MESSAGES)
+    return keys, _records_of(pipeline, pipeline.topics.intents, MESSAGES)
 
 
 def test_relay_keys_land_where_faust_and_java_clients_put_them(
@@ -172,7 +173,9 @@ def test_relay_keys_land_where_faust_and_java_clients_put_them(
 
     keys_seen = {r.key for r, _ in ours if r.key is not None}
     assert len(keys_seen) == CONVERSATIONS
-    probe = asyncio.run(_aiokafka_partitions(pipeline.kafka.bootstrap, sorted(keys_seen)))
+    probe = asyncio.run(
+        _aiokafka_partitions(pipeline.kafka.bootstrap, pipeline.topic_prefix, sorted(keys_seen))
+    )
     mismatches = []
     crc32_agrees = 0
     for record, intent in ours:
@@ -209,7 +212,7 @@ def test_worker_tables_write_each_job_to_its_intents_partition(
     states: list[TopicRecord] = []
 
     def every_job_has_a_state() -> bool:
-        states[:] = read_topic(pipeline.kafka.bootstrap, STATE)
+        states[:] = read_topic(pipeline.kafka.bootstrap, pipeline.topics.state)
         return {int(r.key or b"0") for r in states if r.key} >= set(intent_partition)
 
     wait_until(every_job_has_a_state, 240, "a state record for every job", interval_s=1.0)

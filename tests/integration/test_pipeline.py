@@ -14,7 +14,7 @@ from aiokafka import AIOKafkaConsumer
 from connectors.outbox.enqueue import enqueue
 from devtools.delivery_audit import demo_key, demo_text
 from devtools.local_pipeline import LocalPipeline
-from streams.contract import INVALID, IntentRejected
+from streams.contract import IntentRejected
 from tests.integration.support import Arrivals, count_rows, wait_for_status, wait_until
 
 pytestmark = pytest.mark.integration
@@ -105,9 +105,9 @@ def test_duplicate_idempotency_key_creates_no_second_row_and_no_second_send(
     )
 
 
-async def _read_invalid(bootstrap: str, expected: int) -> list[IntentRejected]:
+async def _read_invalid(bootstrap: str, topic: str, expected: int) -> list[IntentRejected]:
     consumer = AIOKafkaConsumer(
-        INVALID, bootstrap_servers=bootstrap, auto_offset_reset="earliest", group_id=None
+        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", group_id=None
     )
     await consumer.start()
     try:
@@ -143,9 +143,8 @@ def test_malformed_rows_land_in_invalid_and_rows_after_them_are_delivered(
             conn.execute(insert, ("shop-3", _text_payload(key), key))
             conn.commit()
     wait_for_status(pipeline.dsn, good, "ACCEPTED", 60)
-    rejected = {
-        r.row["idempotency_key"]: r for r in asyncio.run(_read_invalid(pipeline.kafka.bootstrap, 3))
-    }
+    found = asyncio.run(_read_invalid(pipeline.kafka.bootstrap, pipeline.topics.invalid, 3))
+    rejected = {r.row["idempotency_key"]: r for r in found}
     assert set(bad) <= set(rejected)
     assert "not an object" in rejected[f"{run}-array"].reason
     assert "unknown message type 'sticker'" in rejected[f"{run}-type"].reason

@@ -26,7 +26,7 @@ from aiokafka.partitioner import DefaultPartitioner
 from connectors.outbox.enqueue import enqueue
 from connectors.webhook.signature import sign
 from devtools.local_pipeline import WEBHOOK_SECRET, LocalPipeline
-from streams.contract import INTENTS, PARKED, conversation_partition_key
+from streams.contract import conversation_partition_key
 from tests.integration.support import Arrivals, count_rows, wait_for_status, wait_until
 from tests.integration.topic_reader import read_topic
 
@@ -154,29 +154,25 @@ def _partition(instance: str, conversation: str) -> int:
     return int(DefaultPartitioner()(key, list(range(PARTITIONS)), list(range(PARTITIONS))))
 
 
-async def _committed_and_end(bootstrap: str, partition: int) -> tuple[int, int]:
-    tp = TopicPartition(INTENTS, partition)
+async def _committed_and_end(pipeline: LocalPipeline, partition: int) -> tuple[int, int]:
+    bootstrap = pipeline.kafka.bootstrap
+    tp = TopicPartition(pipeline.topics.intents, partition)
+    group = pipeline.topics.group("zapstream-worker")
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
-        offsets = await admin.list_consumer_group_offsets("zapstream-worker", partitions=[tp])
+        offsets = await admin.list_consumer_group_offsets(group, partitions=[tp])
     finally:
         await admin.close()
     from aiokafka import AIOKafkaConsumer
 
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest"
-    )
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None)
     await consumer.start()
     try:
-        consumer.assign([tp])
-        end = 0
-        while True:
-            batch = await consumer.getmany(tp, timeout_ms=500)
-            records = batch.get(tp, [])
-            if not records:
-                break
-            end = records[-1].offset + 1
+        # The log end offset (no transactions here: the offset after the last record). Not
+        # "read until a 500 ms poll comes back empty": a first fetch from Apache Kafka can
+        # take longer than that on a loaded machine, which read as an empty partition.
+        end = (await consumer.end_offsets([tp]))[tp]
     finally:
         await consumer.stop()
     meta = offsets.get(tp)
@@ -232,7 +228,7 @@ def test_a_failing_conversation_waits_without_blocking_its_partition(
     wait_for_status(pipeline.dsn, others, "ACCEPTED", 60)
     wait_until(
         lambda: (lambda c, e: c == e)(
-            *asyncio.run(_committed_and_end(pipeline.kafka.bootstrap, blocked_partition))
+            *asyncio.run(_committed_and_end(pipeline, blocked_partition))
         ),
         30,
         "the committed offset to pass the waiting conversation",
@@ -277,7 +273,7 @@ def test_a_failing_conversation_waits_without_blocking_its_partition(
 def _parked_records(pipeline: LocalPipeline, conversation: bytes) -> tuple[dict[bytes, bytes], int]:
     """(latest value of each key of ``conversation`` on the parked changelog, the largest
     value of any record on it)."""
-    records = read_topic(pipeline.kafka.bootstrap, PARKED)
+    records = read_topic(pipeline.kafka.bootstrap, pipeline.topics.parked)
     latest = {
         r.key: r.value
         for r in records
@@ -297,7 +293,7 @@ def test_a_long_backlog_parks_as_small_records_and_goes_out_in_order_exactly_onc
     conversation = conversation_partition_key("shop", to)
     pipeline.sim_config(fail_recipients={to: 1_000_000})
     partition = _partition("shop", to)
-    _, start = asyncio.run(_committed_and_end(pipeline.kafka.bootstrap, partition))
+    _, start = asyncio.run(_committed_and_end(pipeline, partition))
     keys = [f"{run}:shop:{to}:{seq}" for seq in range(300)]
     with psycopg.connect(pipeline.dsn) as conn:
         for key in keys:
@@ -316,7 +312,7 @@ def test_a_long_backlog_parks_as_small_records_and_goes_out_in_order_exactly_onc
     # Every intent acknowledged (committed), so parked durably behind the failing head.
     wait_until(
         lambda: (lambda c, e: c == e >= start + 300)(
-            *asyncio.run(_committed_and_end(pipeline.kafka.bootstrap, partition))
+            *asyncio.run(_committed_and_end(pipeline, partition))
         ),
         90,
         "the committed offset to pass the parked backlog",

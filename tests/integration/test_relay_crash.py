@@ -20,7 +20,7 @@ import pytest
 from connectors.cdc.lsn import Lsn
 from devtools.devstack import ManagedProcess
 from devtools.local_pipeline import LocalPipeline
-from streams.contract import HEADER_JOB_ID, HEADER_LSN, INTENTS
+from streams.contract import HEADER_JOB_ID, HEADER_LSN
 from tests.integration.support import (
     Arrivals,
     count_rows,
@@ -61,7 +61,7 @@ def _job_ids(dsn: str, keys: list[str]) -> set[int]:
 def _produced(pipeline: LocalPipeline, job_ids: set[int]) -> list[tuple[int, Lsn]]:
     """(job id, transaction LSN) of every record in zapstream.intents for these jobs."""
     out = []
-    for record in read_topic(pipeline.kafka.bootstrap, INTENTS):
+    for record in read_topic(pipeline.kafka.bootstrap, pipeline.topics.intents):
         job = record.headers.get(HEADER_JOB_ID)
         if job is not None and job.decode().isdigit() and int(job) in job_ids:
             out.append((int(job), Lsn.parse(record.headers[HEADER_LSN].decode())))

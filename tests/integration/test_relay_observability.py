@@ -1,4 +1,4 @@
-"""What an SRE sees of the relay, on real processes (PostgreSQL, Tansu, two relays).
+"""What an SRE sees of the relay, on real processes (PostgreSQL, Kafka, two relays).
 
 - The slot's lag is exported by a standby relay too (its monitor has its own
   connection): with the active relay frozen (SIGSTOP, so it keeps the slot) and

@@ -1,8 +1,14 @@
-"""The webhook intake on real PostgreSQL and Tansu, fed by hand and by the gateway simulator."""
+"""The webhook intake on real PostgreSQL and Kafka, fed by hand and by the gateway simulator.
+
+On Apache Kafka (the default) the module's topics live under a prefix of their own on the
+process's shared broker (:mod:`devtools.shared_broker`); the test that kills its broker
+starts one of its own. ``DEVSTACK_BROKER=tansu`` runs it on Tansu.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import hmac
 import time
@@ -23,52 +29,78 @@ from connectors.outbox.enqueue import enqueue
 from connectors.webhook.intake import WebhookIntake, receipt_event_id
 from connectors.webhook.settings import WebhookSettings
 from connectors.webhook.signature import sign
+from devtools import shared_broker
 from devtools.devstack import TansuBroker
 from devtools.gateway_sim import CALLBACK_STATUS_HEADER, GatewaySimulator
+from devtools.kafka_broker import KafkaBroker
+from devtools.local_pipeline import default_broker
 from streams.contract import (
-    DEAD,
     HEADER_JOB_ID,
     HEADER_SCHEMA,
-    INTENTS,
     JobDead,
     JobStatus,
     ReceiptReceived,
+    TopicNames,
     conversation_partition_key,
 )
 from streams.ports import TextMessage
-from streams.settings import GatewaySettings, KafkaSettings, PostgresSettings
+from streams.settings import BrokerFlavor, GatewaySettings, KafkaSettings, PostgresSettings
 
 pytestmark = pytest.mark.integration
 
 SECRET = "webhook-secret-0123456789"
 DEADLINE_S = 20.0
+BROKER = default_broker()
+
+
+@dataclasses.dataclass(frozen=True)
+class Broker:
+    """Where the module's topics live: a broker and the names in its namespace."""
+
+    bootstrap: str
+    topics: TopicNames
 
 
 @pytest.fixture(scope="module")
-def broker() -> Iterator[str]:
-    """A Tansu broker with every zapstream topic created up front; yields its bootstrap."""
-    with TansuBroker() as tansu:
-        asyncio.run(ensure_topics(kafka_settings(tansu.bootstrap)))
-        yield tansu.bootstrap
+def broker() -> Iterator[Broker]:
+    """Every zapstream topic created up front: on Apache Kafka under a prefix of the
+    module's own on the shared broker (deleted afterwards), on Tansu on a broker of its own."""
+    if BROKER == "tansu":
+        with TansuBroker() as tansu:
+            here = Broker(tansu.bootstrap, TopicNames())
+            asyncio.run(ensure_topics(kafka_settings(here)))
+            yield here
+        return
+    here = Broker(shared_broker.shared_broker().bootstrap, TopicNames(shared_broker.next_prefix()))
+    try:
+        asyncio.run(ensure_topics(kafka_settings(here)))
+        yield here
+    finally:
+        shared_broker.delete_namespace(here.bootstrap, here.topics.prefix)
 
 
-def kafka_settings(bootstrap: str) -> KafkaSettings:
-    return KafkaSettings(brokers=bootstrap, flavor="tansu", partitions=4)
+def kafka_settings(broker: Broker) -> KafkaSettings:
+    return KafkaSettings(
+        brokers=broker.bootstrap,
+        flavor=BrokerFlavor(BROKER),
+        partitions=4,
+        topic_prefix=broker.topics.prefix,
+    )
 
 
-def webhook_settings(dsn: str, bootstrap: str, *, secret: str = SECRET) -> WebhookSettings:
+def webhook_settings(dsn: str, broker: Broker, *, secret: str = SECRET) -> WebhookSettings:
     return WebhookSettings(
         host="127.0.0.1",
         port=0,
         secret=SecretStr(secret),
-        kafka=kafka_settings(bootstrap),
+        kafka=kafka_settings(broker),
         postgres=PostgresSettings(url=SecretStr(dsn)),
         gateway=GatewaySettings(),
     )
 
 
 @pytest.fixture
-async def intake(outbox_db: str, broker: str) -> AsyncIterator[WebhookIntake]:
+async def intake(outbox_db: str, broker: Broker) -> AsyncIterator[WebhookIntake]:
     service = WebhookIntake(webhook_settings(outbox_db, broker))
     port = await service.start()
     assert port > 0
@@ -136,12 +168,12 @@ Consumed = list[tuple[bytes | None, dict[str, Any], dict[str, bytes]]]
 
 
 async def read_topic(
-    bootstrap: str, topic: str, done: Callable[[Consumed], bool], timeout_s: float = DEADLINE_S
+    broker: Broker, topic: str, done: Callable[[Consumed], bool], timeout_s: float = DEADLINE_S
 ) -> Consumed:
     """Every record of ``topic`` from the start, polled until ``done(records)`` or the deadline."""
     consumer = AIOKafkaConsumer(
         topic,
-        bootstrap_servers=bootstrap,
+        bootstrap_servers=broker.bootstrap,
         group_id=None,
         auto_offset_reset="earliest",
         enable_auto_commit=False,
@@ -169,7 +201,7 @@ def has_event(event_id: str) -> Callable[[Consumed], bool]:
 
 
 async def test_signed_callback_with_reference_is_published_as_a_receipt(
-    intake: WebhookIntake, outbox_db: str, broker: str
+    intake: WebhookIntake, outbox_db: str, broker: Broker
 ) -> None:
     job = Job(outbox_db)
     event_id = uuid.uuid4().hex
@@ -186,7 +218,7 @@ async def test_signed_callback_with_reference_is_published_as_a_receipt(
     assert response.status_code == 202
     assert response.json() == {"accepted": True}
 
-    records = await read_topic(broker, INTENTS, has_event(event_id))
+    records = await read_topic(broker, broker.topics.intents, has_event(event_id))
     [(key, value, headers)] = [r for r in records if r[1].get("event_id") == event_id]
     receipt = ReceiptReceived.from_dict(value)
     assert receipt.job_id == job.id
@@ -203,7 +235,7 @@ async def test_signed_callback_with_reference_is_published_as_a_receipt(
 
 
 async def test_without_reference_the_job_is_found_by_gateway_job_id(
-    intake: WebhookIntake, outbox_db: str, broker: str
+    intake: WebhookIntake, outbox_db: str, broker: Broker
 ) -> None:
     job = Job(outbox_db, instance_id="shop-2")
     gateway_job_id = f"sz-{uuid.uuid4().hex}"
@@ -218,7 +250,7 @@ async def test_without_reference_the_job_is_found_by_gateway_job_id(
         assert (await post(intake, raw, gateway="stackzap")).status_code == 202
 
     digest = receipt_event_id("stackzap", gateway_job_id, "exploded")
-    records = await read_topic(broker, INTENTS, has_event(digest))
+    records = await read_topic(broker, broker.topics.intents, has_event(digest))
     mine = [ReceiptReceived.from_dict(v) for _, v, _ in records if v.get("job_id") == job.id]
     assert [(r.label, r.status) for r in mine] == [
         ("Delivered", JobStatus.DELIVERED),
@@ -230,13 +262,13 @@ async def test_without_reference_the_job_is_found_by_gateway_job_id(
     assert (await post(intake, delivered, gateway="stackzap")).status_code == 202
     assert (await post(intake, delivered, gateway="zapapi")).status_code == 202
     marker = receipt_event_id("zapapi", gateway_job_id, "delivered")
-    records = await read_topic(broker, INTENTS, has_event(marker))
+    records = await read_topic(broker, broker.topics.intents, has_event(marker))
     ids = [v["event_id"] for _, v, _ in records if v.get("job_id") == job.id]
     assert ids.count(mine[0].event_id) == 2
 
 
 async def test_unauthenticated_callbacks_get_401_and_publish_nothing(
-    intake: WebhookIntake, outbox_db: str, broker: str
+    intake: WebhookIntake, outbox_db: str, broker: Broker
 ) -> None:
     job = Job(outbox_db)
     rejected_ids = []
@@ -257,16 +289,17 @@ async def test_unauthenticated_callbacks_get_401_and_publish_nothing(
     assert response.status_code == 401
     assert intake.stats["unauthorized"] == 9
 
-    # Markers published after the rejections: on INTENTS with the same key (so the same
-    # partition, behind anything published before), on DEAD (one partition).
+    # Markers published after the rejections: on the intents topic with the same key (so the
+    # same partition, behind anything published before), on the dead letters (one partition).
     intents_marker = callback("g-known", "read", reference=job.reference)
     dead_marker = callback(f"g-unknown-{uuid.uuid4().hex}", "read")
     assert (await post(intake, intents_marker)).status_code == 202
     assert (await post(intake, dead_marker)).status_code == 202
-    intents = await read_topic(broker, INTENTS, has_event(orjson.loads(intents_marker)["event_id"]))
+    intents_event = orjson.loads(intents_marker)["event_id"]
+    intents = await read_topic(broker, broker.topics.intents, has_event(intents_event))
     dead = await read_topic(
         broker,
-        DEAD,
+        broker.topics.dead,
         lambda records: any(
             (v.get("record") or {}).get("event_id") == orjson.loads(dead_marker)["event_id"]
             for _, v, _ in records
@@ -279,7 +312,7 @@ async def test_unauthenticated_callbacks_get_401_and_publish_nothing(
 
 
 async def test_callbacks_signed_outside_the_replay_window_get_401_and_publish_nothing(
-    intake: WebhookIntake, outbox_db: str, broker: str
+    intake: WebhookIntake, outbox_db: str, broker: Broker
 ) -> None:
     job = Job(outbox_db)
     now = int(time.time())
@@ -299,14 +332,17 @@ async def test_callbacks_signed_outside_the_replay_window_get_401_and_publish_no
     assert (
         await post(intake, fresh, signature=sign(SECRET, fresh, timestamp=now - 5))
     ).status_code == 202
-    records = await read_topic(broker, INTENTS, has_event(orjson.loads(fresh)["event_id"]))
+    fresh_event = orjson.loads(fresh)["event_id"]
+    records = await read_topic(broker, broker.topics.intents, has_event(fresh_event))
     published = {v.get("event_id") for _, v, _ in records}
     assert published.isdisjoint(rejected)
     [receipt] = [ReceiptReceived.from_dict(v) for _, v, _ in records if v.get("job_id") == job.id]
     assert receipt.reference == job.reference
 
 
-async def test_an_empty_configured_secret_rejects_everything(outbox_db: str, broker: str) -> None:
+async def test_an_empty_configured_secret_rejects_everything(
+    outbox_db: str, broker: Broker
+) -> None:
     job = Job(outbox_db)
     async with WebhookIntake(webhook_settings(outbox_db, broker, secret="")) as intake:
         raw = callback("g-1", "read", reference=job.reference)
@@ -325,7 +361,7 @@ async def test_an_empty_configured_secret_rejects_everything(outbox_db: str, bro
 
 
 async def test_callback_for_an_unknown_job_goes_to_dead_letters(
-    intake: WebhookIntake, outbox_db: str, broker: str
+    intake: WebhookIntake, outbox_db: str, broker: Broker
 ) -> None:
     gateway_job_id = f"ghost-{uuid.uuid4().hex}"
     event_id = uuid.uuid4().hex
@@ -344,7 +380,7 @@ async def test_callback_for_an_unknown_job_goes_to_dead_letters(
     def found(records: Consumed) -> bool:
         return any((v.get("record") or {}).get("event_id") == event_id for _, v, _ in records)
 
-    records = await read_topic(broker, DEAD, found)
+    records = await read_topic(broker, broker.topics.dead, found)
     [(key, value, headers)] = [
         r for r in records if (r[1].get("record") or {}).get("event_id") == event_id
     ]
@@ -394,15 +430,20 @@ async def test_unknown_gateway_path_is_404(intake: WebhookIntake) -> None:
 
 async def test_kafka_down_answers_503(outbox_db: str) -> None:
     job = Job(outbox_db)
-    with TansuBroker() as tansu:
-        await ensure_topics(kafka_settings(tansu.bootstrap))
-        intake = WebhookIntake(webhook_settings(outbox_db, tansu.bootstrap), publish_timeout_s=2)
+    # A broker of its own: the test kills it.
+    with KafkaBroker() if BROKER == "kafka" else TansuBroker() as node:
+        own = Broker(node.bootstrap, TopicNames())
+        await ensure_topics(kafka_settings(own))
+        intake = WebhookIntake(webhook_settings(outbox_db, own), publish_timeout_s=2)
         await intake.start()
         try:
             ok = await post(intake, callback("g-1", "sent", reference=job.reference))
             assert ok.status_code == 202
-            tansu.process.kill()
-            await asyncio.to_thread(tansu.process.wait, 10)
+            if isinstance(node, KafkaBroker):
+                await asyncio.to_thread(node.kill)  # SIGKILL, waits until the JVM is gone
+            else:
+                node.process.kill()
+                await asyncio.to_thread(node.process.wait, 10)
             started = time.monotonic()
             response = await post(intake, callback("g-1", "read", reference=job.reference))
             assert response.status_code == 503
@@ -446,7 +487,7 @@ async def wait_for(predicate: Callable[[], bool], what: str) -> None:
 
 
 async def test_simulator_callbacks_arrive_as_three_receipts_in_order(
-    sim: GatewaySimulator, intake: WebhookIntake, outbox_db: str, broker: str
+    sim: GatewaySimulator, intake: WebhookIntake, outbox_db: str, broker: Broker
 ) -> None:
     job = Job(outbox_db, instance_id="shop-sim")
     settings = GatewaySettings(zap_api_url=sim.url, read_timeout_s=5.0)
@@ -462,7 +503,7 @@ async def test_simulator_callbacks_arrive_as_three_receipts_in_order(
     def three(records: Consumed) -> bool:
         return sum(1 for _, v, _ in records if v.get("job_id") == job.id) >= 3
 
-    records = await read_topic(broker, INTENTS, three)
+    records = await read_topic(broker, broker.topics.intents, three)
     mine = [(k, ReceiptReceived.from_dict(v)) for k, v, _ in records if v.get("job_id") == job.id]
     assert [(r.label, r.status) for _, r in mine] == [
         ("sent", JobStatus.ACCEPTED),
@@ -502,7 +543,7 @@ async def test_simulator_callbacks_arrive_as_three_receipts_in_order(
     def four(records: Consumed) -> bool:
         return sum(1 for _, v, _ in records if v.get("job_id") == job.id) >= 4
 
-    records = await read_topic(broker, INTENTS, four)
+    records = await read_topic(broker, broker.topics.intents, four)
     labels = [v["label"] for _, v, _ in records if v.get("job_id") == job.id]
     assert labels == ["sent", "delivered", "read", "delivered"]
     assert unsigned.json()["event_id"] not in {v.get("event_id") for _, v, _ in records}

@@ -4,10 +4,12 @@ Acceptance: every key reaches the gateway at least once, in per-conversation
 order; any duplicate is a message that was in flight at the kill (sent to the
 gateway, outcome not yet durable in Kafka); the test reports how many.
 
-Tansu's ListOffsets is wrong after multi-record batches and Faust's table
-recovery reads up to it, so this test runs the worker with one record per
-produce request (``ZAPSTREAM_KAFKA_ONE_RECORD_PER_BATCH``), a test-only setting:
-without it recovery can stop short and resend jobs that were already recorded.
+On Tansu (``DEVSTACK_BROKER=tansu``) ListOffsets is wrong after multi-record batches
+and Faust's table recovery reads up to it, so this test runs the worker with one record
+per produce request (``ZAPSTREAM_KAFKA_ONE_RECORD_PER_BATCH``), a test-only setting:
+without it recovery can stop short and resend jobs that were already recorded. Apache
+Kafka (the default) needs none of it (``test_kafka_compaction.py`` checks recovery with
+batched writes).
 """
 
 from __future__ import annotations

@@ -163,7 +163,7 @@ def test_the_leader_of_most_partitions_is_found_and_ties_go_to_the_lowest_id(
 
 
 @pytest.mark.parametrize(
-    ("value", "broker"), [(None, "tansu"), ("kafka", "kafka"), (" Tansu ", "tansu")]
+    ("value", "broker"), [(None, "kafka"), ("", "kafka"), ("kafka", "kafka"), (" Tansu ", "tansu")]
 )
 def test_the_broker_choice_comes_from_devstack_broker(
     monkeypatch: pytest.MonkeyPatch, value: str | None, broker: str

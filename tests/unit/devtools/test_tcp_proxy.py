@@ -1,4 +1,5 @@
-"""The TCP proxy's blackhole: connections stay open and silent, restore resets them.
+"""The TCP proxy's blackhole and dropped replies: connections stay open and silent, or requests
+go through unanswered; restore resets them.
 
 Loopback sockets only: an echo server the proxy forwards to, and plain clients.
 """
@@ -165,5 +166,44 @@ def test_cut_still_refuses_and_restore_accepts_again(echo: EchoServer) -> None:
         proxy.restore()
         again = _client(proxy)
         assert _echoes(again, b"y") == b"y"
+        again.close()
+        conn.close()
+
+
+def test_dropped_replies_reach_the_server_unanswered_and_restore_resets(echo: EchoServer) -> None:
+    with TcpProxy(echo.port) as proxy:
+        conn = _client(proxy)
+        assert _echoes(conn, b"before") == b"before"
+        proxy.drop_replies()
+        conn.sendall(b"carried-out")
+        # The request reaches the server, which answers; the answer never arrives.
+        _wait_for(lambda: bytes(echo.received).endswith(b"carried-out"), "the request")
+        assert _stays_silent(conn)
+        assert proxy.replies_dropped == len(b"carried-out")
+        proxy.cut()
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", proxy.port), timeout=2)
+        assert conn.recv(4096) == b""  # closed, never answered
+        proxy.restore()
+        again = _client(proxy)
+        assert _echoes(again, b"after") == b"after"
+        again.close()
+        conn.close()
+
+
+def test_restore_after_dropped_replies_resets_the_connections_that_lost_answers(
+    echo: EchoServer,
+) -> None:
+    with TcpProxy(echo.port) as proxy:
+        conn = _client(proxy)
+        proxy.drop_replies()
+        conn.sendall(b"lost")
+        _wait_for(lambda: bytes(echo.received).endswith(b"lost"), "the request")
+        proxy.restore()
+        # Half an exchange went missing on it: the old connection is reset, not resumed.
+        with contextlib.suppress(ConnectionResetError):
+            assert conn.recv(4096) == b""
+        again = _client(proxy)
+        assert _echoes(again, b"fresh") == b"fresh"
         again.close()
         conn.close()

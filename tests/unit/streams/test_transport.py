@@ -43,7 +43,7 @@ def test_worker_consumer_gets_the_apps_fetch_wait(
     )
     thread = _ConsumerThread.__new__(_ConsumerThread)  # no service machinery: just the method
     thread.app = SimpleNamespace(fetch_max_wait_ms=app_wait_ms)  # type: ignore[assignment]
-    consumer = thread._create_worker_consumer(transport=None)  # type: ignore[arg-type]
+    consumer = thread._create_worker_consumer(transport=None)
     assert consumer is built and built._fetch_max_wait_ms == expected_ms
 
 
@@ -79,3 +79,48 @@ def test_an_agent_queue_pauses_at_its_mark_and_never_blocks_a_put() -> None:
     while queue.qsize():
         queue.get_nowait()
     assert drops == [1]  # fetching resumes once it drained to 40%
+
+
+class _SeekingConsumer:
+    """aiokafka's seek_to_committed and seek, recorded."""
+
+    def __init__(self, committed: dict[Any, int | None]) -> None:
+        self.committed = committed
+        self.rewound: list[Any] = []
+
+    async def seek_to_committed(self) -> dict[Any, int | None]:
+        return dict(self.committed)
+
+    def seek(self, tp: Any, offset: int) -> None:
+        assert offset == 0  # past a deleted log start: out of range, reset to the start
+        self.rewound.append(tp)
+
+
+@pytest.mark.parametrize(
+    ("reset", "expected"), [("earliest", ["intents-1", "intents-2"]), ("latest", [])]
+)
+async def test_seek_to_committed_rewinds_stream_partitions_with_no_commit(
+    reset: str, expected: list[str]
+) -> None:
+    """A partition the group never committed on goes back to where the reset policy starts
+    it (records fetched and dropped during a rebalance are read again); committed ones and
+    changelogs are aiokafka's."""
+    from aiokafka import TopicPartition
+
+    tps = {
+        "intents-0": TopicPartition("intents", 0),
+        "intents-1": TopicPartition("intents", 1),
+        "intents-2": TopicPartition("intents", 2),
+        "state-0": TopicPartition("state", 0),
+    }
+    committed = {tps["intents-0"]: 42, tps["intents-1"]: None, tps["intents-2"]: 0}
+    committed[tps["state-0"]] = None
+    consumer = _SeekingConsumer(committed)
+    thread = _ConsumerThread.__new__(_ConsumerThread)  # no service machinery: just the method
+    conf = SimpleNamespace(consumer_auto_offset_reset=reset)
+    thread.app = SimpleNamespace(conf=conf)  # type: ignore[assignment]
+    changelogs = SimpleNamespace(_is_changelog_tp=lambda tp: tp.topic == "state")
+    thread.consumer = changelogs  # type: ignore[assignment]
+    thread._ensure_consumer = lambda: consumer  # type: ignore[method-assign]
+    assert await thread._seek_to_committed() == committed
+    assert consumer.rewound == [tps[name] for name in expected]
