@@ -35,6 +35,7 @@ import threading
 import time
 import urllib.request
 import uuid
+from dataclasses import dataclass
 from typing import Any, TextIO
 
 import orjson
@@ -55,7 +56,7 @@ from devtools.bench_support import (
     slot_confirmed,
     wait_until,
 )
-from devtools.devstack import find_free_port, postgres_bin_dir
+from devtools.devstack import ManagedProcess, find_free_port, postgres_bin_dir
 from devtools.local_pipeline import LocalPipeline
 from streams.contract import INTENTS
 
@@ -99,28 +100,15 @@ def run_relay_section(
 
         # --- zapstream relay --------------------------------------------------------
         relay = pipe.start_relay(wait=False)
-        spawned = time.monotonic()
-        streaming_at: float | None = None
-        cpu_at_stream = 0.0
-
-        def confirmed() -> bool:
-            nonlocal streaming_at, cpu_at_stream
-            if streaming_at is None and "relay streaming" in relay.log_tail(200):
-                streaming_at = time.monotonic()
-                cpu_at_stream = cpu_seconds(relay.pid)
-            return slot_confirmed(pipe.dsn, SLOT, end_lsn)
-
-        done = wait_until(confirmed, timeout_s=1800, what="relay slot confirmation")
-        relay_cpu = cpu_seconds(relay.pid)
-        stream_start = streaming_at if streaming_at is not None else spawned
-        relay_s = done - stream_start
+        timed = _time_relay(pipe, relay, SLOT, end_lsn, what="relay slot confirmation")
+        relay_s = timed.seconds
         relay_rate = rows / relay_s
-        cpu_us_row = (relay_cpu - cpu_at_stream) / rows * 1e6
+        cpu_us_row = timed.cpu_s / rows * 1e6
         relay_hwm = proc_status_mib(relay.pid, "VmHWM")
         _log(
             out,
             f"relay: {relay_rate:,.0f} rows/s ({relay_s:.1f} s from 'relay streaming'; "
-            f"{rows / (done - spawned):,.0f} rows/s from process start), "
+            f"{rows / timed.since_spawn_s:,.0f} rows/s from process start), "
             f"{cpu_us_row:.0f} us CPU/row",
         )
 
@@ -211,7 +199,7 @@ def run_relay_section(
                 "rows": rows,
                 "relay_rows_s": relay_rate,
                 "relay_s": relay_s,
-                "relay_s_from_spawn": done - spawned,
+                "relay_s_from_spawn": timed.since_spawn_s,
                 "pg_recvlogical_rows_s": recv_rate,
                 "polling_worker_rows_s": poll_rate,
                 "debezium_rows_s_fixed": DEBEZIUM_ROWS_S,
@@ -567,14 +555,22 @@ def _commit_to_kafka(
 _EOS_COMMITS = re.compile(r"relay exactly-once: (\d+) Kafka transactions committed")
 
 
-def _transactional_relay(pipe: LocalPipeline, *, rows: int, end_lsn: str) -> dict[str, float]:
-    """The relay with exactly-once on ``TXN_SLOT`` (the WAL the plain relay drained): its rate.
 
-    Timed like the plain relay: from its 'relay streaming' line (the transactional
-    producer started, the stored position read) until ``TXN_SLOT`` is confirmed past the
-    fill's end, i.e. until the last Kafka transaction committed.
-    """
-    relay = pipe.start_relay("relay-transactional", wait=False, env=TXN_ENV)
+@dataclass(frozen=True)
+class RelayTiming:
+    """How long a relay took to confirm its slot past the fill, from its 'relay streaming'
+    line (from its spawn if that line was never seen), and the CPU it spent meanwhile."""
+
+    seconds: float
+    since_spawn_s: float
+    cpu_s: float
+
+
+def _time_relay(
+    pipe: LocalPipeline, relay: ManagedProcess, slot: str, end_lsn: str, *, what: str
+) -> RelayTiming:
+    """Time ``relay`` (just started, ``wait=False``) until ``slot`` is confirmed past
+    ``end_lsn``."""
     spawned = time.monotonic()
     streaming_at: float | None = None
     cpu_at_stream = 0.0
@@ -584,19 +580,33 @@ def _transactional_relay(pipe: LocalPipeline, *, rows: int, end_lsn: str) -> dic
         if streaming_at is None and "relay streaming" in relay.log_tail(200):
             streaming_at = time.monotonic()
             cpu_at_stream = cpu_seconds(relay.pid)
-        return slot_confirmed(pipe.dsn, TXN_SLOT, end_lsn)
+        return slot_confirmed(pipe.dsn, slot, end_lsn)
 
-    done = wait_until(confirmed, timeout_s=1800, what="transactional relay slot confirmation")
+    done = wait_until(confirmed, timeout_s=1800, what=what)
     cpu = cpu_seconds(relay.pid)
+    started = streaming_at if streaming_at is not None else spawned
+    return RelayTiming(done - started, done - spawned, cpu - cpu_at_stream)
+
+def _transactional_relay(pipe: LocalPipeline, *, rows: int, end_lsn: str) -> dict[str, float]:
+    """The relay with exactly-once on ``TXN_SLOT`` (the WAL the plain relay drained): its rate.
+
+    Timed like the plain relay: from its 'relay streaming' line (the transactional
+    producer started, the stored position read) until ``TXN_SLOT`` is confirmed past the
+    fill's end, i.e. until the last Kafka transaction committed.
+    """
+    relay = pipe.start_relay("relay-transactional", wait=False, env=TXN_ENV)
+    timed = _time_relay(
+        pipe, relay, TXN_SLOT, end_lsn, what="transactional relay slot confirmation"
+    )
     hwm = proc_status_mib(relay.pid, "VmHWM")
     relay.stop()
-    seconds = done - (streaming_at if streaming_at is not None else spawned)
+    seconds = timed.seconds
     commits = _EOS_COMMITS.findall(relay.log_tail(400))
     return {
         "rows": rows,
         "rows_s": rows / seconds,
         "seconds": seconds,
-        "cpu_us_row": (cpu - cpu_at_stream) / rows * 1e6,
+        "cpu_us_row": timed.cpu_s / rows * 1e6,
         "vmhwm_mib": hwm,
         "kafka_commits": float(commits[-1]) if commits else float("nan"),
     }

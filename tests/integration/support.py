@@ -6,6 +6,7 @@ from a module, not from pytest's conftest machinery.
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import time
@@ -14,10 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from aiokafka import AIOKafkaProducer
 
 from devtools.delivery_audit import DeliveryReport, audit
 from devtools.dev_runner import enqueue_demo
 from devtools.local_pipeline import LocalPipeline
+from streams.contract import ContractError, IntentCaptured
+from tests.integration.topic_reader import TopicRecord, read_topic
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -113,3 +117,36 @@ def zapstream(args: list[str], env: dict[str, str], timeout_s: float = 90) -> tu
     print(proc.stdout.rstrip())
     print(proc.stderr.rstrip())
     return proc.returncode, proc.stdout, proc.stderr
+
+
+def intents_of(pipeline: LocalPipeline, keys: set[str]) -> list[TopicRecord]:
+    """The records on the pipeline's intents topic whose intent has one of ``keys``."""
+    found = []
+    for record in read_topic(pipeline.kafka.bootstrap, pipeline.topics.intents):
+        try:
+            intent = IntentCaptured.loads(record.value)
+        except ContractError:
+            continue  # commands and receipts share the topic
+        if intent.idempotency_key in keys:
+            found.append(record)
+    return found
+
+
+async def republish(pipeline: LocalPipeline, records: list[TopicRecord]) -> None:
+    """Byte for byte, same key and partition: what an offset rewind would deliver again."""
+    producer = AIOKafkaProducer(bootstrap_servers=pipeline.kafka.bootstrap, acks="all")
+    await producer.start()
+    try:
+        acks = [
+            await producer.send(
+                pipeline.topics.intents,
+                value=r.value,
+                key=r.key,
+                partition=r.partition,
+                headers=list(r.headers.items()),
+            )
+            for r in records
+        ]
+        await asyncio.gather(*acks)
+    finally:
+        await producer.stop()

@@ -17,7 +17,6 @@ from collections.abc import Iterator
 import httpx
 import psycopg
 import pytest
-from aiokafka import AIOKafkaProducer
 from pydantic import SecretStr
 
 from connectors.outbox.enqueue import enqueue
@@ -25,11 +24,16 @@ from connectors.sink.job_history import PostgresJobHistory
 from devtools.delivery_audit import audit
 from devtools.devstack import ManagedProcess, find_free_port
 from devtools.local_pipeline import LocalPipeline
-from streams.contract import ContractError, IntentCaptured
 from streams.job_history import HistoryUnavailable
 from streams.settings import PostgresSettings
-from tests.integration.support import Arrivals, enqueue_conversations, wait_for_status, wait_until
-from tests.integration.topic_reader import TopicRecord, read_topic
+from tests.integration.support import (
+    Arrivals,
+    enqueue_conversations,
+    intents_of,
+    republish,
+    wait_for_status,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -75,37 +79,6 @@ def pipeline() -> Iterator[LocalPipeline]:
         yield p
 
 
-def _intents_of(pipeline: LocalPipeline, keys: set[str]) -> list[TopicRecord]:
-    found = []
-    for record in read_topic(pipeline.kafka.bootstrap, pipeline.topics.intents):
-        try:
-            intent = IntentCaptured.loads(record.value)
-        except ContractError:
-            continue  # commands and receipts share the topic
-        if intent.idempotency_key in keys:
-            found.append(record)
-    return found
-
-
-async def _republish(pipeline: LocalPipeline, records: list[TopicRecord]) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=pipeline.kafka.bootstrap, acks="all")
-    await producer.start()
-    try:
-        acks = [
-            await producer.send(
-                pipeline.topics.intents,
-                value=r.value,
-                key=r.key,
-                partition=r.partition,
-                headers=list(r.headers.items()),
-            )
-            for r in records
-        ]
-        await asyncio.gather(*acks)
-    finally:
-        await producer.stop()
-
-
 def test_a_redelivery_after_the_horizon_is_not_sent_again(pipeline: LocalPipeline) -> None:
     worker = Worker(pipeline, "worker")
     arrivals = Arrivals(pipeline)
@@ -123,11 +96,11 @@ def test_a_redelivery_after_the_horizon_is_not_sent_again(pipeline: LocalPipelin
         60,
         f"the worker forgetting {JOBS} settled jobs",
     )
-    records = _intents_of(pipeline, set(keys))
+    records = intents_of(pipeline, set(keys))
     assert len(records) == JOBS
 
     sent_before = len(arrivals.refresh())
-    asyncio.run(_republish(pipeline, records))
+    asyncio.run(republish(pipeline, records))
     wait_until(
         lambda: worker.metric("zapstream_late_redeliveries_total", result="duplicate") >= JOBS,
         60,
@@ -152,7 +125,7 @@ def test_a_redelivery_after_the_horizon_is_not_sent_again(pipeline: LocalPipelin
     # never reaching the late-redelivery check this new process counts.
     assert worker.process.terminate(timeout_s=60) == 0, worker.process.log_tail()
     worker = Worker(pipeline, "worker")
-    asyncio.run(_republish(pipeline, records))
+    asyncio.run(republish(pipeline, records))
     wait_until(
         lambda: worker.metric("zapstream_late_redeliveries_total", result="duplicate") >= JOBS,
         60,

@@ -56,16 +56,20 @@ from devtools.kafka_broker import KafkaBroker
 from devtools.local_pipeline import LocalPipeline
 from streams.contract import (
     CONTROLS,
-    INTENTS,
     PARKED,
     STATE,
-    ContractError,
     ControlChanged,
-    IntentCaptured,
     StatusChanged,
 )
 from streams.table_digest import DIGEST_PATH, entry_hash, table_summary
-from tests.integration.support import Arrivals, enqueue_conversations, wait_for_status, wait_until
+from tests.integration.support import (
+    Arrivals,
+    enqueue_conversations,
+    intents_of,
+    republish,
+    wait_for_status,
+    wait_until,
+)
 from tests.integration.topic_reader import TopicRecord, read_topic
 
 pytestmark = pytest.mark.integration
@@ -323,38 +327,6 @@ async def _roll(bootstrap: str) -> None:
         await producer.stop()
 
 
-def _intents_of(bootstrap: str, keys: set[str]) -> list[TopicRecord]:
-    found = []
-    for record in read_topic(bootstrap, INTENTS):
-        try:
-            intent = IntentCaptured.loads(record.value)
-        except ContractError:
-            continue  # commands and receipts share the topic
-        if intent.idempotency_key in keys:
-            found.append(record)
-    return found
-
-
-async def _republish(bootstrap: str, records: list[TopicRecord]) -> None:
-    """Byte for byte, same key and partition: what an offset rewind would deliver again."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
-    await producer.start()
-    try:
-        acks = [
-            await producer.send(
-                INTENTS,
-                value=r.value,
-                key=r.key,
-                partition=r.partition,
-                headers=list(r.headers.items()),
-            )
-            for r in records
-        ]
-        await asyncio.gather(*acks)
-    finally:
-        await producer.stop()
-
-
 # --- 1. recovery without the Tansu workaround ----------------------------------------------
 
 RECOVERY_MESSAGES = 2_000
@@ -578,9 +550,9 @@ def test_compaction_keeps_the_latest_value_per_live_key_and_recovery_is_exact(
     # It uses them: a redelivered live job is a duplicate, a forgotten one is checked
     # against PostgreSQL; neither is sent again.
     sent_before = len(arrivals.refresh())
-    replay = _intents_of(bootstrap, set(live_keys[:10]) | set(forgotten_keys[-10:]))
+    replay = intents_of(pipeline, set(live_keys[:10]) | set(forgotten_keys[-10:]))
     assert len(replay) == 20
-    asyncio.run(_republish(bootstrap, replay))
+    asyncio.run(republish(pipeline, replay))
     wait_until(
         lambda: (
             worker.metric("zapstream_late_redeliveries_total", result="duplicate") >= 10
