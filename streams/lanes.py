@@ -8,9 +8,9 @@ the bound is reached :meth:`ConversationLanes.submit` waits, which stops the
 agent from reading further and lets Faust's flow control pause fetching.
 
 Events are acknowledged by the handler when their outcome is recorded, in
-whatever order lanes finish; Faust commits only the contiguous acknowledged
+whatever order lanes finish; the worker's consumer commits only the acknowledged
 prefix of each partition, so the committed offset never passes an event whose
-send is unfinished.
+send is unfinished (Faust alone would: :mod:`streams.transport`).
 """
 
 from __future__ import annotations

@@ -124,3 +124,174 @@ async def test_seek_to_committed_rewinds_stream_partitions_with_no_commit(
     thread._ensure_consumer = lambda: consumer  # type: ignore[method-assign]
     assert await thread._seek_to_committed() == committed
     assert consumer.rewound == [tps[name] for name in expected]
+
+
+# --- commits never pass a record still being handled (faust-streaming #606) -------------
+
+
+class _Commits:
+    """Faust's ack bookkeeping (its own ``Consumer.ack``) around our consumer's choice of
+    offsets to commit; no broker, no service machinery."""
+
+    TOPIC = "zapstream.intents"
+
+    def __init__(self, committed: int | None = None) -> None:
+        from collections import defaultdict
+        from weakref import WeakSet
+
+        from faust.types import TP
+        from intervaltree import IntervalTree
+
+        from streams.transport import _Consumer
+
+        self.tp = TP(self.TOPIC, 0)
+        consumer = _Consumer.__new__(_Consumer)
+        from mode.utils.queues import FlowControlEvent
+
+        self.flow = FlowControlEvent(initially_suspended=False)
+        consumer.app = SimpleNamespace(  # type: ignore[assignment]
+            topics=SimpleNamespace(acks_enabled_for=lambda topic: True),
+            flow_control=self.flow,
+            consumer_generation_id=1,
+        )
+        consumer._acked = defaultdict(list)
+        consumer._acked_index = defaultdict(set)
+        consumer._gap = defaultdict(IntervalTree)
+        consumer._committed_offset = defaultdict(lambda: None)
+        consumer._unacked_messages = WeakSet()
+        consumer._n_acked = 0
+        consumer._waiting_for_ack = None
+        if committed is not None:
+            consumer._committed_offset[self.tp] = committed
+        self.consumer = consumer
+        self.messages: dict[int, Any] = {}
+
+    def fetch(self, offset: int, generation: int = 1) -> Any:
+        from faust.types.tuples import ConsumerMessage
+
+        message = ConsumerMessage(
+            self.TOPIC,
+            0,
+            offset,
+            0.0,
+            0,
+            None,
+            None,
+            b"",
+            None,
+            tp=self.tp,
+            generation_id=generation,
+        )
+        self.messages[offset] = message
+        return message
+
+    def take(self, *offsets: int) -> None:
+        """A stream takes these records (Faust tracks them until acknowledged)."""
+        for offset in offsets:
+            message = self.fetch(offset)
+            message.tracked = True
+            self.consumer._unacked_messages.add(message)
+
+    def ack(self, *offsets: int) -> bool:
+        """Acknowledge as a stream does (``Event.ack``); True if every one counted."""
+        return all([self.messages[offset].ack(self.consumer) for offset in offsets])
+
+    def commit(self) -> int | None:
+        """What a commit now sends for the partition (and records it as Faust does)."""
+        offsets = self.consumer._filter_committable_offsets([self.tp])
+        self.consumer._committed_offset.update(offsets)
+        return offsets.get(self.tp)
+
+
+@pytest.mark.parametrize("committed", [None, 0, 10])
+def test_a_commit_never_passes_the_record_at_its_head_while_it_is_handled(
+    committed: int | None,
+) -> None:
+    """Faust 0.15.3 commits C+3 here (C still in its lane), and with no commit yet the first
+    acknowledged run whatever is before it: a crash then loses C."""
+    head = committed or 0
+    commits = _Commits(committed)
+    commits.take(head, head + 1, head + 2, head + 3)
+    assert commits.ack(head + 1, head + 2)
+    assert commits.commit() is None
+    commits.ack(head)
+    assert commits.commit() == head + 3  # head + 3 is still in flight
+    commits.ack(head + 3)
+    assert commits.commit() == head + 4
+
+
+def test_a_commit_stops_at_the_lowest_record_in_flight_inside_the_acknowledged_run() -> None:
+    commits = _Commits(committed=100)
+    commits.take(*range(100, 110))
+    commits.ack(100, 101, 102, 104, 105, 106, 107, 108, 109)
+    assert commits.commit() == 103  # 103 is in a lane
+    assert commits.commit() is None
+    commits.ack(103)
+    assert commits.commit() == 110
+
+
+def test_an_offset_never_delivered_at_the_head_does_not_stall_commits() -> None:
+    """A transaction marker (ZAPSTREAM_RELAY_EXACTLY_ONCE) at the committed offset: the first
+    record is at C+1 or later. Faust 0.15.3 stalls for ever when it is C+2 or later."""
+    commits = _Commits(committed=10)
+    commits.take(12, 13)
+    commits.ack(12, 13)
+    assert commits.commit() == 14
+
+
+def test_a_gap_faust_noted_counts_but_never_carries_the_commit_past_a_record_in_flight() -> None:
+    """Faust notes a gap after a marker as [r+1, offset] inclusive: the record after the
+    marker (12 here) counts as acknowledged in its arithmetic, acknowledged or not."""
+    commits = _Commits(committed=11)
+    commits.consumer._gap[commits.tp].addi(11, 13)  # _add_gap(tp, 11, 12)
+    commits.take(12, 13)
+    commits.ack(13)
+    assert commits.commit() == 12  # past the marker (11), not past 12, still being handled
+    commits.ack(12)
+    assert commits.commit() == 14
+
+
+def test_records_taken_in_order_and_acknowledged_in_any_order_commit_only_finished_prefixes() -> (
+    None
+):
+    """Lanes finish in any order: every commit equals the finished prefix, whatever the order."""
+    import random
+
+    rng = random.Random(7)
+    for _ in range(200):
+        commits = _Commits(committed=None)
+        offsets = list(range(50))
+        commits.take(*offsets)
+        order = offsets[:]
+        rng.shuffle(order)
+        finished: set[int] = set()
+        last = 0
+        for offset in order:
+            commits.ack(offset)
+            finished.add(offset)
+            prefix = next(o for o in range(51) if o not in finished)
+            got = commits.commit()
+            if got is not None:
+                last = got
+            assert last == prefix, f"committed {last} with the prefix finished up to {prefix}"
+        assert last == 50
+
+
+@pytest.mark.parametrize("why", ["flow stopped", "older generation"])
+def test_a_record_faust_skipped_without_handing_it_over_is_not_acknowledged(why: str) -> None:
+    """Faust's stream acknowledges the record it drops while the flow is stopped (rebalance,
+    shutdown) or of an older generation: never handled, it must not become committable."""
+    commits = _Commits(committed=20)
+    commits.take(20)
+    if why == "flow stopped":
+        commits.flow.suspend()
+        skipped = commits.fetch(21)
+    else:
+        skipped = commits.fetch(21, generation=0)
+    assert commits.ack(20)
+    assert not skipped.ack(commits.consumer)  # what Stream._py_aiter does with it
+    assert commits.commit() == 21  # 20 handled; 21 is read again from here
+    commits.flow.resume()
+    commits.take(21)  # the same record, read again and handed over
+    assert commits.ack(21)
+    assert commits.commit() == 22
