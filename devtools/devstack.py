@@ -76,12 +76,18 @@ _PORT_RANGE_SIZE = 3_000
 client socket nor another test process's kernel-picked port lands on one we handed out."""
 
 
+_HANDED_OUT: set[int] = set()
+"""Ports :func:`find_free_port` returned in this process (under pytest-xdist)."""
+
+
 def find_free_port() -> int:
     """Return a TCP port on 127.0.0.1 that nothing listens on right now.
 
     Under pytest-xdist each worker (``PYTEST_XDIST_WORKER`` gw0, gw1, ...) draws from
     its own slice of ports 20000-31999, so two test processes never hand out the same
-    port between choosing it and binding it. Elsewhere the kernel picks it; another
+    port between choosing it and binding it, and a process never hands out one port twice
+    (a pipeline picks the simulator's port before its brokers pick theirs; a repeat can let one
+    bind the other's). Elsewhere the kernel picks it; another
     process could take it before ours binds, which then fails with the log tail naming
     the bind error.
     """
@@ -89,13 +95,20 @@ def find_free_port() -> int:
     if worker.startswith("gw") and worker[2:].isdigit():
         index = int(worker[2:]) % _PORT_SLICES
         low = _PORT_RANGE_START + index * _PORT_RANGE_SIZE
+        if len(_HANDED_OUT) > _PORT_RANGE_SIZE // 2:
+            _HANDED_OUT.clear()  # the oldest were bound (or given up) long ago
         for _ in range(200):
             candidate = random.randrange(low, low + _PORT_RANGE_SIZE)
+            if candidate in _HANDED_OUT:
+                # Free now, but handed out already and maybe not bound yet: a pipeline picks
+                # the simulator's port before its brokers pick theirs.
+                continue
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
                 try:
                     sock.bind(("127.0.0.1", candidate))
                 except OSError:
                     continue
+                _HANDED_OUT.add(candidate)
                 return candidate
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))

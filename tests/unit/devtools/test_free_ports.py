@@ -24,3 +24,11 @@ def test_a_worker_draws_from_its_own_slice(
 def test_outside_xdist_the_kernel_picks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
     assert find_free_port() >= 1024
+
+
+def test_a_worker_never_hands_out_a_port_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Picked ports are bound later (a pipeline picks the simulator's before its brokers
+    pick theirs): a port handed out and not bound yet must not be handed out again."""
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw2")
+    ports = [find_free_port() for _ in range(1_000)]  # 1,000 of a 3,000-port slice
+    assert len(set(ports)) == len(ports)
