@@ -78,19 +78,27 @@ dev: setup
 
 # Phase 1: unit tests and the integration suite on Apache Kafka, in TEST_PROCS processes,
 # whole files each (a file shares one pipeline; a process one broker, each pipeline in its
-# own topic namespace). Phase 2: the timing measurements (marked serial) on their own, so
-# no other test's load skews them. Phase 3: a Tansu smoke (the pipeline and crash tests),
-# so the no-JVM broker keeps working. Each phase ends naming the broker it ran on.
-TEST_PROCS ?= 2
+# own topic namespace). Phase 2, alongside phase 1 and printed after it: a Tansu smoke (the
+# pipeline and crash tests), so the no-JVM broker keeps working; one process outside xdist,
+# so its ports come from the kernel's range, never from the slices phase 1 hands out. Phase 3:
+# the timing measurements (marked serial) on their own, so no other test's load skews them.
+# Each phase ends naming the broker it ran on; make test fails if any phase failed.
+TEST_PROCS ?= 3
 TANSU_SMOKE := tests/integration/test_pipeline.py tests/integration/test_relay_crash.py \
 	tests/integration/test_worker_crash.py
+PYTEST := $(BIN)/pytest -q -p no:cacheprovider
 test: setup
-	@echo "== phase 1 of 3: unit tests and the integration suite (Apache Kafka)"
-	$(BIN)/pytest -q -p no:cacheprovider --durations=15 -n $(TEST_PROCS) --dist loadfile -m "not serial"
-	@echo "== phase 2 of 3: timing measurements, alone (Apache Kafka)"
-	$(BIN)/pytest -q -p no:cacheprovider --durations=5 -m serial
-	@echo "== phase 3 of 3: Tansu smoke (the pipeline and crash tests)"
-	DEVSTACK_BROKER=tansu $(BIN)/pytest -q -p no:cacheprovider --durations=5 -n 2 --dist loadfile $(TANSU_SMOKE)
+	@smoke_log=$$(mktemp); \
+	echo "== phase 2 of 3 starts now, alongside phase 1: Tansu smoke (the pipeline and crash tests)"; \
+	DEVSTACK_BROKER=tansu $(PYTEST) --durations=5 $(TANSU_SMOKE) >"$$smoke_log" 2>&1 & smoke=$$!; \
+	echo "== phase 1 of 3: unit tests and the integration suite (Apache Kafka, $(TEST_PROCS) processes)"; \
+	$(PYTEST) --durations=15 -n $(TEST_PROCS) --dist loadfile -m "not serial"; phase1=$$?; \
+	wait $$smoke; phase2=$$?; \
+	echo "== phase 2 of 3 (ran alongside phase 1): Tansu smoke"; cat "$$smoke_log"; rm -f "$$smoke_log"; \
+	if [ $$phase1 -ne 0 ] || [ $$phase2 -ne 0 ]; then \
+		echo "make test: phase 1 exit $$phase1, phase 2 exit $$phase2"; exit 1; fi
+	@echo "== phase 3 of 3: timing measurements, alone (Apache Kafka)"
+	$(PYTEST) --durations=5 -m serial
 
 unit: setup
 	$(BIN)/pytest -q tests/unit
