@@ -461,6 +461,8 @@ class GatewaySimulator:
         self._queues: dict[str, list[SimMessage]] = {}
         self._counts: dict[str, collections.Counter[str]] = {}
         self._requests = 0
+        self._sends_open = 0
+        self._peak_sends_open = 0
         self._outcomes: collections.Counter[str] = collections.Counter()
         self._callbacks_sent = 0
         self._callbacks_failed = 0
@@ -592,6 +594,7 @@ class GatewaySimulator:
         return {
             "accepted": len(self._messages),
             "requests": self._requests,
+            "peak_concurrent_sends": self._peak_sends_open,
             "by_outcome": dict(self._outcomes),
             "by_api": dict(by_api),
             "distinct_references": len({m.reference for m in self._messages}),
@@ -865,6 +868,16 @@ class GatewaySimulator:
         return response
 
     async def _send(self, request: web.Request, api: str, ok_status: int) -> web.Response:
+        # How many sends the gateway holds at once (``peak_concurrent_sends`` in the stats):
+        # what a client's connection pool lets through, whatever the machine's speed.
+        self._sends_open += 1
+        self._peak_sends_open = max(self._peak_sends_open, self._sends_open)
+        try:
+            return await self._send_once(request, api, ok_status)
+        finally:
+            self._sends_open -= 1
+
+    async def _send_once(self, request: web.Request, api: str, ok_status: int) -> web.Response:
         early, decision = await self._prelude(request, api=api, send=True)
         if early is not None:
             return early

@@ -59,7 +59,10 @@ REPLICATION_TIMEOUT_S = 6.0
 QUERY_TIMEOUT_S = 4.0
 KAFKA_REQUEST_TIMEOUT_S = 8.0
 GATEWAY_READ_TIMEOUT_S = 3.0
-SLACK_S = 3.0
+SLACK_S = 10.0
+"""What a bound allows past its deadline: a loaded machine (the suite runs 4 processes on 2
+cores) took 4.2 s past a 3 s read timeout. Without the deadline an edge is never detected
+within the blackhole (it recovers at 30 s), so the bounds still tell the mechanism apart."""
 BOUND_RELAY_S = REPLICATION_TIMEOUT_S + SLACK_S
 BOUND_SINK_S = QUERY_TIMEOUT_S + SLACK_S
 BOUND_KAFKA_S = KAFKA_REQUEST_TIMEOUT_S + SLACK_S
