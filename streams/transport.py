@@ -36,10 +36,12 @@ with committed offset ``C`` (record ``C`` next) and ``C+1, C+2`` acknowledged it
 commits ``C+3`` while ``C`` is still in its lane, and with no commit yet (``C`` None
 or 0) it commits the first acknowledged run whatever lies before it (faust-streaming
 issue #606, fix proposed in PR #707, not released). The lanes acknowledge in the
-order conversations finish, so this happened under load, every commit able to skip
-one more: a SIGKILL then lost the skipped records (1 of 2,000 in
+order conversations finish, so under load every commit could skip one more, and a
+SIGKILL then lost the skipped records (the likely cause of 1 lost in 2,000 in
 ``test_kafka_compaction``, the last message of a conversation). Nor does a record
-Faust's stream dropped unhandled count as acknowledged (:meth:`_Consumer.ack`).
+Faust's stream dropped unhandled count as acknowledged (:meth:`_Consumer.ack`), nor does
+Faust empty the agents' queues when the flow resumes after a rebalance
+(:meth:`AgentQueue.clear`).
 """
 
 from __future__ import annotations
