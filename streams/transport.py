@@ -134,7 +134,7 @@ class AgentQueue(ThrowableQueue):  # type: ignore[type-arg]
         fetched after the seek sat in the queue and went with the clear, while its read
         offset had moved past them: the same records fetched again were dropped as already
         read. 57 intents of one partition were never sent (worker SIGTERM and successor,
-        tests/integration/test_worker_crash.py: 3 of about 20 runs under load). Kept, a record of an
+        tests/integration/test_worker_crash.py: 4 of about 15 runs under load). Kept, a record of an
         older generation, or one taken while the flow is stopped, is skipped by the stream
         (and not acknowledged: :meth:`_Consumer.ack`); any other is handled, at worst twice,
         which the jobs table absorbs.
