@@ -86,10 +86,9 @@ def find_free_port() -> int:
     Under pytest-xdist each worker (``PYTEST_XDIST_WORKER`` gw0, gw1, ...) draws from
     its own slice of ports 20000-31999, so two test processes never hand out the same
     port between choosing it and binding it, and a process never hands out one port twice
-    (a pipeline picks the simulator's port before its brokers pick theirs; a repeat can let one
-    bind the other's). Elsewhere the kernel picks it; another
-    process could take it before ours binds, which then fails with the log tail naming
-    the bind error.
+    (a pipeline picks the simulator's port before its brokers pick theirs; a repeat can let
+    one bind the other's). Elsewhere the kernel picks it; another process could take it
+    before ours binds, which then fails with the log tail naming the bind error.
     """
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     if worker.startswith("gw") and worker[2:].isdigit():
@@ -100,9 +99,7 @@ def find_free_port() -> int:
         for _ in range(200):
             candidate = random.randrange(low, low + _PORT_RANGE_SIZE)
             if candidate in _HANDED_OUT:
-                # Free now, but handed out already and maybe not bound yet: a pipeline picks
-                # the simulator's port before its brokers pick theirs.
-                continue
+                continue  # free now, but maybe handed out and not bound yet
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
                 try:
                     sock.bind(("127.0.0.1", candidate))

@@ -220,15 +220,14 @@ class _Consumer(faust_aiokafka.Consumer):
                 acked.extend(filled)
                 gaps.chop(0, max(filled[-1], highest + 1))
         done = sorted(set(acked))
+        acked[:] = done
         if in_flight is not None and in_flight <= done[0]:
-            acked[:] = done
             return None  # the head is still being handled
         committed = self._committed_offset[tp]
         if committed is not None and done[0] - committed > 1:
             # Records between the committed offset and the first acknowledged one were not
             # all handled: wait (Faust's rule, which lets one offset go: a transaction marker
             # at the committed offset, never in flight here since the floor is above it).
-            acked[:] = done
             return None
         run = next(consecutive_numbers(done))
         end = run[-1] + 1

@@ -141,13 +141,12 @@ class _Commits:
 
         from faust.types import TP
         from intervaltree import IntervalTree
+        from mode.utils.queues import FlowControlEvent
 
         from streams.transport import _Consumer
 
         self.tp = TP(self.TOPIC, 0)
         consumer = _Consumer.__new__(_Consumer)
-        from mode.utils.queues import FlowControlEvent
-
         self.flow = FlowControlEvent(initially_suspended=False)
         consumer.app = SimpleNamespace(  # type: ignore[assignment]
             topics=SimpleNamespace(acks_enabled_for=lambda topic: True),
