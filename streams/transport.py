@@ -46,6 +46,7 @@ Faust empty the agents' queues when the flow resumes after a rebalance
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -150,6 +151,12 @@ class AgentQueue(ThrowableQueue):  # type: ignore[type-arg]
 
 
 class _Consumer(faust_aiokafka.Consumer):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._rewinds: dict[TP, int] = {}
+        self._rewind_generation: int | None = None
+        self._rewind_task: asyncio.Future[None] | None = None
+
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
         return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
@@ -167,9 +174,41 @@ class _Consumer(faust_aiokafka.Consumer):
         if not message.tracked and (
             not app.flow_control.is_active() or message.generation_id != app.consumer_generation_id
         ):
+            if message.generation_id == app.consumer_generation_id:
+                self._rewind_when_resumed(message.tp, message.offset, message.generation_id)
             return False
         acked: bool = super().ack(message)
         return acked
+
+    def _rewind_when_resumed(self, tp: TP, offset: int, generation: int | None) -> None:
+        """Read ``tp`` again from ``offset`` once the flow resumes.
+
+        A record of the current generation that a stream took while the flow was stopped
+        was fetched after Faust's seek to committed offsets (``Recovery._resume_streams``
+        seeks, then resumes the flow), so nothing reads it again: every record of the dead
+        worker's partitions fetched in that window was never sent (110 of 200, SIGKILLing
+        one of two workers, tests/integration/test_kafka_guarantees.py). A record of an older
+        generation needs nothing: the newer generation's seek comes after it. Records already
+        handled past ``offset`` are handled again, which the jobs table absorbs.
+        """
+        if generation != self._rewind_generation:
+            self._rewinds = {}
+            self._rewind_generation = generation
+        start = not self._rewinds
+        if offset < self._rewinds.get(tp, offset + 1):
+            self._rewinds[tp] = offset
+        if start:
+            self._rewind_task = asyncio.ensure_future(self._rewind_after_resume(generation))
+
+    async def _rewind_after_resume(self, generation: int | None) -> None:
+        await self.app.flow_control.acquire()
+        rewinds, self._rewinds = self._rewinds, {}
+        if generation != self.app.consumer_generation_id:
+            return  # rebalanced again: that rebalance's seek to committed offsets reads them
+        assigned = self.assignment()
+        for tp, offset in sorted(rewinds.items()):
+            if tp in assigned:
+                await self.seek(tp, offset)
 
     def _filter_committable_offsets(self, tps: Iterable[TP]) -> dict[TP, int]:
         """Faust's, with :meth:`_committable_offset` for its ``_new_offset``."""

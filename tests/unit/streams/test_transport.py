@@ -160,6 +160,16 @@ class _Commits:
         consumer._unacked_messages = WeakSet()
         consumer._n_acked = 0
         consumer._waiting_for_ack = None
+        consumer._rewinds = {}
+        consumer._rewind_generation = None
+        consumer._rewind_task = None
+        self.seeks: list[tuple[int, int]] = []
+
+        async def seek(tp: Any, offset: int) -> None:
+            self.seeks.append((tp.partition, offset))
+
+        consumer.assignment = lambda: {self.tp}  # type: ignore[method-assign]
+        consumer.seek = seek  # type: ignore[method-assign,assignment]
         if committed is not None:
             consumer._committed_offset[self.tp] = committed
         self.consumer = consumer
@@ -302,7 +312,7 @@ def test_records_taken_in_order_and_acknowledged_in_any_order_commit_only_finish
 
 
 @pytest.mark.parametrize("why", ["flow stopped", "older generation"])
-def test_a_record_faust_skipped_without_handing_it_over_is_not_acknowledged(why: str) -> None:
+async def test_a_record_faust_skipped_without_handing_it_over_is_not_acknowledged(why: str) -> None:
     """Faust's stream acknowledges the record it drops while the flow is stopped (rebalance,
     shutdown) or of an older generation: never handled, it must not become committable."""
     commits = _Commits(committed=20)
@@ -319,3 +329,35 @@ def test_a_record_faust_skipped_without_handing_it_over_is_not_acknowledged(why:
     commits.take(21)  # the same record, read again and handed over
     assert commits.ack(21)
     assert commits.commit() == 22
+
+
+async def test_records_of_this_generation_skipped_while_the_flow_is_stopped_are_read_again() -> (
+    None
+):
+    """Faust seeks to committed offsets, then resumes the flow: a record fetched between the
+    two and skipped by the stream is read again once the flow resumes (from the lowest one),
+    an older generation's is not (the newer rebalance's seek reads it)."""
+    import asyncio
+
+    commits = _Commits(committed=20)
+    consumer = commits.consumer
+    seeks = commits.seeks
+    commits.flow.suspend()
+    for offset in (22, 21, 23):
+        assert not commits.fetch(offset).ack(consumer)
+    assert not commits.fetch(19, generation=0).ack(consumer)
+    await asyncio.sleep(0)
+    assert seeks == []  # not while the flow is stopped
+    commits.flow.resume()
+    assert consumer._rewind_task is not None
+    await asyncio.wait_for(consumer._rewind_task, 5)
+    assert seeks == [(0, 21)]
+
+    # Rebalanced again before the flow resumed: nothing of the old generation is sought.
+    seeks.clear()
+    commits.flow.suspend()
+    assert not commits.fetch(24).ack(consumer)
+    consumer.app.consumer_generation_id = 2
+    commits.flow.resume()
+    await asyncio.wait_for(consumer._rewind_task, 5)
+    assert seeks == []
