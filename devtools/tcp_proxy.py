@@ -44,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import time
 
 from devtools.lifecycle import StartStop
 
@@ -76,6 +77,10 @@ class TcpProxy(StartStop):
         """Connections silenced so far: open when :meth:`blackhole` came, or accepted during it."""
         self.replies_dropped = 0
         """Bytes of the server's answers :meth:`drop_replies` kept from clients so far."""
+        self.first_silenced_request_at: float | None = None
+        """``time.time()`` when a client first sent bytes into the current blackhole (None
+        until one does): where a request's deadline starts, for a client that was idle when
+        the blackhole came."""
 
     @property
     def port(self) -> int:
@@ -126,6 +131,7 @@ class TcpProxy(StartStop):
         """Silence every connection, open and new, without closing any, until :meth:`restore`."""
         with self._lock:
             self._blackholed = True
+            self.first_silenced_request_at = None
             fresh = self._connections - self._silenced
             self._silenced.update(fresh)
             self.silenced += len(fresh) // 2
@@ -209,6 +215,8 @@ class TcpProxy(StartStop):
         try:
             while data := src.recv(_BUFFER):
                 if dst is None or src in self._silenced:
+                    if self.first_silenced_request_at is None and src not in self._upstreams:
+                        self.first_silenced_request_at = time.time()
                     continue
                 if self._dropping_replies and src in self._upstreams:
                     self.replies_dropped += len(data)
