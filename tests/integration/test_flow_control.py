@@ -3,6 +3,10 @@
 Intents are committed one per transaction at a fixed offered rate over several
 instances (:class:`OfferedLoad`), the simulator injects the fault on one
 instance, and the simulator's own arrival times are the measurements.
+
+These tests run beside the rest of the suite on a loaded machine, so each bound tells the
+mechanism apart from its absence, with room for a slow machine, and is not a speed target:
+the figures are printed (rates, p99 latencies, ramp times); the targets are ``make bench``'s.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from streams.contract import ContractError, IntentCaptured
 from tests.integration.support import count_rows, wait_until
 from tests.integration.topic_reader import read_topic
 
-pytestmark = [pytest.mark.integration, pytest.mark.serial]
+pytestmark = pytest.mark.integration
 
 INSTANCES = [f"fc-{i}" for i in range(5)]
 
@@ -125,6 +129,30 @@ simulator, 53-55 in any 0.9 s. The gate's own bound is exact and tested without 
 (tests/unit/streams/test_pacing.py); this one catches sends the pacer did not hold."""
 
 
+STALL_S = 1.0
+"""How long a loaded machine may hold a request between the worker's pacing gate and the
+simulator's stamp (both processes' scheduling and the HTTP hop). The rate bounds below count
+arrivals in windows this much shorter than the time the gate had to release them."""
+
+ISOLATION_MARGIN_S = 5.0
+"""An isolated instance's message committed this long before a fault on another instance
+ends has reached the gateway before that end. Without isolation it waits for the fault's
+end (20-30 s later); quiet, it takes well under a second."""
+
+
+def _committed_during(
+    load: OfferedLoad, instances: list[str], start: float, end: float
+) -> list[str]:
+    return [
+        k for i in instances for k in load.keys_by_instance[i] if start <= load.committed[k] < end
+    ]
+
+
+def _held_past(arrivals: dict[str, float], keys: list[str], until: float) -> list[str]:
+    """The keys among ``keys`` that reached the gateway only at or after ``until``."""
+    return [k for k in keys if arrivals[k] >= until]
+
+
 def _per_second(times: list[float], origin: float) -> list[int]:
     counts: dict[int, int] = defaultdict(int)
     for t in times:
@@ -184,37 +212,41 @@ def pipeline() -> Iterator[LocalPipeline]:
         yield p
 
 
-def test_an_instance_at_20_per_second_never_exceeds_it_with_two_workers(
+def test_an_instance_at_10_per_second_never_exceeds_it_with_two_workers(
     pipeline: LocalPipeline,
 ) -> None:
-    limited = INSTANCES[0]
+    limited, rate, burst = INSTANCES[0], 10, 4
     env = {
         "ZAPSTREAM_WORKER_INSTANCE_RATES": orjson.dumps(
-            {limited: {"rate_per_s": 20, "burst": 4}}
+            {limited: {"rate_per_s": rate, "burst": burst}}
         ).decode()
     }
     workers = _start_workers(pipeline, 2, env)
-    # 100 msg/s offered over 5 instances: 20/s on the limited one, like its limit, in bursts.
+    # 100 msg/s offered over 5 instances: 20/s on the limited one, twice its limit.
     load = OfferedLoad(pipeline.dsn, rate=100, seconds=8, instances=INSTANCES).start()
     load.join()
     _wait_delivered(pipeline, list(load.committed), 120)
     arrivals = _arrivals(pipeline, set(load.keys_by_instance[limited]))
     times = sorted(arrivals.values())
-    peak = _max_in_any_second(times)
-    mean = (len(times) - 1) / (times[-1] - times[0])
+    span = times[-1] - times[0]
+    window_s = 3.0
+    most = _max_in_any_second(times, window_s)
     report = audit(list(load.committed), pipeline.sim_messages())
     per_worker = [w.intents() for w in workers]
     print(
-        f"\n20/s instance, 2 workers: {len(times)} messages, most in any 1 s window {peak}, "
-        f"mean {mean:.1f}/s; per second {_per_second(times, times[0])}; "
-        f"duplicates {report.duplicate_count}, order violations {len(report.order_violations)}; "
-        f"intents per worker {per_worker}"
+        f"\n{rate}/s instance, 2 workers: {len(times)} messages over {span:.1f} s "
+        f"(mean {(len(times) - 1) / span:.1f}/s), most in any 1 s window "
+        f"{_max_in_any_second(times)}, in any {window_s:g} s window {most}; per second "
+        f"{_per_second(times, times[0])}; duplicates {report.duplicate_count}, order "
+        f"violations {len(report.order_violations)}; intents per worker {per_worker}"
     )
     assert all(per_worker), "both workers sent"
-    # The rate plus its burst, summed over both workers' shares; +1 because the windows are
-    # over arrival times, which the HTTP hop's jitter can pull a few ms closer than the sends.
-    assert peak <= 20 + 4 + 1, peak
-    assert mean >= 12, mean  # paced, not starved
+    # Both workers' shares together release at most rate x T + burst in any T seconds, so
+    # the instance's 160 messages take at least (160 - burst) / rate = 15.6 s; unpaced, they
+    # arrive as offered, in 8 s. A loaded machine only stretches the span, and may bunch
+    # arrivals by STALL_S at either end.
+    assert span >= (len(times) - burst) / rate - STALL_S, (span, len(times))
+    assert most <= rate * (window_s + STALL_S) + burst, most
     assert report.duplicate_count == 0 and not report.order_violations
 
 
@@ -240,11 +272,16 @@ def test_a_429_storm_on_one_instance_leaves_the_others_alone(pipeline: LocalPipe
     storm = OfferedLoad(pipeline.dsn, rate=50, seconds=30, instances=INSTANCES).start()
     time.sleep(3)  # the storm starts while traffic flows, like in production
     pipeline.sim_config(rate_limited_instances={stormy: 20})
-    storm_end = time.time() + 20
+    storm_start = time.time()
+    storm_end = storm_start + 20
     storm.join()
     _wait_delivered(pipeline, list(storm.committed), 120)
     arrivals = _arrivals(pipeline, set(storm.committed))
     storm_p99 = others_p99(storm, arrivals)
+    others_in_storm = _committed_during(
+        storm, INSTANCES[1:], storm_start, storm_end - ISOLATION_MARGIN_S
+    )
+    others_held = _held_past(arrivals, others_in_storm, storm_end)
     stormy_keys = storm.keys_by_instance[stormy]
     held = [k for k in stormy_keys if storm.committed[k] < storm_end]
     recent = [arrivals[k] for k in stormy_keys if arrivals[k] >= storm_end - 5]
@@ -257,18 +294,22 @@ def test_a_429_storm_on_one_instance_leaves_the_others_alone(pipeline: LocalPipe
     )
     print(
         f"\n429 storm on {stormy} for 20 s (Retry-After 2): other instances' p99 "
-        f"{calm_p99 * 1000:.0f} ms calm -> {storm_p99 * 1000:.0f} ms during the storm; "
+        f"{calm_p99 * 1000:.0f} ms calm -> {storm_p99 * 1000:.0f} ms during the storm, "
+        f"{len(others_held)} of their {len(others_in_storm)} committed in it held past its end; "
         f"{len(held)} of its messages committed before the storm's end, the last of them "
         f"{last_stormy - storm_end:+.1f} s after the storm's end (per second from 5 s "
         f"before: {_per_second(recent, storm_end - 5)}); duplicates "
         f"{report.duplicate_count}, order violations {len(report.order_violations)}"
     )
-    assert storm_p99 <= 1.5 * calm_p99 + 0.05, (calm_p99, storm_p99)
+    # The other instances are not held by the storm: what they committed while it raged
+    # (up to ISOLATION_MARGIN_S before its end) reached the gateway before it ended.
+    assert others_in_storm and not others_held, (len(others_held), calm_p99, storm_p99)
     # A 429 just before the storm's end still blocks for its Retry-After (2 s): the ramp
     # starts between 0 and 2 s after the end, then doubles the rate each second through
     # ~230 held messages (~4 s), and a parked conversation is seen at most 0.5 s late.
-    # Measured 4.0, 4.9, 5.7 and 6.1 s; the failure schedule's first step would be 60 s.
-    assert last_stormy - storm_end <= 2.0 + 4.5 + 0.5
+    # Measured 4.0, 4.9, 5.7 and 6.1 s on a quiet machine; the bound leaves a loaded one
+    # room and still tells the ramp from the failure schedule, whose first step is 60 s.
+    assert last_stormy - storm_end <= 30.0
     assert report.duplicate_count == 0 and not report.order_violations
     assert attempts_dead == 0
 
@@ -281,7 +322,8 @@ def test_a_disconnected_instance_waits_and_ramps_up_after_it_returns(
     load = OfferedLoad(pipeline.dsn, rate=50, seconds=40, instances=INSTANCES).start()
     time.sleep(3)
     pipeline.sim_config(disconnected_instances={lost: 30})
-    back_at = time.time() + 30
+    lost_at = time.time()
+    back_at = lost_at + 30
     load.join()
     _wait_delivered(pipeline, list(load.committed), 120)
     lost_keys = load.keys_by_instance[lost]
@@ -301,14 +343,17 @@ def test_a_disconnected_instance_waits_and_ramps_up_after_it_returns(
         for k in load.keys_by_instance[i]
         if back_at - 30 <= load.committed[k] < back_at
     ]
+    others_in_outage = _committed_during(load, INSTANCES[1:], lost_at, back_at - ISOLATION_MARGIN_S)
+    others_held = _held_past(arrivals, others_in_outage, back_at)
     print(
         f"\n{lost} disconnected for 30 s: {len(after)} of its messages after it returned, "
         f"per second {counts}; other instances' p99 during the outage "
-        f"{_p99(others) * 1000:.0f} ms; bad ends {bad}; duplicates {report.duplicate_count}"
+        f"{_p99(others) * 1000:.0f} ms, {len(others_held)} of their {len(others_in_outage)} "
+        f"held past it; bad ends {bad}; duplicates {report.duplicate_count}"
     )
     assert bad == 0
     assert report.duplicate_count == 0 and not report.order_violations
-    assert _p99(others) < 1.0
+    assert others_in_outage and not others_held, len(others_held)
     assert len(after) > 50
     # Ramp-up: the first second after the probe gets through sends less than the peak.
     first = next(i for i, c in enumerate(counts) if c)
@@ -388,7 +433,9 @@ def test_operational_messages_overtake_a_100k_bulk_campaign_on_the_same_instance
         if arrivals[k] - produced[k] > 0.3
     ]
     print(f"operational messages over 300 ms at the worker (index, seconds): {slow}")
-    assert _p99(latencies) <= 1.0
+    # Quiet, p99 is 0.1-0.5 s (the 1 s target is make bench's). In arrival order behind the
+    # campaign's in-flight sends (256 at 50/s) an operational message waits about 5 s.
+    assert _p99(latencies) <= 2.5
     # Rate + burst in any second at the worker, seen through the HTTP hop's jitter.
     assert _max_in_any_second(window, 1.0 - ARRIVAL_JITTER_S) <= 50 + 5
     assert bulk_sent < campaign  # the campaign was still going: it did not simply finish first

@@ -203,7 +203,6 @@ def test_sigkill_and_restart_on_the_same_log_dirs_keep_records_and_offsets(
     assert asyncio.run(committed()) == {0: 7, 1: 11}
 
 
-@pytest.mark.serial
 def test_what_one_node_costs(broker: KafkaBroker) -> None:
     """RSS after start and after a light load, and idle CPU over 10 s, from /proc."""
     rss_start = proc_status_mib(broker.pid, "VmRSS")

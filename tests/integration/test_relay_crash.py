@@ -30,7 +30,7 @@ from tests.integration.support import (
 )
 from tests.integration.topic_reader import read_topic
 
-pytestmark = [pytest.mark.integration, pytest.mark.serial]
+pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ from tests.integration.support import (
     wait_until,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.serial]
+pytestmark = pytest.mark.integration
 
 MANIFEST_LIMIT_MIB = 256
 """The relay's memory limit in k8s/base (``resources.limits.memory: 256Mi``)."""
