@@ -136,6 +136,27 @@ def test_a_blackhole_keeps_connections_open_and_forwards_nothing(echo: EchoServe
         during.close()
 
 
+def test_a_blackhole_notes_when_a_client_first_wrote_into_it(echo: EchoServer) -> None:
+    with TcpProxy(echo.port) as proxy:
+        idle = _client(proxy)
+        assert _echoes(idle, b"warm") == b"warm"
+        proxy.blackhole()
+        assert _stays_silent(idle)  # nothing written yet: no request's deadline has started
+        assert proxy.first_silenced_request_at is None
+        written_at = time.time()
+        idle.sendall(b"request")
+        _wait_for(lambda: proxy.first_silenced_request_at is not None, "the first request")
+        first = proxy.first_silenced_request_at
+        assert first is not None and written_at <= first <= time.time()
+        idle.sendall(b"another")
+        assert _stays_silent(idle)
+        assert proxy.first_silenced_request_at == first, "a later request moved the start"
+        proxy.restore()
+        proxy.blackhole()  # a new blackhole starts its own count
+        assert proxy.first_silenced_request_at is None
+        idle.close()
+
+
 def test_restore_resets_the_silenced_connections_and_forwards_new_ones(echo: EchoServer) -> None:
     with TcpProxy(echo.port) as proxy:
         old = _client(proxy)
