@@ -18,6 +18,10 @@ STATES = Counter(
 DEAD = Counter("zapstream_dead_total", "Records published to zapstream.dead")
 PARKED = Gauge("zapstream_parked_conversations", "Conversations waiting for a retry (this worker)")
 POISON = Counter("zapstream_poison_records_total", "Records sent to zapstream.dead", ["topic"])
+COMMITS_HELD = Gauge(
+    "zapstream_worker_commits_held_partitions",
+    "Partitions whose commits have waited over a minute on records never acknowledged",
+)
 IN_FLIGHT = Gauge(
     "zapstream_dispatch_in_flight",
     "Intents queued or being sent in conversation lanes, by priority",

@@ -41,14 +41,17 @@ SIGKILL then lost the skipped records (the likely cause of 1 lost in 2,000 in
 ``test_kafka_compaction``, the last message of a conversation). Nor does a record
 Faust's stream dropped unhandled count as acknowledged (:meth:`_Consumer.ack`), nor does
 Faust empty the agents' queues when the flow resumes after a rebalance
-(:meth:`AgentQueue.clear`).
+(:meth:`AgentQueue.clear`). Commits that wait a minute on records never acknowledged are
+said once and counted (:meth:`_Consumer._note_held`): a stall is visible, never silent.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import Iterable, Mapping
+from time import monotonic
 from typing import Any
 
 import aiokafka
@@ -57,7 +60,14 @@ from faust.types import TP
 from faust.utils.functional import consecutive_numbers
 from mode.utils.queues import ThrowableQueue
 
+from streams import metrics
+
+log = logging.getLogger(__name__)
+
 FETCH_MAX_BYTES = 1024 * 1024
+COMMIT_HELD_WARN_S = 60.0
+"""How long a partition's commits may wait on records between its committed offset and its
+first acknowledged run before the worker says so (once per held offset)."""
 """A fetch request's size bound (aiokafka's default is 50 MiB): about 1,500 intents. Tansu
 ignores the per-partition bound (``max_partition_fetch_bytes``) but honours this one."""
 
@@ -150,12 +160,24 @@ class AgentQueue(ThrowableQueue):  # type: ignore[type-arg]
         return math.floor(self.pause_at * self.pressure_drop_ratio)
 
 
+class _HeldCommit:
+    """A partition whose commits wait at ``offset`` since ``since`` (monotonic)."""
+
+    __slots__ = ("offset", "since", "warned")
+
+    def __init__(self, offset: int, since: float) -> None:
+        self.offset = offset
+        self.since = since
+        self.warned = False
+
+
 class _Consumer(faust_aiokafka.Consumer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._rewinds: dict[TP, int] = {}
         self._rewind_generation: int | None = None
         self._rewind_task: asyncio.Future[None] | None = None
+        self._held: dict[TP, _HeldCommit] = {}
 
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
         return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
@@ -213,6 +235,10 @@ class _Consumer(faust_aiokafka.Consumer):
     def _filter_committable_offsets(self, tps: Iterable[TP]) -> dict[TP, int]:
         """Faust's, with :meth:`_committable_offset` for its ``_new_offset``."""
         floors = self._in_flight_floors()
+        if self._held:
+            assigned = self.assignment()
+            for gone in [tp for tp in self._held if tp not in assigned]:
+                self._release_held(gone, "is no longer assigned to this worker")
         offsets: dict[TP, int] = {}
         for tp in tps:
             offset = self._committable_offset(tp, floors.get(tp))
@@ -267,7 +293,9 @@ class _Consumer(faust_aiokafka.Consumer):
             # Records between the committed offset and the first acknowledged one were not
             # all handled: wait (Faust's rule, which lets one offset go: a transaction marker
             # at the committed offset, never in flight here since the floor is above it).
+            self._note_held(tp, committed, done[0])
             return None
+        self._release_held(tp)
         run = next(consecutive_numbers(done))
         end = run[-1] + 1
         if in_flight is not None:
@@ -275,6 +303,47 @@ class _Consumer(faust_aiokafka.Consumer):
         acked[:] = [o for o in done if o >= end]
         self._acked_index[tp].difference_update(o for o in run if o < end)
         return end
+
+    def _note_held(self, tp: TP, committed: int, first_done: int) -> None:
+        """Commits of ``tp`` wait on offsets ``committed .. first_done - 1``: normally for a
+        moment (their records are on their way to a stream). Held for
+        :data:`COMMIT_HELD_WARN_S`, a record there may have been dropped unread, and the
+        partition's lag would not fall until a rebalance or restart reads it again: say so
+        once, and count the partition in ``zapstream_worker_commits_held_partitions``."""
+        now = monotonic()
+        held = self._held.get(tp)
+        if held is None or held.offset != committed:
+            if held is not None and held.warned:
+                metrics.COMMITS_HELD.dec()
+            self._held[tp] = _HeldCommit(committed, now)
+            return
+        if not held.warned and now - held.since >= COMMIT_HELD_WARN_S:
+            held.warned = True
+            metrics.COMMITS_HELD.inc()
+            log.warning(
+                "partition %s-%d: commits held at offset %d for %.0fs: offsets %d..%d were "
+                "never acknowledged while later ones were; its consumer lag will not fall "
+                "until a rebalance or a restart of this worker reads them again",
+                tp.topic,
+                tp.partition,
+                committed,
+                now - held.since,
+                committed,
+                first_done - 1,
+            )
+
+    def _release_held(self, tp: TP, why: str = "commits past it again") -> None:
+        held = self._held.pop(tp, None)
+        if held is not None and held.warned:
+            metrics.COMMITS_HELD.dec()
+            log.info(
+                "partition %s-%d, held at offset %d for %.0fs: %s",
+                tp.topic,
+                tp.partition,
+                held.offset,
+                monotonic() - held.since,
+                why,
+            )
 
     def on_buffer_full(self, tp: TP) -> None:
         """The queue ``tp`` feeds is 80% full: stop fetching every partition of its topic."""

@@ -163,6 +163,7 @@ class _Commits:
         consumer._rewinds = {}
         consumer._rewind_generation = None
         consumer._rewind_task = None
+        consumer._held = {}
         self.seeks: list[tuple[int, int]] = []
 
         async def seek(tp: Any, offset: int) -> None:
@@ -254,6 +255,39 @@ def test_one_offset_never_delivered_at_the_head_is_let_go_a_longer_gap_waits() -
     dropped.take(10, 11, 12)  # read again
     dropped.ack(10, 11, 12)
     assert dropped.commit() == 15
+
+
+def test_commits_held_a_minute_on_records_never_acknowledged_are_said_once_and_counted(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A partition whose commits wait on records dropped unread would only show as lag that
+    does not fall: after COMMIT_HELD_WARN_S the worker names it once, and counts it."""
+    from streams import metrics, transport
+
+    clock = [1000.0]
+    monkeypatch.setattr(transport, "monotonic", lambda: clock[0])
+    gauge = metrics.COMMITS_HELD._value
+    before = gauge.get()
+    commits = _Commits(committed=10)
+    commits.take(13, 14)  # 10, 11 and 12 fetched and never handed over
+    commits.ack(13, 14)
+    caplog.set_level("INFO", logger="streams.transport")
+    assert commits.commit() is None
+    clock[0] += transport.COMMIT_HELD_WARN_S - 1
+    assert commits.commit() is None
+    assert not caplog.records and gauge.get() == before  # a moment's wait is normal
+    clock[0] += 1
+    for _ in range(3):
+        assert commits.commit() is None
+    held = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(held) == 1, held
+    assert "zapstream.intents-0" in held[0] and "offset 10" in held[0] and "10..12" in held[0]
+    assert gauge.get() == before + 1
+    commits.take(10, 11, 12)  # read again (a rebalance, a restart)
+    commits.ack(10, 11, 12)
+    assert commits.commit() == 15
+    assert gauge.get() == before
+    assert "commits past it again" in caplog.records[-1].getMessage()
 
 
 def test_an_agent_queue_keeps_its_records_when_faust_clears_the_queues() -> None:
