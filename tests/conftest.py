@@ -45,4 +45,9 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    terminalreporter.write_line(broker_line())
+    """The broker line closes a run that ran integration tests (not a unit-only run)."""
+    reports = (
+        r for kind in ("passed", "failed", "error") for r in terminalreporter.getreports(kind)
+    )
+    if any("integration" in getattr(r, "keywords", {}) for r in reports):
+        terminalreporter.write_line(broker_line())
