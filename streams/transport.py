@@ -65,11 +65,11 @@ from streams import metrics
 log = logging.getLogger(__name__)
 
 FETCH_MAX_BYTES = 1024 * 1024
+"""A fetch request's size bound (aiokafka's default is 50 MiB): about 1,500 intents. Tansu
+ignores the per-partition bound (``max_partition_fetch_bytes``) but honours this one."""
 COMMIT_HELD_WARN_S = 60.0
 """How long a partition's commits may wait on records between its committed offset and its
 first acknowledged run before the worker says so (once per held offset)."""
-"""A fetch request's size bound (aiokafka's default is 50 MiB): about 1,500 intents. Tansu
-ignores the per-partition bound (``max_partition_fetch_bytes``) but honours this one."""
 
 
 class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
