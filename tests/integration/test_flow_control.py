@@ -433,9 +433,10 @@ def test_operational_messages_overtake_a_100k_bulk_campaign_on_the_same_instance
         if arrivals[k] - produced[k] > 0.3
     ]
     print(f"operational messages over 300 ms at the worker (index, seconds): {slow}")
-    # Quiet, p99 is 0.1-0.5 s (the 1 s target is make bench's). In arrival order behind the
-    # campaign's in-flight sends (256 at 50/s) an operational message waits about 5 s.
-    assert _p99(latencies) <= 2.5
+    # Measured p99: 51 ms quiet, 41 ms beside the suite's heaviest files. In arrival order
+    # behind the campaign's sends in flight (ZAPSTREAM_WORKER_MAX_IN_FLIGHT_BULK, 128, at
+    # 50/s) an operational message would wait about 2.6 s: the bound is half of that.
+    assert _p99(latencies) <= 1.25
     # Rate + burst in any second at the worker, seen through the HTTP hop's jitter.
     assert _max_in_any_second(window, 1.0 - ARRIVAL_JITTER_S) <= 50 + 5
     assert bulk_sent < campaign  # the campaign was still going: it did not simply finish first
