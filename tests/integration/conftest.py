@@ -16,6 +16,10 @@ import pytest
 from connectors.outbox.migrate import migrate
 from devtools import shared_broker
 from devtools.devstack import PostgresCluster
+from devtools.local_pipeline import LocalPipeline
+
+LOG_TAIL_LINES = 40
+"""Lines of each process's log a failed test's report carries."""
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -34,3 +38,22 @@ def outbox_db() -> Iterator[str]:
         dsn = cluster.dsn()
         migrate(dsn)
         yield dsn
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test that used a pipeline reports the tail of each of its processes' logs
+    (worker, relay, sink, simulator): a pipeline's directory goes with it, and a failure in
+    CI is read from its output alone."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if report.when != "call" or not report.failed:
+        return
+    funcargs = getattr(item, "funcargs", {})
+    for pipeline in {id(v): v for v in funcargs.values() if isinstance(v, LocalPipeline)}.values():
+        for proc in pipeline.processes:
+            try:
+                tail = proc.log_tail(LOG_TAIL_LINES)
+            except OSError as exc:
+                tail = f"(no log: {exc})"
+            report.sections.append((f"log tail: {proc.name}", tail))
