@@ -75,3 +75,21 @@ async def _read(bootstrap: str, topic: str, timeout_s: float) -> list[TopicRecor
 def read_topic(bootstrap: str, topic: str, timeout_s: float = 60.0) -> list[TopicRecord]:
     """Every record of ``topic`` that exists now, across partitions."""
     return asyncio.run(_read(bootstrap, topic, timeout_s))
+
+
+async def _end_offsets(bootstrap: str, topic: str, partitions: int) -> int:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        consumer.assign(tps)  # puts the topic in the consumer's metadata, as _read does
+        ends = await consumer.end_offsets(tps)
+        return sum(ends.values())
+    finally:
+        await consumer.stop()
+
+
+def end_offsets_sum(bootstrap: str, topic: str, partitions: int) -> int:
+    """The sum of ``topic``'s end offsets over its ``partitions``: it grows as records land
+    (on Tansu it lags a multi-record batch's tail, but grows all the same)."""
+    return asyncio.run(_end_offsets(bootstrap, topic, partitions))
