@@ -7,6 +7,7 @@ from a module, not from pytest's conftest machinery.
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import sys
 import time
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psycopg
 from aiokafka import AIOKafkaProducer
 
@@ -150,3 +152,10 @@ async def republish(pipeline: LocalPipeline, records: list[TopicRecord]) -> None
         await asyncio.gather(*acks)
     finally:
         await producer.stop()
+
+
+def metric_value(port: int, name: str) -> float:
+    """An unlabelled sample from a service's ``/metrics`` on ``port`` (0.0 when absent)."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    found = re.search(rf"^{re.escape(name)} ([0-9.e+]+)$", text, re.M)
+    return float(found.group(1)) if found else 0.0

@@ -35,6 +35,7 @@ from tests.integration.support import (
     Arrivals,
     count_rows,
     enqueue_conversations,
+    metric_value,
     wait_for_status,
     wait_until,
 )
@@ -230,23 +231,17 @@ def test_a_2mb_malformed_row_is_reduced_and_the_50_rows_after_it_are_delivered(
     # transaction (this fresh relay saw two: the poison row's and the 50 rows') and the
     # confirmed LSN.
     too_large = 'zapstream_relay_invalid_rows_total{reason="too_large"}'
-    assert _relay_metric(metrics_port, too_large) == 1
-    assert _relay_metric(metrics_port, "zapstream_relay_rows_total") == 51
-    assert _relay_metric(metrics_port, "zapstream_relay_commit_to_ack_seconds_count") == 2
+    assert metric_value(metrics_port, too_large) == 1
+    assert metric_value(metrics_port, "zapstream_relay_rows_total") == 51
+    assert metric_value(metrics_port, "zapstream_relay_commit_to_ack_seconds_count") == 2
     wait_until(
-        lambda: _relay_metric(metrics_port, "zapstream_relay_confirmed_lsn") > 0,
+        lambda: metric_value(metrics_port, "zapstream_relay_confirmed_lsn") > 0,
         30,
         "the confirmed LSN on /metrics",
     )
     _stop_relay(relay)
     with pytest.raises(httpx.TransportError):
         httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=2)
-
-
-def _relay_metric(port: int, name: str) -> float:
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
-    found = re.search(rf"^{re.escape(name)} ([0-9.e+]+)$", text, re.M)
-    return float(found.group(1)) if found else 0.0
 
 
 # --- 4. PostgreSQL and Kafka cut mid-stream ---------------------------------------------------

@@ -8,7 +8,6 @@ not yet confirmed to PostgreSQL) are absorbed by the worker's job table.
 
 from __future__ import annotations
 
-import re
 import signal
 import threading
 import time
@@ -16,7 +15,6 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 
-import httpx
 import pytest
 
 from connectors.cdc.lsn import Lsn
@@ -27,6 +25,7 @@ from tests.integration.support import (
     Arrivals,
     count_rows,
     enqueue_conversations,
+    metric_value,
     wait_for_status,
     wait_until,
 )
@@ -77,13 +76,6 @@ def _resumed_from(relay: ManagedProcess) -> Lsn:
     # wait_for_log reads only what this run of the process wrote.
     match = relay.wait_for_log(r"relay streaming slot \S+ from (\S+)", timeout_s=60)
     return Lsn.parse(match.group(1))
-
-
-def _relay_confirmed(port: int) -> float:
-    """The LSN the relay last confirmed to PostgreSQL, from its /metrics."""
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
-    found = re.search(r"^zapstream_relay_confirmed_lsn ([0-9.e+]+)$", text, re.M)
-    return float(found.group(1)) if found else 0.0
 
 
 def test_relay_sigkill_mid_stream_loses_nothing_and_sends_each_key_once(
@@ -141,13 +133,16 @@ def test_relay_sigkill_mid_stream_loses_nothing_and_sends_each_key_once(
         def in_kafka() -> int:
             return end_offsets_sum(pipeline.kafka.bootstrap, pipeline.topics.intents, PARTITIONS)
 
-        confirmed = _relay_confirmed(metrics_port)
-        wait_until(lambda: _relay_confirmed(metrics_port) > confirmed, 30, "a fresh confirmation")
-        confirmed, landed = _relay_confirmed(metrics_port), in_kafka()
+        def relay_confirmed() -> float:
+            return metric_value(metrics_port, "zapstream_relay_confirmed_lsn")
+
+        confirmed = relay_confirmed()
+        wait_until(lambda: relay_confirmed() > confirmed, 30, "a fresh confirmation")
+        confirmed, landed = relay_confirmed(), in_kafka()
 
         def landed_past_it() -> bool:
             grown = in_kafka() > landed
-            assert _relay_confirmed(metrics_port) == confirmed, "a later confirmation came first"
+            assert relay_confirmed() == confirmed, "a later confirmation came first"
             return grown
 
         wait_until(landed_past_it, 8, "records in Kafka after it")
