@@ -47,7 +47,7 @@ from connectors.ops.jobs_cli import add_jobs_parser
 from connectors.ops.status import add_status_parser
 
 if TYPE_CHECKING:
-    from streams.settings import KafkaSettings
+    from streams.kernel.settings import KafkaSettings
 
 log = logging.getLogger("zapstream")
 
@@ -80,7 +80,7 @@ def _orphaned_connection_errors(record: logging.LogRecord) -> bool:
 
 def _cmd_migrate(args: argparse.Namespace) -> int:
     from connectors.outbox.migrate import migrate
-    from streams.settings import PostgresSettings
+    from streams.kernel.settings import PostgresSettings
 
     dsn = PostgresSettings().dsn
     applied = migrate(dsn)
@@ -108,7 +108,7 @@ def _ensure_slot(dsn: str, args: argparse.Namespace) -> int:
 
 def _cmd_restream(args: argparse.Namespace) -> int:
     from connectors.cdc.restream import parse_duration, restream
-    from streams.settings import PostgresSettings
+    from streams.kernel.settings import PostgresSettings
 
     try:
         older_than = parse_duration(args.older_than)
@@ -135,7 +135,7 @@ def _cmd_restream(args: argparse.Namespace) -> int:
 def _cmd_prune(args: argparse.Namespace) -> int:
     from connectors.cdc.restream import parse_duration
     from connectors.outbox.retention import prune
-    from streams.settings import PostgresSettings
+    from streams.kernel.settings import PostgresSettings
 
     try:
         result = prune(
@@ -162,7 +162,7 @@ def _cmd_prune(args: argparse.Namespace) -> int:
 
 def _cmd_topics(args: argparse.Namespace) -> int:
     from connectors.ops.topics import ensure_topics
-    from streams.settings import KafkaSettings
+    from streams.kernel.settings import KafkaSettings
 
     created = asyncio.run(ensure_topics(KafkaSettings()))
     print(f"topics created: {', '.join(created) or 'none (all exist)'}")
@@ -179,7 +179,7 @@ def _require_topics(kafka: KafkaSettings, deployable: str) -> None:
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from connectors.cdc.settings import RelaySettings
     from connectors.ops.doctor import print_report, run_doctor
-    from streams.settings import GatewaySettings
+    from streams.kernel.settings import GatewaySettings
 
     results = asyncio.run(
         run_doctor(
@@ -270,8 +270,8 @@ def _cmd_webhook(args: argparse.Namespace) -> int:
 def _cmd_lag_monitor(args: argparse.Namespace) -> int:
     from prometheus_client import start_http_server
 
+    from streams.kernel.settings import LagMonitorSettings
     from streams.lag_monitor import LagMonitor, run_lag_monitor
-    from streams.settings import LagMonitorSettings
 
     settings = LagMonitorSettings()
     host = "127.0.0.1" if settings.metrics_bind_local else "0.0.0.0"  # noqa: S104

@@ -35,7 +35,7 @@ import psycopg
 
 from connectors.cdc.outbox_rows import INTENT_COLUMNS, CapturedIntent, row_to_intent
 from devtools.bench_support import Figure
-from streams.contract import HEADER_JOB_ID, HEADER_LSN, HEADER_SCHEMA
+from streams.kernel.contract import HEADER_JOB_ID, HEADER_LSN, HEADER_SCHEMA
 
 TOPIC = "bench.librdkafka"
 Record = tuple[bytes, bytes, list[tuple[str, str | bytes | None]]]

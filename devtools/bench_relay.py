@@ -58,7 +58,7 @@ from devtools.bench_support import (
 )
 from devtools.devstack import ManagedProcess, find_free_port, postgres_bin_dir
 from devtools.local_pipeline import LocalPipeline
-from streams.contract import INTENTS
+from streams.kernel.contract import INTENTS
 
 SLOT = "zapstream_outbox"
 PUBLICATION = "zapstream_outbox"
@@ -555,7 +555,6 @@ def _commit_to_kafka(
 _EOS_COMMITS = re.compile(r"relay exactly-once: (\d+) Kafka transactions committed")
 
 
-
 @dataclass(frozen=True)
 class RelayTiming:
     """How long a relay took to confirm its slot past the fill, from its 'relay streaming'
@@ -586,6 +585,7 @@ def _time_relay(
     cpu = cpu_seconds(relay.pid)
     started = streaming_at if streaming_at is not None else spawned
     return RelayTiming(done - started, done - spawned, cpu - cpu_at_stream)
+
 
 def _transactional_relay(pipe: LocalPipeline, *, rows: int, end_lsn: str) -> dict[str, float]:
     """The relay with exactly-once on ``TXN_SLOT`` (the WAL the plain relay drained): its rate.

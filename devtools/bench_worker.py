@@ -38,7 +38,7 @@ from devtools.bench_support import (
 from devtools.delivery_audit import KEY_IN_TEXT, audit
 from devtools.kafka_broker import KafkaCluster
 from devtools.local_pipeline import LocalPipeline
-from streams.contract import INTENTS
+from streams.kernel.contract import INTENTS
 
 SLOT = "zapstream_outbox"
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -351,7 +351,7 @@ def _hops(
 
     from aiokafka import AIOKafkaConsumer
 
-    from streams.contract import STATE
+    from streams.kernel.contract import STATE
 
     sent: dict[str, float] = {}
     journaled: dict[str, float] = {}

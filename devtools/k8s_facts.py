@@ -54,7 +54,7 @@ def env_names() -> list[str]:
 
 def topics(partitions: int = DEFAULT_PARTITIONS) -> list[dict[str, Any]]:
     """The topics ``zapstream topics ensure`` creates with this partition count."""
-    from streams.contract import topic_specs
+    from streams.kernel.contract import topic_specs
 
     return [
         {"name": s.name, "partitions": s.partitions, "configs": dict(s.configs)}

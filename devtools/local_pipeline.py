@@ -32,8 +32,8 @@ from devtools.devstack import ManagedProcess, PostgresCluster, TansuBroker, find
 from devtools.kafka_broker import KafkaBroker, KafkaCluster, kafka_version
 from devtools.tcp_proxy import TcpProxy
 from devtools.tls import Pki
-from streams.contract import TopicNames
-from streams.settings import BrokerFlavor, KafkaSettings
+from streams.kernel.contract import TopicNames
+from streams.kernel.settings import BrokerFlavor, KafkaSettings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SIM_API_KEY = "dev-stackzap-key"

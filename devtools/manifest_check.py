@@ -79,7 +79,7 @@ KAFKA_TRIGGER_KEYS = frozenset(
 KAFKA_FROM_ENV_KEYS = frozenset({"bootstrapServers", "consumerGroup", "topic"})
 
 # Topic configs an operator may add beyond what `topics ensure` sets (it leaves them to the
-# broker's defaults); anything else must match streams.contract.topic_specs exactly.
+# broker's defaults); anything else must match streams.kernel.contract.topic_specs exactly.
 OPERATOR_TOPIC_CONFIGS = frozenset({"min.insync.replicas"})
 
 # The port each server listens on, and what makes it listen beyond 127.0.0.1.

@@ -33,7 +33,8 @@ from typing import Any
 from faust.types import TP
 
 from streams import metrics
-from streams.contract import (
+from streams.job_processor import Done, JobProcessor, Outcome, Park
+from streams.kernel.contract import (
     Command,
     CommandRequested,
     ContractError,
@@ -44,7 +45,6 @@ from streams.contract import (
     decode_topic_record,
     intents_topic,
 )
-from streams.job_processor import Done, JobProcessor, Outcome, Park
 from streams.lanes import ConversationLanes
 from streams.parking import BULK_SUFFIX, ParkingLot, parking_key
 from streams.topics import Topics

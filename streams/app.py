@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import faust
 
-from streams.settings import KafkaSettings
+from streams.kernel.settings import KafkaSettings
 from streams.transport import AgentQueue, KafkaTransport
 from streams.worker_settings import WorkerSettings
 

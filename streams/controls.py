@@ -27,7 +27,7 @@ from typing import Any, Protocol
 from prometheus_client import Gauge
 
 from streams.kafka_reader import Every, group_less_consumer
-from streams.settings import KafkaSettings
+from streams.kernel.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ PAUSED = Gauge(
 
 
 class Control(Protocol):
-    """What a ``zapstream.controls`` record says (``streams.contract.ControlChanged``)."""
+    """What a ``zapstream.controls`` record says (``streams.kernel.contract.ControlChanged``)."""
 
     kind: str
     target: str

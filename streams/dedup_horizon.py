@@ -15,7 +15,7 @@ a job whose last state the state sink has not yet written to PostgreSQL (the
 table is the only record of it until then: :mod:`streams.sink_progress`), and
 nothing at all while Faust rebalances or recovers tables.
 
-A late redelivery of a forgotten job is recognised by :mod:`streams.job_history`.
+A late redelivery of a forgotten job is recognised by :mod:`streams.kernel.job_history`.
 
 The partition of a key is where the store says it recovered it from, else the
 conversation's partition under Kafka's default (murmur2) partitioner, which is
@@ -36,8 +36,8 @@ from aiokafka.errors import KafkaError
 from aiokafka.partitioner import murmur2
 from prometheus_client import Counter, Gauge
 
-from streams.contract import JobStatus, conversation_partition_key
-from streams.state_machine import SETTLED
+from streams.kernel.contract import JobStatus, conversation_partition_key
+from streams.kernel.state_machine import SETTLED
 
 log = logging.getLogger(__name__)
 S = JobStatus

@@ -27,7 +27,7 @@ import dataclasses
 import logging
 
 from streams import metrics
-from streams.errors import GatewayError, PermanentGatewayError, UncertainGatewayError
+from streams.kernel.errors import GatewayError, PermanentGatewayError, UncertainGatewayError
 
 log = logging.getLogger(__name__)
 

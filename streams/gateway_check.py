@@ -2,18 +2,18 @@
 
 A wrong base URL, a refused key or a listing the reconciler cannot read used to be
 seen first when messages failed (or, for the listing, after a crash). At start the
-worker asks :meth:`~streams.ports.Gateway.probe_configuration` once per instance of
+worker asks :meth:`~streams.kernel.ports.Gateway.probe_configuration` once per instance of
 ``ZAPSTREAM_WORKER_PROBE_INSTANCES`` (else the keys of
 ``ZAPSTREAM_WORKER_INSTANCE_RATES``, else one placeholder id, which can tell a wrong
 route but names no real instance) and says what it found:
 
-- a wrong base URL or route (:class:`~streams.errors.GatewayMisconfigured`): one
+- a wrong base URL or route (:class:`~streams.kernel.errors.GatewayMisconfigured`): one
   ERROR naming the setting; the instances asked about pause (their messages wait,
   nothing is FAILED, probes back off), and any other instance pauses at its first
   send with a WARNING only (:mod:`streams.instance_pauses`);
 - credentials refused or an unknown instance: the instance pauses, as its first send
   would have paused it (for the placeholder: one ERROR naming the key's setting);
-- a listing that does not parse (:class:`~streams.errors.ListingUnreadable`): one
+- a listing that does not parse (:class:`~streams.kernel.errors.ListingUnreadable`): one
   ERROR naming ``ZAPSTREAM_STACKZAP_LISTING_FIELDS``; sending goes on, but an
   uncertain send of that gateway cannot be reconciled until it is fixed;
 - the gateway down, or no answer within the bound: one WARNING, and the worker
@@ -33,14 +33,14 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from streams.errors import (
+from streams.instance_pauses import InstancePauses
+from streams.kernel.errors import (
     GatewayError,
     GatewayMisconfigured,
     InstanceUnavailableError,
     ListingUnreadable,
 )
-from streams.instance_pauses import InstancePauses
-from streams.ports import Gateway
+from streams.kernel.ports import Gateway
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ duration when it ends; ``zapstream_instance_paused{instance}`` is 1 meanwhile.
 The state is in memory, per worker: after a restart the pause is learnt again
 from the next refused send (parked conversations are durable anyway).
 
-A configuration fault (:class:`~streams.errors.GatewayMisconfigured`: a wrong base
+A configuration fault (:class:`~streams.kernel.errors.GatewayMisconfigured`: a wrong base
 URL answers 404 on the send route; or :class:`PermanentStreaks`: the same permanent
 error for N sends in a row to different recipients) is the gateway's, not one
 instance's: every instance meets it. Each instance still pauses on its own (an
@@ -42,7 +42,7 @@ import re
 from collections.abc import Callable
 
 from streams import metrics
-from streams.errors import (
+from streams.kernel.errors import (
     GatewayError,
     GatewayMisconfigured,
     PermanentGatewayError,
@@ -276,7 +276,7 @@ class PermanentStreaks:
     longer takes), not the messages.
 
     Sans-IO. :meth:`observe` is told every permanent failure of a send and returns the
-    :class:`~streams.errors.GatewayMisconfigured` to pause the instance with once the streak
+    :class:`~streams.kernel.errors.GatewayMisconfigured` to pause the instance with once the streak
     reaches ``threshold`` (and for every same failure after it, probes included), else
     None: the job is FAILED as usual, so the first ``threshold - 1`` of a streak are
     FAILED (an operator reprocesses them) and the ``threshold``-th and later wait.

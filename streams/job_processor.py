@@ -11,7 +11,7 @@ An intent, step by step:
 
 1. The job is settled (sent, failed, dead, expired, cancelled, uncertain,
    review): a redelivery. Nothing is sent. The job is unknown and its intent is
-   older than the dedup horizon: PostgreSQL decides (:mod:`streams.job_history`).
+   older than the dedup horizon: PostgreSQL decides (:mod:`streams.kernel.job_history`).
 2. The job is ATTEMPTING: a previous owner may have sent it and died before the
    outcome was recorded. Reconcile (:mod:`streams.reconcile`) before any resend.
 3. Before each attempt: expired means EXPIRED, never sent.
@@ -25,11 +25,11 @@ An intent, step by step:
    ``zapstream.dead``) once ``max_attempts`` attempts were made.
 
 The instance, not the message: a refusal of the instance itself (bad
-credentials, unknown instance: :class:`~streams.errors.InstanceUnavailableError`)
+credentials, unknown instance: :class:`~streams.kernel.errors.InstanceUnavailableError`)
 pauses the instance (:mod:`streams.instance_pauses`). The job parks until the
 next probe and the attempt is given back (nothing was sent); while paused, the
 instance's intents park without calling the gateway, except the probe. So does a
-configuration fault (:class:`~streams.errors.GatewayMisconfigured`: a 404 on the
+configuration fault (:class:`~streams.kernel.errors.GatewayMisconfigured`: a 404 on the
 send route; or the same permanent error for ``systemic_failures`` sends in a row
 to different recipients, :class:`~streams.instance_pauses.PermanentStreaks`).
 """
@@ -43,7 +43,10 @@ import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Protocol
 
-from streams.contract import (
+from streams.controls import HOLD_S, Controls
+from streams.failure_log import FailureLog
+from streams.instance_pauses import InstancePauses, PermanentStreaks
+from streams.kernel.contract import (
     AttemptFinished,
     AttemptOutcome,
     CommandOutcome,
@@ -54,8 +57,7 @@ from streams.contract import (
     ReceiptReceived,
     StatusChanged,
 )
-from streams.controls import HOLD_S, Controls
-from streams.errors import (
+from streams.kernel.errors import (
     GatewayError,
     InstanceUnavailableError,
     PermanentGatewayError,
@@ -63,20 +65,9 @@ from streams.errors import (
     TransientGatewayError,
     UncertainGatewayError,
 )
-from streams.failure_log import FailureLog
-from streams.instance_pauses import InstancePauses, PermanentStreaks
-from streams.job_history import LateRedeliveries, LateVerdict
-from streams.metrics import (
-    ACCEPTED_TO_DELIVERED,
-    GATEWAY_CALL,
-    RECEIPTS_IGNORED,
-    RECONCILE_GAVE_UP,
-)
-from streams.pacing import OPERATIONAL, Pacer
-from streams.ports import CancelOutcome, Gateway, ListedJob, TextMessage
-from streams.receipts import ignored_because, remember_event
-from streams.reconcile import InstanceListings, ListingDeferred, Verdict, reconcile
-from streams.state_machine import (
+from streams.kernel.job_history import LateRedeliveries, LateVerdict
+from streams.kernel.ports import CancelOutcome, Gateway, ListedJob, TextMessage
+from streams.kernel.state_machine import (
     RECEIPT_RANK,
     REPROCESSABLE,
     SENT,
@@ -85,6 +76,15 @@ from streams.state_machine import (
     JobRef,
     transition,
 )
+from streams.metrics import (
+    ACCEPTED_TO_DELIVERED,
+    GATEWAY_CALL,
+    RECEIPTS_IGNORED,
+    RECONCILE_GAVE_UP,
+)
+from streams.pacing import OPERATIONAL, Pacer
+from streams.receipts import ignored_because, remember_event
+from streams.reconcile import InstanceListings, ListingDeferred, Verdict, reconcile
 
 log = logging.getLogger(__name__)
 S = JobStatus

@@ -27,13 +27,13 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter
 
-from streams import kafka_outage
+from streams.kernel import kafka_outage
 
 if TYPE_CHECKING:
     from aiokafka import AIOKafkaConsumer
     from aiokafka.admin import AIOKafkaAdminClient
 
-    from streams.settings import KafkaSettings
+    from streams.kernel.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ class _OutageLog:
         transient = is_transient(exc)
         if transient and (self.failing is None or self._silent):
             if kafka_outage.reported() or self._flapping():
-                # The process's Kafka outage line (streams/kafka_outage.py), or this job's
+                # The process's Kafka outage line (streams/kernel/kafka_outage.py), or this job's
                 # own a moment ago, says it: counted here, not logged again.
                 self.failing, self._failing_transient, self._silent = type(exc), True, True
                 return

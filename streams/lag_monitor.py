@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import Gauge
 
 from streams.kafka_reader import Every, admin_client, group_less_consumer
-from streams.settings import EndOffsetSource, KafkaSettings
+from streams.kernel.settings import EndOffsetSource, KafkaSettings
 
 if TYPE_CHECKING:
     from aiokafka import AIOKafkaConsumer, TopicPartition

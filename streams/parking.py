@@ -26,7 +26,7 @@ record is larger than one intent plus a few bytes.
   its messages are the sequence numbers ``first`` to ``next - 1``, in order;
   the one at ``first`` is the head.
 - key ``<conversation key> 0x00 <seq, 8 bytes big-endian>``: one *message
-  record*, the intent's own JSON (:meth:`~streams.contract.IntentCaptured.dumps`).
+  record*, the intent's own JSON (:meth:`~streams.kernel.contract.IntentCaptured.dumps`).
 
 Conversation keys are ``instance 0x1f conversation``, built from PostgreSQL
 text, which cannot hold a NUL byte; so a key with a NUL 9 bytes from its end is
@@ -84,7 +84,7 @@ from typing import Any
 
 import orjson
 
-from streams.contract import IntentCaptured
+from streams.kernel.contract import IntentCaptured
 from streams.stores import compact
 
 log = logging.getLogger(__name__)

@@ -10,14 +10,14 @@ applied and drops a receipt whose id is among them.
 
 :func:`ignored_because` says why a receipt changes nothing (``None``: apply it
 along the usual monotonic rules); :func:`remember_event` is the bounded list the
-job carries in :attr:`~streams.contract.StatusChanged.receipt_events`.
+job carries in :attr:`~streams.kernel.contract.StatusChanged.receipt_events`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from streams.contract import ReceiptReceived, StatusChanged
+from streams.kernel.contract import ReceiptReceived, StatusChanged
 
 MAX_RECEIPT_EVENTS = 16
 """Event ids kept per job: a job gets a handful of receipts (sent, delivered, read)."""

@@ -22,7 +22,7 @@ job was (minus :data:`SINCE_MARGIN` for clock differences); a gateway that
 cannot filter answers everything, which is still correct, only slower.
 
 A listing that is unavailable (transient) or unreadable
-(:class:`~streams.errors.ListingUnreadable`) says nothing about the job: the
+(:class:`~streams.kernel.errors.ListingUnreadable`) says nothing about the job: the
 verdict is LATER, never a resend. The job processor asks again with the
 instance's backoff and, past ``ZAPSTREAM_WORKER_RECONCILE_MAX_WAIT_S``, makes the
 job UNCERTAIN (:mod:`streams.job_processor`). Unreadable listings are counted
@@ -50,9 +50,9 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
-from streams.errors import GatewayError, ListingUnreadable, TransientGatewayError
+from streams.kernel.errors import GatewayError, ListingUnreadable, TransientGatewayError
+from streams.kernel.ports import ListedJob
 from streams.metrics import LISTING_LIMIT, LISTING_REQUESTS, LISTING_UNREADABLE
-from streams.ports import ListedJob
 
 SINCE_MARGIN = dt.timedelta(minutes=10)
 """How much earlier than the job's creation the listing is asked from: the gateway's

@@ -2,7 +2,7 @@
 
 The dedup horizon (:mod:`streams.dedup_horizon`) may forget a settled job only
 once PostgreSQL holds its last state: after that, ``outbox_jobs`` recognises a
-late redelivery (:mod:`streams.job_history`); before, the worker's table is the
+late redelivery (:mod:`streams.kernel.job_history`); before, the worker's table is the
 only record that the job was sent, and forgetting it could send it twice.
 
 The state sink commits its consumer group's offset on ``zapstream.state`` only
@@ -36,9 +36,9 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from prometheus_client import Gauge
 
-from streams.contract import STATE
 from streams.kafka_reader import admin_client, group_less_consumer
-from streams.settings import KafkaSettings
+from streams.kernel.contract import STATE
+from streams.kernel.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from collections.abc import Awaitable
 from typing import Any
 
 from streams import metrics
-from streams.contract import (
+from streams.kernel.contract import (
     DEFAULT_NAMES,
     STATE,
     AttemptFinished,

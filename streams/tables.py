@@ -1,13 +1,13 @@
 """The worker's Faust tables, co-partitioned with ``zapstream.intents``.
 
-- ``jobs``: the latest :class:`~streams.contract.StatusChanged` of every job of
+- ``jobs``: the latest :class:`~streams.kernel.contract.StatusChanged` of every job of
   this worker's partitions, keyed by job id. Its changelog *is* the compacted
   ``zapstream.state`` topic, so one write both updates the worker's memory and
   publishes the job's state; after a restart or rebalance the table is rebuilt
   from it. It is the dedup memory and the attempt journal. Settled jobs leave it
   after the dedup horizon (:mod:`streams.dedup_horizon`), with a tombstone on the
   changelog; a later intent for one is checked against PostgreSQL
-  (:mod:`streams.job_history`). Values are encoded bytes, one per job, never objects.
+  (:mod:`streams.kernel.job_history`). Values are encoded bytes, one per job, never objects.
 - ``parked``: conversations waiting for a retry (:mod:`streams.parking`): one small
   record per conversation, keyed by conversation, and one record per waiting
   message under a key derived from it; changelog ``zapstream.parked``.

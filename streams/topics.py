@@ -1,4 +1,4 @@
-"""The worker's Faust topic objects, named and shaped by :mod:`streams.contract`.
+"""The worker's Faust topic objects, named and shaped by :mod:`streams.kernel.contract`.
 
 Every topic carries raw bytes: records are (de)serialised by the contract's own
 codecs, so the relay (plain aiokafka) and the worker read the same bytes.
@@ -11,7 +11,7 @@ from typing import Any
 
 import faust
 
-from streams import contract
+from streams.kernel import contract
 
 _RAW: dict[str, Any] = {
     "key_type": bytes,

@@ -6,7 +6,7 @@ to change it (``faust/transport/drivers/aiokafka.py``). On Apache Kafka that
 costs nothing while data flows: a fetch is answered as soon as data arrives. On
 Tansu a waiting fetch is not answered early, so every consuming hop waited up to
 1.5 s. :class:`KafkaTransport` is Faust's transport with a consumer thread that
-sets the wait from :attr:`streams.settings.KafkaSettings.consumer_fetch_max_wait_ms`
+sets the wait from :attr:`streams.kernel.settings.KafkaSettings.consumer_fetch_max_wait_ms`
 before the consumer starts (aiokafka reads it when it builds its fetcher, in
 ``start()``). :class:`~streams.app.WorkerApp` hands it to Faust.
 

@@ -15,13 +15,6 @@ from faust.types import TP
 
 from streams.agents import Dispatcher
 from streams.app import Resource, WorkerApp, build_app
-from streams.contract import (
-    DEFAULT_NAMES,
-    ContractError,
-    ControlChanged,
-    Priority,
-    decode_topic_record,
-)
 from streams.controls import Controls, ControlsReader
 from streams.dedup_horizon import DedupHorizon
 from streams.failure_log import FailureLog
@@ -29,14 +22,21 @@ from streams.faust_monitor import setup_lean_prometheus
 from streams.gateway_check import GatewayStartCheck
 from streams.health import add_health_pages
 from streams.instance_pauses import InstancePauses
-from streams.job_history import JobHistory, LateRedeliveries
 from streams.job_processor import JobProcessor, RetryPolicy
-from streams.kafka_outage import KafkaOutageWatch
 from streams.kafka_reader import guarded
+from streams.kernel.contract import (
+    DEFAULT_NAMES,
+    ContractError,
+    ControlChanged,
+    Priority,
+    decode_topic_record,
+)
+from streams.kernel.job_history import JobHistory, LateRedeliveries
+from streams.kernel.kafka_outage import KafkaOutageWatch
+from streams.kernel.ports import Gateway
 from streams.lag_monitor import LagMonitor
 from streams.pacing import Limit, Pacer
 from streams.parking import ParkingLot
-from streams.ports import Gateway
 from streams.reconcile import InstanceListings
 from streams.sink_progress import SinkProgress
 from streams.stores import FaustJobStore, FaustPublisher, KafkaWriter
@@ -150,7 +150,7 @@ def build_worker_app(
         )
         resources = [*resources, lag]
     pauses = InstancePauses(settings.instance_probe_s, probe_max_s=settings.instance_probe_max_s)
-    # First: aiokafka's errors from the start on are one outage line (streams/kafka_outage.py).
+    # First: aiokafka's errors from the start on are one outage line (kernel/kafka_outage.py).
     first: list[Resource] = [KafkaOutageWatch("worker", settings.kafka), gateway]
     check: GatewayStartCheck | None = None
     if settings.start_probe:

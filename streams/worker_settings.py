@@ -7,7 +7,7 @@ from typing import Self
 from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from streams.settings import (
+from streams.kernel.settings import (
     GatewaySettings,
     KafkaSettings,
     LagMonitorSettings,
@@ -144,7 +144,7 @@ class WorkerSettings(SettingsBase):
 
     @model_validator(mode="after")
     def _app_id_names_topics(self) -> Self:
-        from streams.contract import topic_name_problem
+        from streams.kernel.contract import topic_name_problem
 
         # Faust names its leader topic after the app id (faust/assignor/leader_assignor.py).
         problem = topic_name_problem(self.group_id, FAUST_TOPIC_SUFFIX)

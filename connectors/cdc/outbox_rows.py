@@ -2,14 +2,14 @@
 
 pgoutput gives every column as PostgreSQL's text output (``None`` for NULL).
 A row that cannot become an intent (payload not an object, unknown type,
-missing recipient, ...) becomes an :class:`~streams.contract.IntentRejected`
+missing recipient, ...) becomes an :class:`~streams.kernel.contract.IntentRejected`
 carrying the whole row and the reason: the relay publishes it to
 ``zapstream.invalid`` and moves on, so one bad row never stops the stream.
 The intent rules are :mod:`connectors.outbox.rules`, the ones
 :func:`~connectors.outbox.enqueue.enqueue` applies before the INSERT.
-An ``outbox_commands`` row becomes a :class:`~streams.contract.CommandRequested`
+An ``outbox_commands`` row becomes a :class:`~streams.kernel.contract.CommandRequested`
 (:func:`command_row_to_record`), an ``outbox_controls`` row a
-:class:`~streams.contract.ControlChanged` (:func:`control_row_to_record`), or
+:class:`~streams.kernel.contract.ControlChanged` (:func:`control_row_to_record`), or
 likewise a rejection.
 
 The relay's hot path takes :func:`row_to_intent`: the same validation, but the
@@ -50,7 +50,7 @@ from connectors.outbox.rules import (
     require_text,
     required,
 )
-from streams.contract import (
+from streams.kernel.contract import (
     Command,
     CommandRequested,
     ControlAction,
@@ -119,7 +119,7 @@ def _integer(text: str) -> int | str:
 
 
 class CapturedIntent:
-    """An :class:`~streams.contract.IntentCaptured` as its JSON object, for producing.
+    """An :class:`~streams.kernel.contract.IntentCaptured` as its JSON object, for producing.
 
     ``document`` holds every field of ``IntentCaptured`` in declaration order,
     then ``schema``: ``orjson.dumps(document)`` is exactly ``record().dumps()``
@@ -337,7 +337,7 @@ def control_row_to_record(
     The table's CHECK constraints make a bad row unlikely, but the relay does not
     trust the schema it streams from (a table created by hand, a constraint
     dropped): an unknown kind or action, or an empty target, reason or actor,
-    becomes an :class:`~streams.contract.IntentRejected` (``job_id`` None, the
+    becomes an :class:`~streams.kernel.contract.IntentRejected` (``job_id`` None, the
     whole row) on ``zapstream.invalid``, and the stream goes on.
     """
     try:

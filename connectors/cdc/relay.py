@@ -140,7 +140,7 @@ from connectors.cdc.transactions import (
     transactional_id,
 )
 from connectors.http_endpoints import MetricsServer
-from streams.contract import (
+from streams.kernel.contract import (
     CONTROLS,
     HEADER_JOB_ID,
     HEADER_LSN,
@@ -154,8 +154,8 @@ from streams.contract import (
     Record,
     intents_topic,
 )
-from streams.kafka_outage import KafkaOutageWatch
-from streams.producer_stop import stop_producer
+from streams.kernel.kafka_outage import KafkaOutageWatch
+from streams.kernel.producer_stop import stop_producer
 
 log = logging.getLogger(__name__)
 
@@ -516,9 +516,7 @@ class OutboxRelay:
                 # An idempotent producer never lets a batch expire: with Kafka down its
                 # stop() would wait for ever (aio-libs/aiokafka#1101); bounded here. What it
                 # held was never confirmed to PostgreSQL, so the next relay produces it again.
-                await stop_producer(
-                    self._producer, self.settings.drain_timeout_s, what="the relay"
-                )
+                await stop_producer(self._producer, self.settings.drain_timeout_s, what="the relay")
         finally:
             await self._kafka_watch.stop()
             await asyncio.to_thread(self._metrics.stop)
@@ -1146,11 +1144,11 @@ class OutboxRelay:
 
     @staticmethod
     def _route_logical(record: Outgoing) -> tuple[str, bytes]:
-        """The logical topic (streams.contract) and the key."""
+        """The logical topic (streams.kernel.contract) and the key."""
         if isinstance(record, CapturedIntent):
             return record.topic, record.partition_key
         if isinstance(record, IntentCaptured):
-            # Operational and bulk intents travel apart (streams.contract.BULK_INTENTS).
+            # Operational and bulk intents travel apart (streams.kernel.contract.BULK_INTENTS).
             return intents_topic(record.priority), record.partition_key
         if isinstance(record, CommandRequested):
             return INTENTS, record.partition_key

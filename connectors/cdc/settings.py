@@ -7,7 +7,7 @@ from typing import Self
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from streams.settings import BrokerFlavor, KafkaSettings, PostgresSettings, SettingsBase
+from streams.kernel.settings import BrokerFlavor, KafkaSettings, PostgresSettings, SettingsBase
 
 
 class RelaySettings(SettingsBase):

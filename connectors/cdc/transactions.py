@@ -30,7 +30,7 @@ A failed transaction (a send Kafka did not acknowledge, the brokers away, the
 replication connection lost) is never committed: the relay drops its producer,
 the next one aborts it on start, and streaming resumes from the last committed
 position. ``read_committed`` consumers (the worker, the state sink, the group-less
-readers: :attr:`streams.settings.KafkaSettings.consumer_isolation_level`) never
+readers: :attr:`streams.kernel.settings.KafkaSettings.consumer_isolation_level`) never
 see an aborted record; ``read_uncommitted`` ones do.
 
 The position's group commits an offset on partition 0 of ``zapstream.controls`` (an
@@ -107,9 +107,7 @@ class KafkaPosition:
             return None
 
 
-def resume_point(
-    stored: KafkaPosition | None, *, slot: str, system_id: str | None
-) -> Lsn | None:
+def resume_point(stored: KafkaPosition | None, *, slot: str, system_id: str | None) -> Lsn | None:
     """The LSN up to which Kafka already holds the slot's records; None: nothing known.
 
     A position stored for another slot, or by a relay streaming another database

@@ -48,8 +48,8 @@ from connectors.outbox.commands import (
     request_reprocess,
     request_reprocess_many,
 )
-from streams.contract import JobStatus
-from streams.state_machine import REPROCESSABLE
+from streams.kernel.contract import JobStatus
+from streams.kernel.state_machine import REPROCESSABLE
 
 __all__ = ["FilterError", "build_app", "parse_filter", "serve"]
 

@@ -18,8 +18,8 @@ from connectors.console.settings import Operator
 from connectors.ops.jobs_render import cut, human_age, masked, when
 from connectors.ops.jobs_sql import JobHistory
 from connectors.ops.status import ConsumerLag, PartitionLag
-from streams.contract import JobStatus
-from streams.state_machine import ALLOWED, REPROCESSABLE
+from streams.kernel.contract import JobStatus
+from streams.kernel.state_machine import ALLOWED, REPROCESSABLE
 
 __all__ = [
     "PERIODS",

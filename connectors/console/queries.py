@@ -19,7 +19,7 @@ import psycopg
 from psycopg import sql
 
 from connectors.ops.jobs_sql import ListedJob, count_jobs, matching_job_ids
-from streams.contract import JobStatus
+from streams.kernel.contract import JobStatus
 
 __all__ = [
     "BULK_CANCELLABLE",

@@ -9,7 +9,7 @@ import json
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import SettingsConfigDict
 
-from streams.settings import PostgresSettings, SettingsBase
+from streams.kernel.settings import PostgresSettings, SettingsBase
 
 __all__ = ["ConsoleSettings", "Operator", "Role", "parse_tokens"]
 

@@ -1,10 +1,10 @@
 """Map aiohttp outcomes onto the gateway error tree, once, at the edge.
 
 Every gateway client sends through :func:`send_request`, which turns transport
-exceptions and non-2xx answers into :class:`~streams.errors.PermanentGatewayError`,
-:class:`~streams.errors.TransientGatewayError`,
-:class:`~streams.errors.UncertainGatewayError` or
-:class:`~streams.errors.InstanceUnavailableError`. Callers look at ``retriable``
+exceptions and non-2xx answers into :class:`~streams.kernel.errors.PermanentGatewayError`,
+:class:`~streams.kernel.errors.TransientGatewayError`,
+:class:`~streams.kernel.errors.UncertainGatewayError` or
+:class:`~streams.kernel.errors.InstanceUnavailableError`. Callers look at ``retriable``
 and ``scope`` and never at aiohttp types; a 2xx comes back as a
 :class:`GatewayResponse` whose body is already read.
 
@@ -39,7 +39,7 @@ HTTP answers:
   client passes ``url_setting``), a redirect, a 405, or a 404 whose message names
   no recipient or resource (``404: Not Found``, ``Cannot POST /api/v1/...``) means
   our base URL or route is wrong, not the message: **gateway misconfigured**
-  (:class:`~streams.errors.GatewayMisconfigured`, an instance error naming the
+  (:class:`~streams.kernel.errors.GatewayMisconfigured`, an instance error naming the
   setting). The worker pauses the instance instead of failing its queue. A 404
   naming a recipient, a job or the instance keeps its meaning below.
 - 401 and 403 (the gateway refused our credentials) and 404 whose message says
@@ -88,7 +88,7 @@ import aiohttp
 import orjson
 
 from connectors.outbox.recipients import mask_phone
-from streams.errors import (
+from streams.kernel.errors import (
     GatewayError,
     GatewayMisconfigured,
     InstanceUnavailableError,
@@ -263,7 +263,7 @@ def error_for_response(
     ``method`` defaults to the request's. ``url_setting``: the request went to a route
     that always exists when the base URL is right (a send, a listing), named by this
     setting; a redirect, a 405 or a 404 naming no resource there is
-    :class:`~streams.errors.GatewayMisconfigured` instead of permanent.
+    :class:`~streams.kernel.errors.GatewayMisconfigured` instead of permanent.
     """
     status = response.status_code
     if 200 <= status < 300:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from connectors.gateways.meta import MetaCloudClient
 from connectors.gateways.stackzap import StackZapClient
 from connectors.gateways.zapapi import ZapApiClient
-from streams.ports import Gateway
-from streams.settings import GatewayKind, GatewaySettings
+from streams.kernel.ports import Gateway
+from streams.kernel.settings import GatewayKind, GatewaySettings
 
 
 def build_gateway(settings: GatewaySettings) -> Gateway:

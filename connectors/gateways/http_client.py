@@ -35,10 +35,10 @@ import yarl
 
 from connectors.gateways.classify import GatewayResponse, json_object
 from connectors.gateways.labels import map_label
-from streams.contract import JobStatus
-from streams.errors import PermanentGatewayError
-from streams.ports import SendAccepted
-from streams.settings import GatewaySettings
+from streams.kernel.contract import JobStatus
+from streams.kernel.errors import PermanentGatewayError
+from streams.kernel.ports import SendAccepted
+from streams.kernel.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
-"""Translate a gateway's job-state label into our :class:`~streams.contract.JobStatus`.
+"""Translate a gateway's job-state label into our :class:`~streams.kernel.contract.JobStatus`.
 
 Each gateway has its own vocabulary (``queued``, ``server_ack``, ``played``...),
-configured in :class:`~streams.settings.GatewaySettings`. A label we do not know,
+configured in :class:`~streams.kernel.settings.GatewaySettings`. A label we do not know,
 or no label at all, becomes ``REVIEW``: a person looks at it, it never counts as
 success.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from streams.contract import JobStatus
+from streams.kernel.contract import JobStatus
 
 
 def map_label(label: str | None, labels: Mapping[str, str]) -> JobStatus:

@@ -87,15 +87,15 @@ from connectors.gateways.classify import (
 )
 from connectors.gateways.http_client import HttpGatewayClient, first_str
 from connectors.gateways.labels import map_label
-from streams.contract import JobStatus
-from streams.errors import (
+from streams.kernel.contract import JobStatus
+from streams.kernel.errors import (
     GatewayError,
     InstanceUnavailableError,
     PermanentGatewayError,
     RateLimitedError,
 )
-from streams.ports import CancelOutcome, ListedJob, SendAccepted, TextMessage
-from streams.settings import GatewaySettings
+from streams.kernel.ports import CancelOutcome, ListedJob, SendAccepted, TextMessage
+from streams.kernel.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
 
@@ -255,7 +255,7 @@ def recipient_digits(to: str) -> str:
 
 
 class MetaCloudClient(HttpGatewayClient):
-    """A :class:`~streams.ports.Gateway` for the Meta WhatsApp Cloud API.
+    """A :class:`~streams.kernel.ports.Gateway` for the Meta WhatsApp Cloud API.
 
     The instance id is the business number's ``phone_number_id``. Owns its
     ``aiohttp.ClientSession``: opened in :meth:`start`, closed in :meth:`stop`
@@ -348,8 +348,8 @@ class MetaCloudClient(HttpGatewayClient):
         """``GET /{version}/{phone_number_id}``: the token and the number, nothing sent.
 
         A Graph error is classified like a send's (190 refused token, 100/33 unknown
-        number id: :class:`~streams.errors.InstanceUnavailableError`); a bare 404
-        raises :class:`~streams.errors.GatewayMisconfigured` naming ``META_GRAPH_URL``."""
+        number id: :class:`~streams.kernel.errors.InstanceUnavailableError`); a bare 404
+        raises :class:`~streams.kernel.errors.GatewayMisconfigured` naming ``META_GRAPH_URL``."""
         sensitive = (self._token,)
         await send_request(
             self._http,

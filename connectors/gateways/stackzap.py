@@ -12,7 +12,7 @@ Endpoints (relative to ``STACKZAP_API_URL``), authenticated with ``X-API-Key``:
   :mod:`connectors.gateways.stackzap_listing` reads the common shapes, and the
   names of ``ZAPSTREAM_STACKZAP_LISTING_FIELDS`` first. ``reference`` (repeatable,
   at most :data:`MAX_URL_REFERENCES`) and ``since`` (ISO 8601) narrow it. A
-  listing that does not parse raises :class:`~streams.errors.ListingUnreadable`,
+  listing that does not parse raises :class:`~streams.kernel.errors.ListingUnreadable`,
   logged once per instance until a listing of that instance parses again.
 - ``POST /v1/instances/{instance}/send-queue/{job_id}/cancel`` answers
   ``{"id", "status": "cancelled"}``, or 409 when the job already left the queue.
@@ -42,10 +42,10 @@ from connectors.gateways.stackzap_listing import (
     parse_page,
     url_references,
 )
-from streams.contract import JobStatus
-from streams.errors import ListingUnreadable, PermanentGatewayError
-from streams.ports import CancelOutcome, ListedJob, SendAccepted, TextMessage
-from streams.settings import GatewaySettings
+from streams.kernel.contract import JobStatus
+from streams.kernel.errors import ListingUnreadable, PermanentGatewayError
+from streams.kernel.ports import CancelOutcome, ListedJob, SendAccepted, TextMessage
+from streams.kernel.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ then narrowed by ``since`` only, and our references are recognised in the answer
 
 
 class StackZapClient(HttpGatewayClient):
-    """A :class:`~streams.ports.Gateway` for StackZap.
+    """A :class:`~streams.kernel.ports.Gateway` for StackZap.
 
     Owns its ``aiohttp.ClientSession``: opened in :meth:`start`, closed in :meth:`stop`
     (idempotent); ``async with`` does both.
@@ -256,7 +256,7 @@ class StackZapClient(HttpGatewayClient):
 
     async def probe_configuration(self, instance_id: str) -> str:
         """One page of one job of the instance's send queue: the base URL, the key, and
-        whether the listing parses (:class:`~streams.errors.ListingUnreadable` if not)."""
+        whether the listing parses (:class:`~streams.kernel.errors.ListingUnreadable` if not)."""
         listed = await self.list_jobs(instance_id, page_size=1)
         return f"the send-queue listing answered and parses ({len(listed.items)} of 1 asked for)"
 

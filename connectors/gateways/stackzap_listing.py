@@ -28,7 +28,7 @@ cannot conclude, so the parser is tolerant of shape and strict about meaning:
   page is asked for (a gateway that ignores ``page`` and repeats itself is
   detected by :class:`PageGuard` and the listing is unreadable, not short).
 
-What does not parse raises :class:`~streams.errors.ListingUnreadable` whose
+What does not parse raises :class:`~streams.kernel.errors.ListingUnreadable` whose
 message names keys and types, never values (recipients and texts).
 """
 
@@ -40,8 +40,8 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from connectors.gateways.labels import map_label
-from streams.contract import JobStatus
-from streams.errors import ListingUnreadable
+from streams.kernel.contract import JobStatus
+from streams.kernel.errors import ListingUnreadable
 
 ITEMS_KEYS = ("items", "jobs", "data", "results", "records", "queue", "entries", "content")
 ID_KEYS = ("id", "jobId", "job_id", "_id", "uuid")

@@ -9,7 +9,7 @@ failure is classified by :mod:`connectors.gateways.classify`.
 ``ZAP_API_URL`` is the API's root: zapstream adds ``/v1`` itself, and drops it from a
 base URL that already ends with it (the outbox article's ``baseURL:
 "https://api.zap-api.tech/v1"``). A 404 on the send route that names no recipient
-means that URL is wrong: the instance pauses (:class:`~streams.errors.GatewayMisconfigured`).
+means that URL is wrong: the instance pauses (:class:`~streams.kernel.errors.GatewayMisconfigured`).
 
 The ZAP API has no read-only call, so :meth:`ZapApiClient.probe_configuration` posts
 an *empty* body to the send route: nothing can be sent, and a 400/422 (the body is
@@ -26,15 +26,19 @@ from urllib.parse import quote
 
 from connectors.gateways.classify import send_request
 from connectors.gateways.http_client import HttpGatewayClient
-from streams.errors import PermanentGatewayError, TransientGatewayError, UncertainGatewayError
-from streams.ports import CancelOutcome, ListedJob, SendAccepted, TextMessage
-from streams.settings import GatewaySettings
+from streams.kernel.errors import (
+    PermanentGatewayError,
+    TransientGatewayError,
+    UncertainGatewayError,
+)
+from streams.kernel.ports import CancelOutcome, ListedJob, SendAccepted, TextMessage
+from streams.kernel.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
 
 
 class ZapApiClient(HttpGatewayClient):
-    """A :class:`~streams.ports.Gateway` for the ZAP API.
+    """A :class:`~streams.kernel.ports.Gateway` for the ZAP API.
 
     Owns its ``aiohttp.ClientSession``: opened in :meth:`start`, closed in :meth:`stop`
     (idempotent); ``async with`` does both.
@@ -99,8 +103,8 @@ class ZapApiClient(HttpGatewayClient):
         """POST ``{}`` to the instance's send route: an invalid body, so nothing is sent.
 
         A 400/422 proves the route and the token; 404/redirect raise
-        :class:`~streams.errors.GatewayMisconfigured`, 401/403 and an unknown instance
-        :class:`~streams.errors.InstanceUnavailableError`. A timeout or reset is only
+        :class:`~streams.kernel.errors.GatewayMisconfigured`, 401/403 and an unknown instance
+        :class:`~streams.kernel.errors.InstanceUnavailableError`. A timeout or reset is only
         transient here: an empty body cannot have sent anything."""
         try:
             response = await send_request(

@@ -13,7 +13,7 @@ into one line on stderr and exit code 2 instead of a traceback:
   ``ZAPSTREAM_KAFKA_BROKERS``, never the DSN's password.
 
 The known variables are derived from the settings classes themselves (every
-subclass of :class:`streams.settings.SettingsBase` in :data:`SETTINGS_MODULES`),
+subclass of :class:`streams.kernel.settings.SettingsBase` in :data:`SETTINGS_MODULES`),
 so a new field is known as soon as it exists.
 """
 
@@ -28,7 +28,7 @@ from typing import Any
 ENV_PREFIX = "ZAPSTREAM_"
 
 SETTINGS_MODULES = (
-    "streams.settings",
+    "streams.kernel.settings",
     "streams.worker_settings",
     "connectors.cdc.settings",
     "connectors.sink.settings",
@@ -54,7 +54,7 @@ def settings_classes() -> list[type[Any]]:
     """Every settings class, found by walking ``SettingsBase`` subclasses."""
     for name in SETTINGS_MODULES:
         importlib.import_module(name)
-    from streams.settings import SettingsBase
+    from streams.kernel.settings import SettingsBase
 
     found: list[type[Any]] = []
     pending: list[type[Any]] = [SettingsBase]

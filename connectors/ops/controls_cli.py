@@ -48,7 +48,7 @@ from connectors.outbox.controls import (
     resume_campaign,
     resume_instance,
 )
-from streams.contract import ControlAction, ControlKind
+from streams.kernel.contract import ControlAction, ControlKind
 
 __all__ = [
     "EXIT_DONE",
@@ -216,7 +216,7 @@ def list_targets(
 
 
 def _dsn() -> str:
-    from streams.settings import PostgresSettings
+    from streams.kernel.settings import PostgresSettings
 
     return PostgresSettings().dsn
 

@@ -39,7 +39,7 @@ from connectors.ops.topics import (
     worker_topic_specs,
 )
 from connectors.outbox.migrate import shipped_migrations
-from streams.settings import GatewayKind, GatewaySettings
+from streams.kernel.settings import GatewayKind, GatewaySettings
 
 MIGRATE_HINT = "run `zapstream db migrate`"
 
@@ -340,7 +340,7 @@ async def _gateway_checks(
     route, a 404 a wrong base URL), Meta reads the phone number's node."""
     from connectors.gateways.factory import build_gateway
     from connectors.gateways.http_client import HttpGatewayClient
-    from streams.errors import (
+    from streams.kernel.errors import (
         GatewayError,
         GatewayMisconfigured,
         InstanceUnavailableError,

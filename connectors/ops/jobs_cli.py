@@ -82,8 +82,8 @@ from connectors.outbox.commands import (
     request_reprocess,
     request_reprocess_many,
 )
-from streams import state_machine
-from streams.contract import CommandOutcome, JobStatus
+from streams.kernel import state_machine
+from streams.kernel.contract import CommandOutcome, JobStatus
 
 __all__ = [
     "EXIT_DONE",
@@ -632,7 +632,7 @@ def _seconds(text: str) -> float:
 
 
 def _dsn() -> str:
-    from streams.settings import PostgresSettings
+    from streams.kernel.settings import PostgresSettings
 
     return PostgresSettings().dsn
 

@@ -88,7 +88,7 @@ class JobEvent:
     reason: str | None
     at: dt.datetime
     outcome: str | None = None
-    """How the worker answered a command (:class:`streams.contract.CommandOutcome`), or None."""
+    """How the worker answered a command (a ``CommandOutcome``), or None."""
     command_id: int | None = None
     """The ``outbox_commands`` row this event answers, or None."""
 

@@ -22,7 +22,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from streams.contract import JobStatus
+from streams.kernel.contract import JobStatus
 
 __all__ = ["STATUSES", "PendingGroup", "job_counts", "pending_groups"]
 

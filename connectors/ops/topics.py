@@ -23,7 +23,7 @@ from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExists
 
 from connectors.failures import Backoff, OutageLog, classify_kafka_security
 from connectors.ops.config_errors import StartupRefused
-from streams.contract import (
+from streams.kernel.contract import (
     BULK_INTENTS,
     CONTROLS,
     DEAD,
@@ -33,7 +33,7 @@ from streams.contract import (
     TopicSpec,
     topic_specs,
 )
-from streams.settings import KafkaSettings
+from streams.kernel.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 

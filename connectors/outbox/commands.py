@@ -30,8 +30,8 @@ from typing import Any
 
 import psycopg
 
-from streams.contract import Command
-from streams.state_machine import REPROCESSABLE
+from streams.kernel.contract import Command
+from streams.kernel.state_machine import REPROCESSABLE
 
 __all__ = [
     "InvalidCommand",

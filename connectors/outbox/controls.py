@@ -7,7 +7,7 @@ a control into ``outbox_controls``, in the caller's transaction::
         pause_instance(conn, "shop-1", reason="number flagged by Meta", actor="alice")
 
 A control travels the same CDC path as an intent: the relay streams the row to
-``zapstream.controls`` as a :class:`~streams.contract.ControlChanged`, and the
+``zapstream.controls`` as a :class:`~streams.kernel.contract.ControlChanged`, and the
 worker holds the instance's (or the campaign's: the jobs' ``purpose``) messages
 until a resume. The table is the history, with who and why; :func:`controls`
 reads the latest action per target (the ``zapstream_controls`` view).
@@ -32,7 +32,7 @@ from typing import Any
 
 import psycopg
 
-from streams.contract import ControlAction, ControlKind
+from streams.kernel.contract import ControlAction, ControlKind
 
 __all__ = [
     "Backlog",

@@ -36,7 +36,7 @@ from connectors.outbox.rules import (
     require_text,
     required,
 )
-from streams.contract import Priority
+from streams.kernel.contract import Priority
 
 
 class InvalidIntent(ValueError):

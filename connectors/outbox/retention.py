@@ -35,10 +35,10 @@ import datetime as dt
 import psycopg
 from psycopg import sql
 
-from streams.contract import JobStatus
+from streams.kernel.contract import JobStatus
 
 MIN_AGE = dt.timedelta(days=7)
-"""The intents topic's retention (``streams.contract.topic_specs``)."""
+"""The intents topic's retention (``streams.kernel.contract.topic_specs``)."""
 
 PRUNABLE = (
     JobStatus.ACCEPTED,

@@ -5,7 +5,7 @@ before the application's INSERT (a violation becomes
 :class:`~connectors.outbox.enqueue.InvalidIntent` and nothing is written), and by
 :mod:`connectors.cdc.outbox_rows` when the relay reads a row, because applications
 may INSERT directly (a violation becomes an
-:class:`~streams.contract.IntentRejected` published to ``zapstream.invalid``).
+:class:`~streams.kernel.contract.IntentRejected` published to ``zapstream.invalid``).
 The ``outbox_jobs`` table deliberately accepts malformed payloads so that a bad
 intent never aborts the application's transaction; it only enforces
 ``max_attempts > 0`` and its NOT NULL columns.
@@ -21,7 +21,7 @@ from __future__ import annotations
 import datetime as dt
 
 from connectors.outbox.recipients import InvalidRecipient, normalize_recipient
-from streams.contract import Priority
+from streams.kernel.contract import Priority
 
 MAX_TEXT_CHARS = 4096
 """WhatsApp's limit for a text message body, in characters (code points)."""
@@ -58,7 +58,7 @@ def check_recipient(value: object) -> str:
 
 
 def check_priority(value: object) -> Priority:
-    """Return the :class:`~streams.contract.Priority` named by ``value``."""
+    """Return the :class:`~streams.kernel.contract.Priority` named by ``value``."""
     if isinstance(value, str):
         try:
             return Priority(value)

@@ -1,9 +1,9 @@
-"""``outbox_jobs`` as the worker's long-term record: :class:`~streams.job_history.JobHistory`.
+"""``outbox_jobs`` as the worker's long-term record: a ``JobHistory``.
 
 The worker asks it only about late redeliveries (intents older than the dedup
 horizon for jobs its table forgot), so the connection is opened on first use,
 not at start: a worker never needs PostgreSQL to send new intents. Every failure
-becomes :class:`~streams.job_history.HistoryUnavailable` (transient or permanent,
+becomes :class:`~streams.kernel.job_history.HistoryUnavailable` (transient or permanent,
 classified by :mod:`connectors.failures`); the caller waits and asks again.
 It lives beside the state sink: both are the worker side's view of ``outbox_jobs``.
 """
@@ -16,8 +16,8 @@ from typing import Any
 import psycopg
 
 from connectors.failures import ReopeningConnection, classify_postgres
-from streams.job_history import HistoricState, HistoryUnavailable
-from streams.settings import PostgresSettings
+from streams.kernel.job_history import HistoricState, HistoryUnavailable
+from streams.kernel.settings import PostgresSettings
 
 _STATUS = "SELECT status FROM outbox_jobs WHERE id = %s"
 # attempt_seq: the attempts ever made (each began with a move into ATTEMPTING), so a

@@ -35,7 +35,7 @@ from connectors.failures import OutageLog, ReopeningConnection, postgres_deadlin
 from connectors.ops.config_errors import error_detail
 from connectors.ops.pipeline_sql import job_counts, pending_groups
 from connectors.sink import metrics
-from streams.settings import PostgresSettings
+from streams.kernel.settings import PostgresSettings
 
 __all__ = ["PipelineGauges"]
 

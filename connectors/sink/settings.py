@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from streams.settings import KafkaSettings, PostgresSettings, SettingsBase
+from streams.kernel.settings import KafkaSettings, PostgresSettings, SettingsBase
 
 
 class SinkSettings(SettingsBase):

@@ -12,7 +12,7 @@ so a crash replays a batch at worst. Replays are harmless:
 - ``outbox_job_events`` is unique on ``(job_id, version)``, and a batch's events
   are inserted in ``(job_id, version)`` order, so their ids follow the versions.
 
-A record of ``zapstream.invalid`` (:class:`~streams.contract.IntentRejected`)
+A record of ``zapstream.invalid`` (:class:`~streams.kernel.contract.IntentRejected`)
 for an outbox row makes its job INVALID, with the reason in ``last_error`` and
 an event by the actor ``relay``, only while the job is still PENDING: a settled
 state is never overwritten. A rejected *command* row (a cancel or reprocess the
@@ -49,14 +49,14 @@ from connectors.sink import metrics
 from connectors.sink.failures import Outage, SinkConfigError, Verdict, classify
 from connectors.sink.pipeline_metrics import PipelineGauges
 from connectors.sink.settings import SinkSettings
-from streams.contract import (
+from streams.kernel.contract import (
     ContractError,
     IntentRejected,
     JobDead,
     JobStatus,
     StatusChanged,
 )
-from streams.kafka_outage import KafkaOutageWatch
+from streams.kernel.kafka_outage import KafkaOutageWatch
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -253,9 +253,7 @@ class StateSink:
             "kafka": Outage("kafka", log),
         }
         # aiokafka's own errors (a broker away, a leader moving): one kafka outage above.
-        self._kafka_watch = KafkaOutageWatch(
-            "sink", settings.kafka, target=self._outages["kafka"]
-        )
+        self._kafka_watch = KafkaOutageWatch("sink", settings.kafka, target=self._outages["kafka"])
         self.applied = 0
         self.poisoned = 0
         self.invalid = 0

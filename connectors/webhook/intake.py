@@ -32,12 +32,12 @@ the bytes ``1767225600.{"id":"g-1","status":"read"}`` and the header is
 A verified callback is looked up in ``outbox_jobs`` (by the job id in
 ``reference`` first, because the state sink may not have written
 ``gateway_job_id`` yet when the first callback arrives; by ``gateway_job_id``
-otherwise), mapped to a :class:`~streams.contract.JobStatus` with the gateway's
+otherwise), mapped to a :class:`~streams.kernel.contract.JobStatus` with the gateway's
 configured labels (unknown -> REVIEW) and published as a
-:class:`~streams.contract.ReceiptReceived` on the intents topic with the job's
+:class:`~streams.kernel.contract.ReceiptReceived` on the intents topic with the job's
 conversation key, so the worker applies it in order with everything else of the
 conversation. A callback for a job we cannot find becomes a
-:class:`~streams.contract.JobDead` on the dead-letter topic: accepted for review,
+:class:`~streams.kernel.contract.JobDead` on the dead-letter topic: accepted for review,
 never lost.
 
 The answer (202) is given only after Kafka acknowledged the record. When Kafka
@@ -102,15 +102,15 @@ from connectors.webhook.signature import (
     check_signature,
     check_verify_token,
 )
-from streams.contract import (
+from streams.kernel.contract import (
     HEADER_JOB_ID,
     HEADER_SCHEMA,
     JobDead,
     ReceiptReceived,
     Record,
 )
-from streams.producer_stop import stop_producer
-from streams.settings import GatewayKind
+from streams.kernel.producer_stop import stop_producer
+from streams.kernel.settings import GatewayKind
 
 log = logging.getLogger(__name__)
 
@@ -310,7 +310,7 @@ class WebhookIntake:
             acks="all",
             enable_idempotence=kafka.use_idempotent_producer,
             # A request unanswered this long fails (the idempotent producer on Apache Kafka
-            # retries it, though: stop() bounds its flush itself, streams.producer_stop).
+            # retries it, though: stop() bounds its flush itself, streams.kernel.producer_stop).
             request_timeout_ms=int(self._publish_timeout_s * 1000),
         )
         await self._producer.start()
@@ -453,9 +453,7 @@ class WebhookIntake:
             reference=reference,
             reason=reason,
         )
-        await self._publish(
-            self._names.intents, receipt, key=receipt.partition_key, job_id=job.id
-        )
+        await self._publish(self._names.intents, receipt, key=receipt.partition_key, job_id=job.id)
         self.stats["accepted"] += 1
         log.debug(
             "receipt %s for job %d: %s -> %s%s",
@@ -572,9 +570,7 @@ class WebhookIntake:
                 record=dict(record),
             )
         log.warning("%s (to %s)", reason, self._names.dead)
-        await self._publish(
-            self._names.dead, dead, key=gateway_job_id.encode(), job_id=dead.job_id
-        )
+        await self._publish(self._names.dead, dead, key=gateway_job_id.encode(), job_id=dead.job_id)
 
     async def _publish(self, topic: str, record: Record, *, key: bytes, job_id: int | None) -> None:
         """Send one record and wait for Kafka's acknowledgement; :class:`_Unavailable` if not."""

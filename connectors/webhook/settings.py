@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
-from streams.settings import GatewaySettings, KafkaSettings, PostgresSettings, SettingsBase
+from streams.kernel.settings import GatewaySettings, KafkaSettings, PostgresSettings, SettingsBase
 
 
 class WebhookSettings(SettingsBase):

@@ -22,7 +22,7 @@ from aiokafka import AIOKafkaProducer
 from devtools.delivery_audit import DeliveryReport, audit
 from devtools.dev_runner import enqueue_demo
 from devtools.local_pipeline import LocalPipeline
-from streams.contract import ContractError, IntentCaptured
+from streams.kernel.contract import ContractError, IntentCaptured
 from tests.integration.topic_reader import TopicRecord, read_topic
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ while the broker goes:
 Each checks at the gateway simulator that nothing is lost, nothing sent twice and
 every conversation in order (:mod:`devtools.delivery_audit`), that every job ends
 ACCEPTED in ``outbox_jobs``, that no relay, worker or sink process exits, that each
-of them logs the outage once (:mod:`streams.kafka_outage`; aiokafka's own retry
+of them logs the outage once (:mod:`streams.kernel.kafka_outage`; aiokafka's own retry
 lines are counted, not logged) and ends it once, and that ``/metrics`` shows it
 (``zapstream_kafka_outages_total``, ``zapstream_kafka_unavailable``,
 ``zapstream_kafka_outage_seconds_total``; the sink's ``zapstream_sink_outage``).
@@ -41,7 +41,7 @@ from devtools.delivery_audit import KEY_IN_TEXT, DeliveryReport, audit
 from devtools.devstack import ManagedProcess, find_free_port
 from devtools.kafka_broker import KafkaBroker, KafkaCluster
 from devtools.local_pipeline import LocalPipeline
-from streams.kafka_outage import UNAVAILABLE
+from streams.kernel.kafka_outage import UNAVAILABLE
 from tests.integration.support import Arrivals, enqueue_conversations, wait_for_status
 
 pytestmark = pytest.mark.integration
@@ -56,9 +56,9 @@ KILL_AFTER = 1_000
 PARTITIONS = 4
 
 START_LINES = {
-    # connectors.failures.OutageLog (relay, sink) and streams.kafka_outage (worker).
+    # connectors.failures.OutageLog (relay, sink) and streams.kernel.kafka_outage (worker).
     "kafka outage": re.compile(r"\b[Kk]afka unavailable\b"),
-    # streams.kafka_outage: one broker refused a connection while the others answer.
+    # streams.kernel.kafka_outage: one broker refused a connection while the others answer.
     "broker unreachable": re.compile(r"\ba connection to a Kafka broker failed\b"),
     # streams.kafka_reader's periodic readers, one class per job (lag monitor, ...).
     "reader": re.compile(r"\] (\w[\w -]*): cannot read Kafka|\b(\w[\w -]*): cannot read Kafka"),

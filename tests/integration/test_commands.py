@@ -49,7 +49,8 @@ from connectors.outbox.commands import (
 from connectors.outbox.enqueue import enqueue
 from connectors.sink.state_sink import apply_batch, apply_states
 from devtools.local_pipeline import LocalPipeline
-from streams.contract import (
+from streams.job_processor import JobProcessor, Park, RetryPolicy
+from streams.kernel.contract import (
     AttemptFinished,
     Command,
     CommandRequested,
@@ -57,14 +58,13 @@ from streams.contract import (
     JobDead,
     StatusChanged,
 )
-from streams.errors import (
+from streams.kernel.errors import (
     PermanentGatewayError,
     TransientGatewayError,
     UncertainGatewayError,
 )
-from streams.job_processor import JobProcessor, Park, RetryPolicy
-from streams.ports import CancelOutcome, ListedJob, SendAccepted, TextMessage
-from streams.state_machine import JobRef, transition
+from streams.kernel.ports import CancelOutcome, ListedJob, SendAccepted, TextMessage
+from streams.kernel.state_machine import JobRef, transition
 from tests.integration.support import Arrivals, count_rows, wait_for_status, wait_until
 
 T = TypeVar("T")
@@ -199,7 +199,7 @@ class ScriptedGateway:
 
 
 def _accepted(n: int) -> SendAccepted:
-    from streams.contract import JobStatus
+    from streams.kernel.contract import JobStatus
 
     return SendAccepted(f"g-{n}", "queued", JobStatus.ACCEPTED)
 
@@ -357,7 +357,7 @@ def _history_event(
     dsn: str, job_id: int, states: list[tuple[str, str | None]], *, actor: str = "worker"
 ) -> None:
     """Write a job's history through the real state machine and the sink's SQL (setup only)."""
-    from streams.contract import JobStatus
+    from streams.kernel.contract import JobStatus
 
     with psycopg.connect(dsn, autocommit=True) as conn:
         key, instance = conn.execute(

@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from devtools.devstack import find_free_port
 from devtools.local_pipeline import LocalPipeline, default_broker
-from streams.contract import BULK_INTENTS, INTENTS
+from streams.kernel.contract import BULK_INTENTS, INTENTS
 from tests.integration.support import enqueue_conversations, wait_until
 
 pytestmark = pytest.mark.integration
@@ -273,8 +273,8 @@ async def test_lag_in_records_and_seconds_is_exact_for_a_known_commit(
     """
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+    from streams.kernel.settings import EndOffsetSource, KafkaSettings
     from streams.lag_monitor import LagMonitor
-    from streams.settings import EndOffsetSource, KafkaSettings
 
     bootstrap = pipeline.kafka.bootstrap
     topic, group = f"lagtest-{uuid.uuid4().hex[:8]}", f"lagtest-{uuid.uuid4().hex[:8]}"

@@ -38,7 +38,7 @@ from connectors.outbox.controls import (
     should_hold,
 )
 from devtools.local_pipeline import LocalPipeline
-from streams.contract import (
+from streams.kernel.contract import (
     ControlAction,
     ControlChanged,
     ControlKind,

@@ -24,8 +24,8 @@ from connectors.sink.job_history import PostgresJobHistory
 from devtools.delivery_audit import audit
 from devtools.devstack import ManagedProcess, find_free_port
 from devtools.local_pipeline import LocalPipeline
-from streams.job_history import HistoryUnavailable
-from streams.settings import PostgresSettings
+from streams.kernel.job_history import HistoryUnavailable
+from streams.kernel.settings import PostgresSettings
 from tests.integration.support import (
     Arrivals,
     enqueue_conversations,

@@ -22,7 +22,7 @@ from aiokafka import AIOKafkaConsumer
 
 from connectors.outbox.enqueue import enqueue
 from devtools.local_pipeline import LocalPipeline
-from streams.contract import JobDead
+from streams.kernel.contract import JobDead
 from tests.integration.support import (
     Arrivals,
     count_rows,

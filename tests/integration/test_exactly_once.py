@@ -29,7 +29,7 @@ from connectors.cdc.provisioning import ensure_replication
 from connectors.cdc.settings import RelaySettings
 from devtools.devstack import ManagedProcess
 from devtools.local_pipeline import LocalPipeline
-from streams.contract import BULK_INTENTS, HEADER_JOB_ID, INTENTS
+from streams.kernel.contract import BULK_INTENTS, HEADER_JOB_ID, INTENTS
 from streams.lag_monitor import GroupLag, LagMonitor
 from tests.integration.support import Arrivals, enqueue_conversations, wait_until
 

@@ -145,13 +145,13 @@ async def test_sim_refuses_one_instances_key_until_fixed_and_502s_after_acceptin
 
     from connectors.gateways.stackzap import StackZapClient
     from devtools.gateway_sim import GatewaySimulator
-    from streams.errors import (
+    from streams.kernel.errors import (
         InstanceUnavailableError,
         PermanentGatewayError,
         UncertainGatewayError,
     )
-    from streams.ports import TextMessage
-    from streams.settings import GatewaySettings
+    from streams.kernel.ports import TextMessage
+    from streams.kernel.settings import GatewaySettings
 
     def text(n: int, instance: str) -> TextMessage:
         return TextMessage(instance, f"55119{n:08d}", f"message {n}", f"{n}-1")

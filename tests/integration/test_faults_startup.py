@@ -30,8 +30,8 @@ from devtools import shared_broker
 from devtools.devstack import ManagedProcess, PostgresCluster, TansuBroker, find_free_port
 from devtools.kafka_broker import KafkaBroker
 from devtools.local_pipeline import default_broker
-from streams.contract import TopicNames
-from streams.settings import KafkaSettings
+from streams.kernel.contract import TopicNames
+from streams.kernel.settings import KafkaSettings
 from tests.integration.support import wait_until, zapstream
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -27,7 +27,7 @@ from devtools.bench_support import slot_confirmed
 from devtools.delivery_audit import KEY_IN_TEXT, audit, demo_key, demo_text
 from devtools.devstack import ManagedProcess, find_free_port
 from devtools.local_pipeline import LocalPipeline
-from streams.contract import ContractError, IntentCaptured
+from streams.kernel.contract import ContractError, IntentCaptured
 from tests.integration.support import count_rows, wait_until
 from tests.integration.topic_reader import read_topic
 

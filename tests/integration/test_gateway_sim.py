@@ -21,10 +21,14 @@ from connectors.gateways.stackzap import StackZapClient
 from connectors.gateways.zapapi import ZapApiClient
 from connectors.webhook.signature import verify_signature
 from devtools.gateway_sim import GatewaySimulator, SimConfigError
-from streams.contract import JobStatus
-from streams.errors import PermanentGatewayError, TransientGatewayError, UncertainGatewayError
-from streams.ports import TextMessage
-from streams.settings import GatewaySettings
+from streams.kernel.contract import JobStatus
+from streams.kernel.errors import (
+    PermanentGatewayError,
+    TransientGatewayError,
+    UncertainGatewayError,
+)
+from streams.kernel.ports import TextMessage
+from streams.kernel.settings import GatewaySettings
 
 pytestmark = pytest.mark.integration
 
@@ -105,7 +109,7 @@ async def test_accepted_messages_are_recorded_with_reference(
 
 
 async def test_bad_credentials_401_are_about_the_instance(sim: GatewaySimulator) -> None:
-    from streams.errors import InstanceUnavailableError
+    from streams.kernel.errors import InstanceUnavailableError
 
     wrong = gateway_settings(sim, stackzap_api_key=SecretStr("nope"), zap_token=SecretStr("nope"))
     async with StackZapClient(wrong) as stackzap, ZapApiClient(wrong) as zapapi:
@@ -230,7 +234,7 @@ async def test_listing_paginates_and_hides_references(
 async def test_unknown_instance_404_is_about_the_instance(
     sim: GatewaySimulator, stackzap: StackZapClient, zapapi: ZapApiClient
 ) -> None:
-    from streams.errors import InstanceUnavailableError
+    from streams.kernel.errors import InstanceUnavailableError
 
     sim.configure(reject_instances=["ghost"])
     for client in (stackzap, zapapi):

@@ -45,7 +45,7 @@ from connectors.failures import PostgresSilent, postgres_deadline
 from devtools.devstack import ManagedProcess
 from devtools.local_pipeline import LocalPipeline
 from devtools.tcp_proxy import TcpProxy
-from streams.settings import PostgresSettings
+from streams.kernel.settings import PostgresSettings
 from tests.integration.support import Arrivals, enqueue_conversations, wait_for_status, wait_until
 
 pytestmark = pytest.mark.integration
@@ -305,7 +305,7 @@ def test_each_edge_blackholed_for_30s_is_detected_logged_once_and_loses_nothing(
             ),
             # aiokafka's request timeout (or the heartbeat session) is the mechanism; its
             # retry lines are counted, not logged: the worker's one line is the Kafka
-            # outage's (streams/kafka_outage.py), once per outage.
+            # outage's (streams/kernel/kafka_outage.py), once per outage.
             "kafka": _Edge(
                 "worker<->Kafka",
                 worker,

@@ -22,8 +22,8 @@ from connectors.outbox.commands import request_reprocess
 from connectors.outbox.controls import pause_campaign
 from connectors.outbox.enqueue import enqueue
 from connectors.sink.state_sink import apply_states
-from streams.contract import CommandOutcome, JobStatus, StatusChanged
-from streams.state_machine import JobRef, transition
+from streams.kernel.contract import CommandOutcome, JobStatus, StatusChanged
+from streams.kernel.state_machine import JobRef, transition
 
 pytestmark = pytest.mark.integration
 

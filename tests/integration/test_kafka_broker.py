@@ -29,8 +29,8 @@ from devtools.bench_support import cpu_seconds, proc_status_mib
 from devtools.delivery_audit import audit
 from devtools.kafka_broker import KafkaBroker, KafkaCluster, kafka_metadata, kafka_version
 from devtools.local_pipeline import LocalPipeline
-from streams.contract import INTENTS, topic_specs
-from streams.settings import BrokerFlavor, KafkaSettings
+from streams.kernel.contract import INTENTS, topic_specs
+from streams.kernel.settings import BrokerFlavor, KafkaSettings
 from tests.integration.support import (
     Arrivals,
     enqueue_conversations,

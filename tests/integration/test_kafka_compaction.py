@@ -54,7 +54,7 @@ from connectors.outbox.enqueue import enqueue
 from devtools.devstack import ManagedProcess, find_free_port
 from devtools.kafka_broker import KafkaBroker
 from devtools.local_pipeline import LocalPipeline
-from streams.contract import (
+from streams.kernel.contract import (
     CONTROLS,
     PARKED,
     STATE,

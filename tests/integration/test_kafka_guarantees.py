@@ -47,8 +47,8 @@ from devtools.delivery_audit import KEY_IN_TEXT, audit
 from devtools.devstack import ManagedProcess
 from devtools.kafka_broker import KafkaBroker, kafka_metadata
 from devtools.local_pipeline import REPO_ROOT, LocalPipeline
-from streams.contract import HEADER_JOB_ID, INTENTS
-from streams.settings import KafkaSettings
+from streams.kernel.contract import HEADER_JOB_ID, INTENTS
+from streams.kernel.settings import KafkaSettings
 from tests.integration.support import Arrivals, enqueue_conversations, wait_until, zapstream
 from tests.integration.topic_reader import read_topic
 

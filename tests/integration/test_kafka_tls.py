@@ -36,9 +36,9 @@ from devtools.devstack import TansuBroker
 from devtools.kafka_broker import KafkaBroker
 from devtools.local_pipeline import LocalPipeline, default_broker
 from devtools.tls import Pki, ServerTls, make_pki
-from streams.contract import INTENTS
 from streams.kafka_reader import group_less_consumer
-from streams.settings import KafkaSettings
+from streams.kernel.contract import INTENTS
+from streams.kernel.settings import KafkaSettings
 from tests.integration.support import Arrivals, wait_for_status, wait_until, zapstream
 
 pytestmark = pytest.mark.integration

@@ -8,7 +8,7 @@ say. Faults are deterministic per recipient or lifted by the test once observed,
 no assertion depends on a timing window. The simulator's configuration is put back
 after every test by a fixture.
 
-The worker's reaction to :class:`~streams.errors.RateLimitedError` is being reworked
+The worker's reaction to :class:`~streams.kernel.errors.RateLimitedError` is being reworked
 separately: the rate-limit tests assert only the eventual outcome (sent exactly once).
 """
 
@@ -339,15 +339,15 @@ async def test_sim_speaks_the_cloud_api_to_the_client() -> None:
 
     from connectors.gateways.meta import MetaCloudClient
     from devtools.gateway_sim import GatewaySimulator
-    from streams.errors import (
+    from streams.kernel.errors import (
         InstanceUnavailableError,
         PermanentGatewayError,
         RateLimitedError,
         TransientGatewayError,
         UncertainGatewayError,
     )
-    from streams.ports import TextMessage
-    from streams.settings import GatewayKind, GatewaySettings
+    from streams.kernel.ports import TextMessage
+    from streams.kernel.settings import GatewayKind, GatewaySettings
 
     token = "t" * 24
 

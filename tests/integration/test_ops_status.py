@@ -22,7 +22,7 @@ from connectors.ops.status_settings import StatusSettings
 from connectors.outbox.controls import pause_instance
 from connectors.outbox.enqueue import enqueue
 from devtools.devstack import find_free_port, postgres_bin_dir
-from streams.settings import PostgresSettings
+from streams.kernel.settings import PostgresSettings
 from tests.integration.support import wait_until
 
 pytestmark = pytest.mark.integration

@@ -27,7 +27,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.partitioner import DefaultPartitioner
 
 from devtools.local_pipeline import LocalPipeline
-from streams.contract import (
+from streams.kernel.contract import (
     HEADER_JOB_ID,
     IntentCaptured,
     conversation_partition_key,
@@ -123,9 +123,7 @@ def _records_of(pipeline: LocalPipeline, topic: str, expected: int) -> list[Topi
     return found
 
 
-async def _aiokafka_partitions(
-    bootstrap: str, prefix: str, keys: list[bytes]
-) -> dict[bytes, int]:
+async def _aiokafka_partitions(bootstrap: str, prefix: str, keys: list[bytes]) -> dict[bytes, int]:
     """Where a plain aiokafka producer (Faust's client) puts each key, on a fresh topic
     (in the pipeline's namespace, so it goes with the pipeline's topics)."""
     topic = f"{prefix}zapstream.partition-probe.{uuid.uuid4().hex[:8]}"

@@ -14,7 +14,7 @@ from aiokafka import AIOKafkaConsumer
 from connectors.outbox.enqueue import enqueue
 from devtools.delivery_audit import demo_key, demo_text
 from devtools.local_pipeline import LocalPipeline
-from streams.contract import IntentRejected
+from streams.kernel.contract import IntentRejected
 from tests.integration.support import Arrivals, count_rows, wait_for_status, wait_until
 
 pytestmark = pytest.mark.integration

@@ -23,7 +23,7 @@ from connectors.sink import pipeline_metrics
 from connectors.sink.pipeline_metrics import PipelineGauges
 from devtools.devstack import find_free_port
 from devtools.local_pipeline import LocalPipeline
-from streams.settings import PostgresSettings
+from streams.kernel.settings import PostgresSettings
 from tests.integration.support import wait_until
 
 pytestmark = pytest.mark.integration

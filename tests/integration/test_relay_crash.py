@@ -20,7 +20,7 @@ import pytest
 from connectors.cdc.lsn import Lsn
 from devtools.devstack import ManagedProcess, find_free_port
 from devtools.local_pipeline import LocalPipeline
-from streams.contract import HEADER_JOB_ID, HEADER_LSN
+from streams.kernel.contract import HEADER_JOB_ID, HEADER_LSN
 from tests.integration.support import (
     Arrivals,
     count_rows,

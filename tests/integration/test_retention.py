@@ -23,8 +23,8 @@ from connectors.ops.jobs_cli import show_job
 from connectors.outbox.commands import cancel, request_reprocess
 from connectors.outbox.enqueue import enqueue
 from connectors.sink.state_sink import apply_states
-from streams.contract import JobStatus, StatusChanged
-from streams.state_machine import JobRef, transition
+from streams.kernel.contract import JobStatus, StatusChanged
+from streams.kernel.state_machine import JobRef, transition
 
 pytestmark = pytest.mark.integration
 

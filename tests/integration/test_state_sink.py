@@ -7,8 +7,8 @@ import pytest
 
 from connectors.outbox.enqueue import enqueue
 from connectors.sink.state_sink import Applied, apply_batch, apply_states
-from streams.contract import CommandOutcome, JobStatus
-from streams.state_machine import JobRef, transition
+from streams.kernel.contract import CommandOutcome, JobStatus
+from streams.kernel.state_machine import JobRef, transition
 
 pytestmark = pytest.mark.integration
 

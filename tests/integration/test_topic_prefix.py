@@ -27,7 +27,7 @@ from connectors.outbox.migrate import migrate
 from devtools.delivery_audit import audit
 from devtools.devstack import find_free_port
 from devtools.local_pipeline import REPO_ROOT, LocalPipeline
-from streams.contract import LOGICAL_TOPICS
+from streams.kernel.contract import LOGICAL_TOPICS
 from tests.integration.support import (
     Arrivals,
     enqueue_conversations,

@@ -34,7 +34,7 @@ from devtools.devstack import TansuBroker
 from devtools.gateway_sim import CALLBACK_STATUS_HEADER, GatewaySimulator
 from devtools.kafka_broker import KafkaBroker
 from devtools.local_pipeline import default_broker
-from streams.contract import (
+from streams.kernel.contract import (
     HEADER_JOB_ID,
     HEADER_SCHEMA,
     JobDead,
@@ -43,8 +43,8 @@ from streams.contract import (
     TopicNames,
     conversation_partition_key,
 )
-from streams.ports import TextMessage
-from streams.settings import BrokerFlavor, GatewaySettings, KafkaSettings, PostgresSettings
+from streams.kernel.ports import TextMessage
+from streams.kernel.settings import BrokerFlavor, GatewaySettings, KafkaSettings, PostgresSettings
 
 pytestmark = pytest.mark.integration
 

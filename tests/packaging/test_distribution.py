@@ -65,7 +65,7 @@ def test_wheel_ships_the_product_and_no_dev_tooling(wheel: Path) -> None:
         "connectors/outbox/migrations/0001_outbox.sql",
         "connectors/cdc/relay.py",
         "connectors/sink/state_sink.py",
-        "streams/contract.py",
+        "streams/kernel/contract.py",
         "streams/py.typed",
         "connectors/py.typed",
     ):

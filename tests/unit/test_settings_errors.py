@@ -20,7 +20,7 @@ from connectors.ops.config_errors import (
 )
 from connectors.sink.settings import SinkSettings
 from connectors.webhook.settings import WebhookSettings
-from streams.settings import GatewaySettings, KafkaSettings, PostgresSettings
+from streams.kernel.settings import GatewaySettings, KafkaSettings, PostgresSettings
 from streams.worker_settings import WorkerSettings
 
 

@@ -1,7 +1,7 @@
 -- zapstream: structured command outcomes on job events.
 --
 -- The worker answers each cancel and reprocess command with one state record
--- carrying the command's id and an outcome (streams.contract.CommandOutcome:
+-- carrying the command's id and an outcome (streams.kernel.contract.CommandOutcome:
 -- cancelled, cancel_refused, cancel_unsupported, cancel_failed, reprocessed,
 -- reprocess_refused). The state sink writes both here, so operators' tools
 -- find the answer to their command by (command_id, outcome) instead of by the

@@ -22,7 +22,7 @@ def settings_of(argv: list[str]) -> Any:
     from connectors.console.settings import ConsoleSettings
     from connectors.sink.settings import SinkSettings
     from connectors.webhook.settings import WebhookSettings
-    from streams.settings import KafkaSettings, LagMonitorSettings, PostgresSettings
+    from streams.kernel.settings import KafkaSettings, LagMonitorSettings, PostgresSettings
     from streams.worker_settings import WorkerSettings
 
     build: dict[str, Callable[[], Any]] = {

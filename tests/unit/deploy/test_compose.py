@@ -345,7 +345,7 @@ def test_the_simulator_and_its_clients_share_key_and_secret(compose: dict[str, A
 def test_the_metrics_port_defaults_match_the_settings() -> None:
     from connectors.cdc.settings import RelaySettings
     from connectors.sink.settings import SinkSettings
-    from streams.settings import LagMonitorSettings
+    from streams.kernel.settings import LagMonitorSettings
     from streams.worker_settings import WorkerSettings
 
     fields = {

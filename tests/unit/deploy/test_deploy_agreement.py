@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from devtools import compose_check as cc
-from streams.contract import TopicNames, topic_specs
+from streams.kernel.contract import TopicNames, topic_specs
 from tests.unit.deploy.deployables import isolate_environment, settings_of, write_secret_files
 
 ROOT = cc.ROOT

@@ -16,9 +16,9 @@ from faust.types import TP
 from prometheus_client import REGISTRY
 
 from streams.agents import Dispatcher
-from streams.contract import INTENTS, IntentCaptured, StatusChanged
 from streams.instance_pauses import InstancePauses
 from streams.job_processor import Done, Outcome, Park
+from streams.kernel.contract import INTENTS, IntentCaptured, StatusChanged
 from streams.parking import ParkingLot
 from tests.unit.streams.test_parking import Changelog, Table, intent, queue
 

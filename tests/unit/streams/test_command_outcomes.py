@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from streams.contract import CommandOutcome, CommandRequested, IntentCaptured, JobStatus
-from streams.errors import PermanentGatewayError, TransientGatewayError
 from streams.job_processor import JobProcessor, RetryPolicy
-from streams.ports import CancelOutcome, SendAccepted
-from streams.state_machine import ALLOWED, SETTLED, InvalidTransition, JobRef, transition
+from streams.kernel.contract import CommandOutcome, CommandRequested, IntentCaptured, JobStatus
+from streams.kernel.errors import PermanentGatewayError, TransientGatewayError
+from streams.kernel.ports import CancelOutcome, SendAccepted
+from streams.kernel.state_machine import ALLOWED, SETTLED, InvalidTransition, JobRef, transition
 from tests.unit.streams.test_job_processor import MemoryPublisher, MemoryStore, ScriptedGateway
 
 S = JobStatus

@@ -16,7 +16,7 @@ from pydantic import SecretStr, ValidationError
 
 from connectors.failures import PostgresSilent, postgres_deadline
 from connectors.sink.failures import Verdict, classify
-from streams.settings import KafkaSettings, PostgresSettings
+from streams.kernel.settings import KafkaSettings, PostgresSettings
 from streams.worker_settings import WorkerSettings
 
 

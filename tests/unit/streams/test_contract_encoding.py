@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 import pytest
 
-from streams.contract import (
+from streams.kernel.contract import (
     AttemptFinished,
     CommandRequested,
     IntentCaptured,

@@ -8,9 +8,9 @@ from typing import Any
 
 from aiokafka.partitioner import DefaultPartitioner
 
-from streams.contract import JobStatus, StatusChanged, conversation_partition_key
 from streams.dedup_horizon import FORGETTABLE, DedupHorizon, default_partition
-from streams.state_machine import SETTLED
+from streams.kernel.contract import JobStatus, StatusChanged, conversation_partition_key
+from streams.kernel.state_machine import SETTLED
 
 NOW = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
 S = JobStatus

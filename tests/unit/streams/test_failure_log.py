@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
-from streams.errors import InstanceUnavailableError, TransientGatewayError
 from streams.failure_log import FailureLog, error_class
+from streams.kernel.errors import InstanceUnavailableError, TransientGatewayError
 
 
 def test_one_line_per_class_then_summaries_then_end(caplog: pytest.LogCaptureFixture) -> None:

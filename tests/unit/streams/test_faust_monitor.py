@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry
 
 from streams.app import build_app
 from streams.faust_monitor import LeanPrometheusMonitor, setup_lean_prometheus
-from streams.settings import KafkaSettings
+from streams.kernel.settings import KafkaSettings
 from streams.worker_settings import WorkerSettings
 
 

@@ -7,15 +7,15 @@ import logging
 
 import pytest
 
-from streams.errors import (
+from streams.gateway_check import PLACEHOLDER_INSTANCE, GatewayStartCheck
+from streams.instance_pauses import InstancePauses
+from streams.kernel.errors import (
     GatewayError,
     GatewayMisconfigured,
     InstanceUnavailableError,
     ListingUnreadable,
     TransientGatewayError,
 )
-from streams.gateway_check import PLACEHOLDER_INSTANCE, GatewayStartCheck
-from streams.instance_pauses import InstancePauses
 
 T0 = 1_800_000_000.0
 

@@ -12,10 +12,10 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import pytest
 
-from streams.contract import IntentCaptured, JobStatus, StatusChanged
-from streams.errors import ListingUnreadable, TransientGatewayError
 from streams.job_processor import Done, JobProcessor, Park, RetryPolicy
-from streams.ports import ListedJob, SendAccepted, TextMessage
+from streams.kernel.contract import IntentCaptured, JobStatus, StatusChanged
+from streams.kernel.errors import ListingUnreadable, TransientGatewayError
+from streams.kernel.ports import ListedJob, SendAccepted, TextMessage
 from streams.reconcile import (
     InstanceListings,
     ListingDeferred,

@@ -6,12 +6,12 @@ import logging
 
 import pytest
 
-from streams.errors import (
+from streams.instance_pauses import InstancePauses, PermanentStreaks
+from streams.kernel.errors import (
     GatewayMisconfigured,
     InstanceUnavailableError,
     PermanentGatewayError,
 )
-from streams.instance_pauses import InstancePauses, PermanentStreaks
 
 T0 = 1_800_000_000.0
 

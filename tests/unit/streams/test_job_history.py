@@ -7,10 +7,15 @@ import datetime as dt
 
 import pytest
 
-from streams.contract import CommandRequested, IntentCaptured, JobStatus, ReceiptReceived
-from streams.job_history import HistoricState, HistoryUnavailable, LateRedeliveries, LateVerdict
 from streams.job_processor import Done, JobProcessor, Park, RetryPolicy
-from streams.ports import SendAccepted
+from streams.kernel.contract import CommandRequested, IntentCaptured, JobStatus, ReceiptReceived
+from streams.kernel.job_history import (
+    HistoricState,
+    HistoryUnavailable,
+    LateRedeliveries,
+    LateVerdict,
+)
+from streams.kernel.ports import SendAccepted
 from tests.unit.streams.test_job_processor import (
     OK as OK_SEND,
 )

@@ -9,7 +9,9 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import pytest
 
-from streams.contract import (
+from streams.instance_pauses import InstancePauses
+from streams.job_processor import Done, JobProcessor, Park, RetryPolicy
+from streams.kernel.contract import (
     AttemptFinished,
     CommandRequested,
     IntentCaptured,
@@ -18,17 +20,15 @@ from streams.contract import (
     ReceiptReceived,
     StatusChanged,
 )
-from streams.errors import (
+from streams.kernel.errors import (
     InstanceUnavailableError,
     PermanentGatewayError,
     RateLimitedError,
     TransientGatewayError,
     UncertainGatewayError,
 )
-from streams.instance_pauses import InstancePauses
-from streams.job_processor import Done, JobProcessor, Park, RetryPolicy
+from streams.kernel.ports import CancelOutcome, ListedJob, SendAccepted, TextMessage
 from streams.pacing import Pacer
-from streams.ports import CancelOutcome, ListedJob, SendAccepted, TextMessage
 from streams.reconcile import InstanceListings
 
 NOW = dt.datetime(2026, 11, 29, 12, 0, tzinfo=dt.UTC)
@@ -355,7 +355,7 @@ async def test_redelivered_while_attempting_is_reconciled_before_any_resend() ->
     p, store, _ = _processor(gw)
     # A previous owner journaled attempt 7-1 and died before recording the outcome.
     from streams.job_processor import job_ref
-    from streams.state_machine import transition
+    from streams.kernel.state_machine import transition
 
     store.states[7] = transition(
         job_ref(_intent()), None, S.ATTEMPTING, attempts=1, attempt_seq=1, attempt_id="7-1"

@@ -12,9 +12,10 @@ import pytest
 from aiokafka.errors import KafkaConnectionError
 from prometheus_client import REGISTRY
 
-from streams import kafka_outage, kafka_reader
-from streams.kafka_outage import KafkaOutageWatch, is_unavailability
+from streams import kafka_reader
 from streams.kafka_reader import guarded
+from streams.kernel import kafka_outage
+from streams.kernel.kafka_outage import KafkaOutageWatch, is_unavailability
 
 LOGGER = "zapstream.test.kafka_outage"
 AIOKAFKA = logging.getLogger("aiokafka")

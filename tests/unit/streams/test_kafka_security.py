@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from connectors.failures import classify_kafka_security
 from connectors.ops.config_errors import render_validation_error
 from streams.app import broker_credentials
-from streams.settings import KafkaSettings
+from streams.kernel.settings import KafkaSettings
 
 CA = certifi.where()
 """Any PEM file of CA certificates will do: the context only loads it."""

@@ -8,8 +8,8 @@ import pytest
 from aiokafka.errors import KafkaConnectionError
 
 from streams.kafka_reader import Every, guarded
+from streams.kernel.settings import BrokerFlavor, EndOffsetSource, KafkaSettings
 from streams.lag_monitor import GroupLag, partition_lag
-from streams.settings import BrokerFlavor, EndOffsetSource, KafkaSettings
 
 NOW = 1_000_000.0
 

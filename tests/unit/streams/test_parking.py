@@ -17,7 +17,7 @@ import pytest
 from faust.stores.memory import Store
 from faust.types import TP
 
-from streams.contract import PARKED, IntentCaptured, conversation_partition_key
+from streams.kernel.contract import PARKED, IntentCaptured, conversation_partition_key
 from streams.parking import ParkedConversation, ParkingLot, message_key, split_message_key
 
 NOW = 1_764_590_400.0

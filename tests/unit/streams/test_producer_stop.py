@@ -13,7 +13,7 @@ from typing import Any, cast
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from streams.producer_stop import stop_producer
+from streams.kernel.producer_stop import stop_producer
 
 
 class _Accumulator:

@@ -5,16 +5,16 @@ from __future__ import annotations
 import dataclasses
 import random
 
-from streams.contract import JobStatus, ReceiptReceived, StatusChanged
 from streams.job_processor import Done, JobProcessor, RetryPolicy
-from streams.ports import SendAccepted
+from streams.kernel.contract import JobStatus, ReceiptReceived, StatusChanged
+from streams.kernel.ports import SendAccepted
+from streams.kernel.state_machine import JobRef, transition
 from streams.receipts import (
     MAX_RECEIPT_EVENTS,
     attempt_of,
     ignored_because,
     remember_event,
 )
-from streams.state_machine import JobRef, transition
 from tests.unit.streams.test_job_processor import (
     MemoryPublisher,
     MemoryStore,

@@ -1,8 +1,8 @@
 import pytest
 
-from streams.contract import JobStatus as S
-from streams.contract import StatusChanged
-from streams.state_machine import ALLOWED, InvalidTransition, JobRef, transition
+from streams.kernel.contract import JobStatus as S
+from streams.kernel.contract import StatusChanged
+from streams.kernel.state_machine import ALLOWED, InvalidTransition, JobRef, transition
 
 JOB = JobRef(1, "k", "inst", "conv")
 

@@ -14,11 +14,17 @@ from collections.abc import Awaitable, Sequence
 
 import pytest
 
-from streams.contract import AttemptFinished, IntentCaptured, JobDead, JobStatus, StatusChanged
-from streams.errors import GatewayMisconfigured, PermanentGatewayError
 from streams.instance_pauses import InstancePauses
 from streams.job_processor import Done, JobProcessor, Park, RetryPolicy
-from streams.ports import CancelOutcome, ListedJob, SendAccepted, TextMessage
+from streams.kernel.contract import (
+    AttemptFinished,
+    IntentCaptured,
+    JobDead,
+    JobStatus,
+    StatusChanged,
+)
+from streams.kernel.errors import GatewayMisconfigured, PermanentGatewayError
+from streams.kernel.ports import CancelOutcome, ListedJob, SendAccepted, TextMessage
 
 NOW = dt.datetime(2026, 11, 29, 12, 0, tzinfo=dt.UTC)
 OK = SendAccepted("g-1", "queued", JobStatus.ACCEPTED)

@@ -23,7 +23,8 @@ from connectors.cdc.settings import RelaySettings
 from connectors.ops.config_errors import render_validation_error
 from connectors.ops.topics import _NEEDS, all_topic_specs, deployable_topic_specs
 from connectors.sink.settings import SinkSettings
-from streams.contract import (
+from streams.controls import ControlsReader
+from streams.kernel.contract import (
     BULK_INTENTS,
     CONTROLS,
     DEFAULT_NAMES,
@@ -42,10 +43,9 @@ from streams.contract import (
     control_key,
     topic_specs,
 )
-from streams.controls import ControlsReader
+from streams.kernel.ports import CancelOutcome, ListedJob, SendAccepted, TextMessage
+from streams.kernel.settings import KafkaSettings, LagMonitorSettings
 from streams.lag_monitor import LagMonitor
-from streams.ports import CancelOutcome, ListedJob, SendAccepted, TextMessage
-from streams.settings import KafkaSettings, LagMonitorSettings
 from streams.sink_progress import SinkProgress
 from streams.worker import build_worker_app
 from streams.worker_settings import WorkerSettings

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
-from streams.settings import BrokerFlavor, KafkaSettings
+from streams.kernel.settings import BrokerFlavor, KafkaSettings
 from streams.transport import _ConsumerThread
 
 

@@ -4,7 +4,12 @@ import orjson
 import pytest
 
 from connectors.cdc.outbox_rows import command_row_to_record, row_to_record
-from streams.contract import CommandRequested, IntentCaptured, IntentRejected, decode_topic_record
+from streams.kernel.contract import (
+    CommandRequested,
+    IntentCaptured,
+    IntentRejected,
+    decode_topic_record,
+)
 
 
 def _row(**overrides: str | None) -> dict[str, str | None]:

@@ -16,7 +16,7 @@ import pytest
 from connectors.cdc.outbox_rows import control_row_to_record
 from connectors.cdc.pgoutput import Column, Relation
 from connectors.cdc.provisioning import CONTROLS_TABLE, PUBLISHED_TABLES
-from streams.contract import (
+from streams.kernel.contract import (
     CONTROLS,
     HEADER_SCHEMA,
     INVALID,

@@ -29,7 +29,7 @@ from connectors.cdc.transactions import (
     transactional_id,
 )
 from connectors.ops.config_errors import render_validation_error
-from streams.settings import BrokerFlavor, KafkaSettings
+from streams.kernel.settings import BrokerFlavor, KafkaSettings
 from tests.unit.connectors.cdc.test_relay_loop import (
     DEADLINE_S,
     SLOT_CONFIRMED,

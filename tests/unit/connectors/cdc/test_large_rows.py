@@ -27,7 +27,7 @@ from connectors.cdc.outbox_rows import (
 )
 from connectors.cdc.pgoutput import Column, Insert, OversizedValue, PgOutputDecoder, Relation
 from connectors.cdc.replication_messages import VIEW_MIN_BYTES, XLogData, parse_copy_data
-from streams.contract import INTENTS, INVALID
+from streams.kernel.contract import INTENTS, INVALID
 from tests.unit.connectors.cdc.test_relay_loop import (
     COMMIT_TS,
     DEADLINE_S,

@@ -4,7 +4,7 @@ import orjson
 import pytest
 
 from connectors.cdc.outbox_rows import INTENT_COLUMNS, CapturedIntent, row_to_intent, row_to_record
-from streams.contract import IntentCaptured, IntentRejected
+from streams.kernel.contract import IntentCaptured, IntentRejected
 
 
 def _row(**overrides: str | None) -> dict[str, str | None]:

@@ -22,7 +22,7 @@ from aiokafka.partitioner import DefaultPartitioner
 from connectors.cdc.lsn import Lsn
 from connectors.cdc.pgoutput import Column
 from connectors.cdc.relay import KeyHashPartitioner, RelayError
-from streams.contract import (
+from streams.kernel.contract import (
     BULK_INTENTS,
     HEADER_JOB_ID,
     HEADER_LSN,

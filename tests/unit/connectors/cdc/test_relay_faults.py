@@ -19,7 +19,7 @@ from connectors.cdc.failures import RelayConfigError
 from connectors.cdc.lsn import Lsn
 from connectors.cdc.outbox_rows import TRUNCATION_MARKER
 from connectors.cdc.replication_stream import ReplicationError, ReplicationStreamClosed
-from streams.contract import INTENTS, INVALID
+from streams.kernel.contract import INTENTS, INVALID
 from tests.unit.connectors.cdc.test_relay_loop import (
     COMMIT_TS,
     DEADLINE_S,

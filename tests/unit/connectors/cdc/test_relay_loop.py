@@ -26,7 +26,7 @@ from connectors.cdc.relay import OutboxRelay, RelayError
 from connectors.cdc.replication_messages import PrimaryKeepalive, XLogData, to_pg_timestamp
 from connectors.cdc.replication_stream import ReplicationStreamClosed, SlotInUse
 from connectors.cdc.settings import RelaySettings
-from streams.contract import HEADER_JOB_ID, HEADER_LSN, INTENTS, IntentCaptured
+from streams.kernel.contract import HEADER_JOB_ID, HEADER_LSN, INTENTS, IntentCaptured
 from tests.unit.connectors.cdc.data.pgoutput_capture import PAYLOADS
 
 DEADLINE_S = 3.0

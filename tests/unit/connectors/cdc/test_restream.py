@@ -9,7 +9,7 @@ import pytest
 
 from connectors.cdc.outbox_rows import replay_row_to_record
 from connectors.cdc.restream import parse_duration
-from streams.contract import IntentCaptured, IntentRejected
+from streams.kernel.contract import IntentCaptured, IntentRejected
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ from pydantic import SecretStr
 from connectors.gateways.classify import GatewayResponse, error_for_response
 from connectors.gateways.factory import build_gateway
 from connectors.gateways.http_client import HttpGatewayClient, normalise_base_url
-from streams.errors import (
+from streams.kernel.errors import (
     GatewayMisconfigured,
     InstanceUnavailableError,
     ListingUnreadable,
@@ -27,8 +27,8 @@ from streams.errors import (
     TransientGatewayError,
     names_a_resource,
 )
-from streams.ports import TextMessage
-from streams.settings import GatewayKind, GatewaySettings
+from streams.kernel.ports import TextMessage
+from streams.kernel.settings import GatewayKind, GatewaySettings
 from tests.unit.connectors.gateways.fake_gateway import (
     FakeGateway,
     Handler,

@@ -24,7 +24,7 @@ from connectors.gateways.classify import (
     send_request,
 )
 from connectors.outbox.recipients import mask_phone
-from streams.errors import (
+from streams.kernel.errors import (
     InstanceUnavailableError,
     PermanentGatewayError,
     RateLimitedError,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from connectors.gateways.labels import map_label
-from streams.contract import JobStatus
-from streams.settings import GatewaySettings
+from streams.kernel.contract import JobStatus
+from streams.kernel.settings import GatewaySettings
 
 SETTINGS = GatewaySettings()
 

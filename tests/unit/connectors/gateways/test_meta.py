@@ -14,8 +14,8 @@ from pydantic import SecretStr
 from connectors.gateways.classify import GatewayResponse
 from connectors.gateways.factory import build_gateway
 from connectors.gateways.meta import MetaCloudClient, meta_error
-from streams.contract import JobStatus
-from streams.errors import (
+from streams.kernel.contract import JobStatus
+from streams.kernel.errors import (
     GatewayError,
     InstanceUnavailableError,
     PermanentGatewayError,
@@ -23,8 +23,8 @@ from streams.errors import (
     TransientGatewayError,
     UncertainGatewayError,
 )
-from streams.ports import CancelOutcome, TextMessage
-from streams.settings import GatewayKind, GatewaySettings
+from streams.kernel.ports import CancelOutcome, TextMessage
+from streams.kernel.settings import GatewayKind, GatewaySettings
 from tests.unit.connectors.gateways.fake_gateway import (
     FakeGateway,
     Fault,

@@ -14,15 +14,15 @@ from pydantic import SecretStr
 
 from connectors.gateways.factory import build_gateway
 from connectors.gateways.stackzap import GatewayJob, StackZapClient
-from streams.contract import JobStatus
-from streams.errors import (
+from streams.kernel.contract import JobStatus
+from streams.kernel.errors import (
     ListingUnreadable,
     PermanentGatewayError,
     TransientGatewayError,
     UncertainGatewayError,
 )
-from streams.ports import TextMessage
-from streams.settings import GatewayKind, GatewaySettings
+from streams.kernel.ports import TextMessage
+from streams.kernel.settings import GatewayKind, GatewaySettings
 from tests.unit.connectors.gateways.fake_gateway import (
     FakeGateway,
     Fault,
@@ -222,7 +222,7 @@ async def test_transient_statuses(
 
 @pytest.mark.parametrize("status", [502, 504])
 async def test_proxy_5xx_on_a_send_is_uncertain(status: int) -> None:
-    from streams.errors import UncertainGatewayError as Uncertain
+    from streams.kernel.errors import UncertainGatewayError as Uncertain
 
     async with client(answer(status, {"error": "bad gateway"})) as gw:
         with pytest.raises(Uncertain):
@@ -231,7 +231,7 @@ async def test_proxy_5xx_on_a_send_is_uncertain(status: int) -> None:
 
 @pytest.mark.parametrize("status", [401, 403])
 async def test_refused_credentials_are_about_the_instance(status: int) -> None:
-    from streams.errors import InstanceUnavailableError
+    from streams.kernel.errors import InstanceUnavailableError
 
     body = {"error": f"key {API_KEY} refused"}
     async with client(answer(status, body)) as gw:

@@ -13,11 +13,11 @@ import pytest
 from pydantic import SecretStr, ValidationError
 
 from connectors.gateways.stackzap import StackZapClient
-from streams.errors import ListingUnreadable, TransientGatewayError
+from streams.kernel.errors import ListingUnreadable, TransientGatewayError
+from streams.kernel.ports import ListedJob
+from streams.kernel.settings import GatewayKind, GatewaySettings, default_listing_fields
 from streams.metrics import LISTING_UNREADABLE
-from streams.ports import ListedJob
 from streams.reconcile import SINCE_MARGIN, Verdict, listing_query, match, reconcile
-from streams.settings import GatewayKind, GatewaySettings, default_listing_fields
 from tests.unit.connectors.gateways.fake_gateway import FakeGateway, Reply, Seen
 
 PHONE = "5511987654321"
@@ -196,7 +196,7 @@ async def test_an_unreadable_listing_means_later_never_uncertain_and_is_counted(
 
 
 def _listed(reference: str | None, text: str = "hi") -> ListedJob:
-    from streams.contract import JobStatus
+    from streams.kernel.contract import JobStatus
 
     return ListedJob("g-9", reference, PHONE, text, JobStatus.ACCEPTED, "queued")
 

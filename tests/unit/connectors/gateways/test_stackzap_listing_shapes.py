@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from connectors.gateways.stackzap_listing import PageGuard, parse_page
-from streams.errors import ListingUnreadable
-from streams.settings import GatewaySettings, default_listing_fields
+from streams.kernel.errors import ListingUnreadable
+from streams.kernel.settings import GatewaySettings, default_listing_fields
 
 FIELDS = default_listing_fields()
 LABELS = GatewaySettings().stackzap_labels

@@ -12,15 +12,15 @@ from pydantic import SecretStr
 
 from connectors.gateways.factory import build_gateway
 from connectors.gateways.zapapi import ZapApiClient
-from streams.contract import JobStatus
-from streams.errors import (
+from streams.kernel.contract import JobStatus
+from streams.kernel.errors import (
     InstanceUnavailableError,
     PermanentGatewayError,
     TransientGatewayError,
     UncertainGatewayError,
 )
-from streams.ports import TextMessage
-from streams.settings import GatewayKind, GatewaySettings
+from streams.kernel.ports import TextMessage
+from streams.kernel.settings import GatewayKind, GatewaySettings
 from tests.unit.connectors.gateways.fake_gateway import (
     FakeGateway,
     Fault,

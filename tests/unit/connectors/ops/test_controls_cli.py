@@ -15,7 +15,7 @@ from connectors.ops.controls_cli import (
     targets_table,
 )
 from connectors.outbox.controls import Backlog, Control
-from streams.contract import ControlAction, ControlKind
+from streams.kernel.contract import ControlAction, ControlKind
 
 AT = dt.datetime(2026, 12, 1, 13, 0, 5, tzinfo=dt.UTC)
 LATEST = [

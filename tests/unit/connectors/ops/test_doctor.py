@@ -14,7 +14,7 @@ from connectors.ops.topics import (
     topic_problems,
     worker_topic_specs,
 )
-from streams.contract import (
+from streams.kernel.contract import (
     BULK_INTENTS,
     CONTROLS,
     DEAD,
@@ -24,7 +24,7 @@ from streams.contract import (
     RESULTS,
     STATE,
 )
-from streams.settings import GatewayKind, GatewaySettings, KafkaSettings
+from streams.kernel.settings import GatewayKind, GatewaySettings, KafkaSettings
 from tests.unit.connectors.gateways.fake_gateway import FakeGateway, Reply, Seen
 
 
@@ -109,7 +109,7 @@ async def test_meta_gateway_unreachable_fails_naming_the_url_never_the_token() -
     from pydantic import SecretStr
 
     from connectors.ops.doctor import _gateway_checks
-    from streams.settings import GatewayKind, GatewaySettings
+    from streams.kernel.settings import GatewayKind, GatewaySettings
 
     token = "EAAG-secret-token-0123456789"
     gateway = GatewaySettings(

@@ -9,8 +9,8 @@ import pytest
 
 from connectors.ops import topics
 from connectors.ops.topics import TopicMismatch, ensure_topics
-from streams.contract import TopicSpec
-from streams.settings import KafkaSettings
+from streams.kernel.contract import TopicSpec
+from streams.kernel.settings import KafkaSettings
 
 SPECS = [TopicSpec("a", 2, {}), TopicSpec("b", 1, {})]
 

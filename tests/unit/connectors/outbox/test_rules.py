@@ -23,7 +23,7 @@ from connectors.outbox.rules import (
     require_text,
     required,
 )
-from streams.contract import IntentCaptured, IntentRejected, Priority
+from streams.kernel.contract import IntentCaptured, IntentRejected, Priority
 
 AWARE = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
 PRIORITIES = "use one of operational, bulk"

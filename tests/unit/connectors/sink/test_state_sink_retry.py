@@ -16,8 +16,8 @@ from connectors.sink import state_sink
 from connectors.sink.failures import SinkConfigError
 from connectors.sink.settings import SinkSettings
 from connectors.sink.state_sink import StateSink, is_command_rejection
-from streams.contract import INVALID, STATE, IntentRejected, JobStatus
-from streams.state_machine import JobRef, transition
+from streams.kernel.contract import INVALID, STATE, IntentRejected, JobStatus
+from streams.kernel.state_machine import JobRef, transition
 
 REFUSED = "connection failed: Connection refused"
 
@@ -125,7 +125,7 @@ def test_records_are_sorted_into_states_rejections_and_poison() -> None:
 
 
 def test_old_state_records_without_outcome_still_decode() -> None:
-    from streams.contract import StatusChanged
+    from streams.kernel.contract import StatusChanged
 
     old = (
         b'{"schema":"zapstream.status.v1","job_id":1,"idempotency_key":"k","instance_id":"i",'

@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Protocol
 from prometheus_client import Counter, Gauge
 
 if TYPE_CHECKING:
-    from streams.settings import KafkaSettings
+    from streams.kernel.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 

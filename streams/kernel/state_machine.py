@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 
-from streams.contract import CommandOutcome, JobStatus, StatusChanged
+from streams.kernel.contract import CommandOutcome, JobStatus, StatusChanged
 
 S = JobStatus
 

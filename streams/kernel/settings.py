@@ -23,7 +23,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 if TYPE_CHECKING:
     import ssl
 
-    from streams.contract import TopicNames
+    from streams.kernel.contract import TopicNames
 
 
 def _secrets_dir() -> str | None:
@@ -161,7 +161,7 @@ class KafkaSettings(SettingsBase):
     @field_validator("topic_prefix")
     @classmethod
     def _valid_topic_prefix(cls, prefix: str) -> str:
-        from streams.contract import LOGICAL_TOPICS, topic_name_problem
+        from streams.kernel.contract import LOGICAL_TOPICS, topic_name_problem
 
         problem = topic_name_problem(prefix, max(LOGICAL_TOPICS, key=len))
         if problem is not None:
@@ -310,13 +310,13 @@ class KafkaSettings(SettingsBase):
     @property
     def names(self) -> TopicNames:
         """Every topic and group name under ``topic_prefix``: the one place clients get them."""
-        from streams.contract import TopicNames
+        from streams.kernel.contract import TopicNames
 
         return TopicNames(self.topic_prefix)
 
 
 def _default_lag_groups() -> dict[str, list[str]]:
-    from streams.contract import BULK_INTENTS, INTENTS, INVALID, STATE
+    from streams.kernel.contract import BULK_INTENTS, INTENTS, INVALID, STATE
 
     return {"zapstream-worker": [INTENTS, BULK_INTENTS], "zapstream-state-sink": [STATE, INVALID]}
 
@@ -650,7 +650,7 @@ class GatewaySettings(SettingsBase):
     @field_validator("stackzap_labels", "zapapi_labels", "meta_labels")
     @classmethod
     def _labels_are_statuses(cls, value: dict[str, str]) -> dict[str, str]:
-        from streams.contract import JobStatus
+        from streams.kernel.contract import JobStatus
 
         for label, status in value.items():
             if status not in JobStatus.__members__:

@@ -1,6 +1,6 @@
 """The port the job processor sends through: what a WhatsApp gateway client offers.
 
-Concrete clients live in ``connectors/gateways`` and raise from :mod:`streams.errors`.
+Concrete clients live in ``connectors/gateways`` and raise from :mod:`streams.kernel.errors`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import enum
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
-from streams.contract import JobStatus
+from streams.kernel.contract import JobStatus
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -77,7 +77,7 @@ class Gateway(Protocol):
         let a gateway whose API filters answer narrowly; one that cannot filter
         returns every job. Never fewer than the matching jobs: reconciliation treats
         "not listed" as "not accepted" when the listing is authoritative. Raises
-        :class:`~streams.errors.ListingUnreadable` when the answer does not parse.
+        :class:`~streams.kernel.errors.ListingUnreadable` when the answer does not parse.
         ``before_page`` is awaited before each request (the caller's bound on requests).
         """
         ...
@@ -91,9 +91,9 @@ class Gateway(Protocol):
         a wrong one; returns what it saw, for a log line or ``zapstream doctor``.
 
         Nothing is ever sent to anybody. Raises
-        :class:`~streams.errors.GatewayMisconfigured` (wrong base URL or route, naming
-        the setting), :class:`~streams.errors.InstanceUnavailableError` (credentials
-        refused, unknown instance), :class:`~streams.errors.ListingUnreadable` (the
+        :class:`~streams.kernel.errors.GatewayMisconfigured` (wrong base URL or route, naming
+        the setting), :class:`~streams.kernel.errors.InstanceUnavailableError` (credentials
+        refused, unknown instance), :class:`~streams.kernel.errors.ListingUnreadable` (the
         listing reconciliation needs does not parse) or a transient error (the gateway
         is down: nothing is known)."""
         ...

@@ -33,7 +33,7 @@ from typing import Protocol
 
 from prometheus_client import Counter
 
-from streams.contract import IntentCaptured, JobStatus
+from streams.kernel.contract import IntentCaptured, JobStatus
 
 log = logging.getLogger(__name__)
 
