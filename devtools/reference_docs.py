@@ -26,6 +26,7 @@ import ast
 import contextlib
 import dataclasses
 import enum
+import functools
 import importlib
 import inspect
 import json
@@ -367,9 +368,8 @@ def render_cli() -> str:
 DEPLOYABLE_COMMANDS = ("relay", "worker", "sink", "webhook", "lag-monitor", "console")
 """The long-running commands: each serves its own ``/metrics``."""
 
-_COLLECTOR_CLASSES = frozenset({"Counter", "Gauge", "Histogram", "Summary", "Info", "Enum"})
 
-
+@functools.cache
 def _product_modules() -> dict[str, Path]:
     modules = {}
     for package in PRODUCT_PACKAGES:
@@ -379,6 +379,12 @@ def _product_modules() -> dict[str, Path]:
                 parts = parts[:-1]
             modules[".".join(parts)] = path
     return modules
+
+
+@functools.cache
+def _parsed(path: Path) -> ast.Module:
+    """A source file's syntax tree, parsed once per run (several references walk them)."""
+    return ast.parse(path.read_text(encoding="utf-8"))
 
 
 def _is_type_checking(node: ast.stmt) -> bool:
@@ -413,6 +419,12 @@ def _imported(tree: ast.AST, module: str, known: dict[str, Path]) -> set[str]:
     return {name for name in closure if name in known}
 
 
+@functools.cache
+def _module_imports(name: str) -> frozenset[str]:
+    known = _product_modules()
+    return frozenset(_imported(_parsed(known[name]), name, known))
+
+
 def _closure(roots: Iterable[str], known: dict[str, Path]) -> set[str]:
     seen: set[str] = set()
     pending = list(roots)
@@ -421,8 +433,7 @@ def _closure(roots: Iterable[str], known: dict[str, Path]) -> set[str]:
         if name in seen:
             continue
         seen.add(name)
-        tree = ast.parse(known[name].read_text(encoding="utf-8"))
-        pending.extend(_imported(tree, name, known) - seen)
+        pending.extend(_module_imports(name) - seen)
     return seen
 
 
@@ -431,7 +442,7 @@ def _command_roots(func: Callable[..., Any], known: dict[str, Path]) -> set[str]
     it calls (a command imports what it needs when it runs)."""
     func = inspect.unwrap(getattr(func, "func", func))
     module = sys.modules[func.__module__]
-    tree = ast.parse(Path(inspect.getfile(module)).read_text(encoding="utf-8"))
+    tree = _parsed(Path(inspect.getfile(module)))
     functions = {
         n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
     }
@@ -472,40 +483,76 @@ class MetricEntry:
     module: str
 
 
-def _collector_names(path: Path) -> list[str]:
-    """Module-level names bound to ``Counter(...)``, ``Gauge(...)``, ... in ``path``."""
-    names = []
-    for node in ast.parse(path.read_text(encoding="utf-8")).body:
-        if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Call):
-            func = node.value.func
-            called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-            if called in _COLLECTOR_CLASSES:
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                names += [t.id for t in targets if isinstance(t, ast.Name)]
+_KINDS = {"Counter": "counter", "Gauge": "gauge", "Histogram": "histogram",
+          "Summary": "summary", "Info": "info", "Enum": "stateset"}  # fmt: skip
+_COLLECTOR_PARAMS = ("name", "documentation", "labelnames", "namespace", "subsystem", "unit")
+"""The leading parameters every prometheus_client collector takes, in order."""
+
+
+def _prometheus_names(tree: ast.Module) -> dict[str, str]:
+    """Local name -> collector class, for ``from prometheus_client import Counter`` etc."""
+    names = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "prometheus_client":
+            for alias in node.names:
+                if alias.name in _KINDS:
+                    names[alias.asname or alias.name] = alias.name
     return names
 
 
-def collect_metrics() -> list[MetricEntry]:
-    """Every module-level Prometheus collector of the product code."""
-    from prometheus_client.metrics import MetricWrapperBase
+def _collector_kind(call: ast.Call, imported: dict[str, str]) -> str | None:
+    func = call.func
+    if isinstance(func, ast.Name) and func.id in imported:
+        return _KINDS[imported[func.id]]
+    if (
+        isinstance(func, ast.Attribute)
+        and isinstance(func.value, ast.Name)
+        and func.value.id == "prometheus_client"
+        and func.attr in _KINDS
+    ):
+        return _KINDS[func.attr]
+    return None
 
+
+def _metric_entry(call: ast.Call, kind: str, module: str) -> MetricEntry:
+    """The collector a call creates, read from its literal arguments as prometheus_client
+    reads them: ``namespace_subsystem_name_unit``, a counter's ``_total`` added once."""
+    given = dict(zip(_COLLECTOR_PARAMS, call.args, strict=False))
+    given.update({k.arg: k.value for k in call.keywords if k.arg in _COLLECTOR_PARAMS})
+    try:
+        values = {key: ast.literal_eval(node) for key, node in given.items()}
+    except ValueError:
+        raise LookupError(
+            f"{module}, line {call.lineno}: a collector's name, help and labels must be "
+            "literals for the metrics reference"
+        ) from None
+    parts = [values.get("namespace", ""), values.get("subsystem", ""), values["name"]]
+    name = "_".join(str(p) for p in parts if p)
+    if values.get("unit") and not name.endswith(f"_{values['unit']}"):
+        name += f"_{values['unit']}"
+    if kind == "counter":
+        name = name.removesuffix("_total") + "_total"
+    labels = tuple(str(label) for label in values.get("labelnames", ()))
+    return MetricEntry(name, kind, str(values["documentation"]), labels, module)
+
+
+def collect_metrics() -> list[MetricEntry]:
+    """Every Prometheus collector the product code creates, read from its source.
+
+    Read, not imported: importing every module would run them all in one process, and
+    two modules defining one metric (a move under way) would then stop the generator
+    instead of showing both definitions.
+    """
     entries = []
     for module, path in _product_modules().items():
-        names = _collector_names(path)
-        if not names:
-            continue
-        loaded = importlib.import_module(module)
-        for attr in names:
-            metric = getattr(loaded, attr)
-            if not isinstance(metric, MetricWrapperBase):
-                continue
-            # prometheus_client keeps a collector's parts in private attributes only
-            # (checked on 0.26); a counter's ``_name`` lacks the ``_total`` it exposes.
-            kind = str(metric._type)
-            name = str(metric._name) + ("_total" if kind == "counter" else "")
-            labels = tuple(str(label) for label in metric._labelnames)
-            entries.append(MetricEntry(name, kind, str(metric._documentation), labels, module))
-    return sorted(entries, key=lambda e: e.name)
+        tree = _parsed(path)
+        imported = _prometheus_names(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                kind = _collector_kind(node, imported)
+                if kind is not None:
+                    entries.append(_metric_entry(node, kind, module))
+    return sorted(entries, key=lambda e: (e.name, e.module))
 
 
 def render_metrics() -> str:
