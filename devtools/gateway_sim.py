@@ -106,11 +106,10 @@ import logging
 import math
 import random
 import re
-import signal
+import sys
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from types import TracebackType
 from typing import Annotated, Any, Literal
 
 import aiohttp
@@ -127,6 +126,8 @@ from pydantic import (
 
 from connectors.gateways.classify import mask_secret
 from connectors.webhook.signature import sign, sign_hub
+from streams.kernel.runtime.run import run_until_signalled
+from streams.kernel.runtime.service import Service
 
 log = logging.getLogger(__name__)
 
@@ -394,24 +395,35 @@ class _Decision:
 _NO_FAULT = _Decision(False, False, False)
 
 
-class GatewaySimulator:
+class GatewaySimulator(Service):
     """An in-process (or ``python -m``) aiohttp server imitating both gateways.
 
-    ``start(host, port=0)`` returns the bound port; ``stop()`` is idempotent;
-    ``async with`` starts on 127.0.0.1 and an ephemeral port unless already started.
+    A :class:`~streams.kernel.runtime.service.Service`: ``start()`` binds ``host`` and
+    ``port`` (0: a free one, then :attr:`port`), ``stop()`` lets requests in flight
+    finish, cancels pending callbacks and closes the callbacks' HTTP session; both are
+    idempotent and ``async with`` does both.
     """
 
+    name = "gateway-sim"
+
     def __init__(
-        self, *, api_key: str | None = None, token: str | None = None, seed: int | None = 0
+        self,
+        *,
+        api_key: str | None = None,
+        token: str | None = None,
+        seed: int | None = 0,
+        host: str = "127.0.0.1",
+        port: int = 0,
     ) -> None:
+        super().__init__()
         self._api_key = api_key or None
         self._bearer = f"Bearer {token}" if token else None
         self._default_seed = seed
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self._callback_tasks: set[asyncio.Task[None]] = set()
-        self._host = "127.0.0.1"
-        self._port = 0
+        self._host = host
+        self._port = port
         self._reset_state()
 
     def _reset_state(self) -> None:
@@ -445,9 +457,7 @@ class GatewaySimulator:
         """Base URL to give both clients (``STACKZAP_API_URL`` and ``ZAP_API_URL``)."""
         return f"http://{self._host}:{self._port}"
 
-    async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
-        if self._runner is not None:
-            raise RuntimeError("GatewaySimulator already started")
+    async def on_start(self) -> None:
         app = web.Application(client_max_size=1024 * 1024)
         app.router.add_post("/v1/instances/{instance}/send-queue/text", self._stackzap_send)
         app.router.add_get("/v1/instances/{instance}/send-queue", self._stackzap_list)
@@ -468,7 +478,7 @@ class GatewaySimulator:
         runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0)
         await runner.setup()
         try:
-            site = web.TCPSite(runner, host, port, backlog=1024)
+            site = web.TCPSite(runner, self._host, self._port, backlog=1024)
             await site.start()
         except BaseException:
             await runner.cleanup()
@@ -477,34 +487,29 @@ class GatewaySimulator:
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=_CALLBACK_TIMEOUT_S)
         )
-        self._host = host
         self._port = int(runner.addresses[0][1])
         log.info(
             "gateway simulator listening on http://%s:%d (api key %s, token %s)",
-            host,
+            self._host,
             self._port,
             mask_secret(self._api_key or "") or "off",
             "on" if self._bearer else "off",
         )
-        return self._port
 
-    async def stop(self) -> None:
+    async def on_stop(self) -> None:
         runner, self._runner = self._runner, None
-        if runner is None:
-            return
         try:
-            # Requests in flight finish first; they may still schedule callbacks.
-            await runner.cleanup()
+            if runner is not None:
+                # Requests in flight finish first; they may still schedule callbacks.
+                await runner.cleanup()
         finally:
             await self._cancel_callbacks()
             session, self._session = self._session, None
             if session is not None:
                 await session.close()
-        log.info(
-            "gateway simulator stopped: %d requests, %d messages accepted",
-            self._requests,
-            len(self._messages),
-        )
+
+    def summary(self) -> str:
+        return f"{self._requests} requests, {len(self._messages)} messages accepted"
 
     async def _cancel_callbacks(self) -> None:
         tasks = list(self._callback_tasks)
@@ -512,19 +517,6 @@ class GatewaySimulator:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def __aenter__(self) -> GatewaySimulator:
-        if self._runner is None:
-            await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
 
     # --- in-process control (the /_sim endpoints call these) ---------------------------
 
@@ -1243,19 +1235,17 @@ class GatewaySimulator:
 # --- command line -------------------------------------------------------------------------
 
 
-async def _serve(args: argparse.Namespace) -> None:
-    sim = GatewaySimulator(api_key=args.api_key, token=args.token, seed=args.seed)
+def _build(args: argparse.Namespace) -> GatewaySimulator:
+    sim = GatewaySimulator(
+        api_key=args.api_key, token=args.token, seed=args.seed, host=args.host, port=args.port
+    )
     if args.callback_url:
         sim.configure(callback_url=args.callback_url, callback_secret=args.callback_secret)
-    stopping = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stopping.set)
-    await sim.start(args.host, args.port)
-    try:
-        await stopping.wait()
-    finally:
-        await sim.stop()
+    return sim
+
+
+_DRAIN_S = 5.0
+"""Requests in flight get this long after SIGTERM (aiohttp's own shutdown is 2 s)."""
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -1277,7 +1267,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    asyncio.run(_serve(args))
+    # SIGTERM/SIGINT, the bounded drain and the closing line: the runtime's, as a deployable.
+    sys.exit(run_until_signalled(lambda: _build(args), drain_s=_DRAIN_S))
 
 
 if __name__ == "__main__":

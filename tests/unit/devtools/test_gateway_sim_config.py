@@ -11,6 +11,8 @@ import pytest
 from devtools.gateway_sim import SimConfig, SimConfigError
 from devtools.gateway_sim import _updated_config as updated_config
 
+LISTING = {"items": "jobs", "id": "ref"}
+
 ACCEPTED: list[tuple[dict[str, Any], dict[str, Any]]] = [
     ({"error_rate": 1}, {"error_rate": 1.0}),
     ({"rate_limit_rate": 0.25}, {"rate_limit_rate": 0.25}),
@@ -42,7 +44,7 @@ ACCEPTED: list[tuple[dict[str, Any], dict[str, Any]]] = [
     ({"callback_delay_ms": 0}, {"callback_delay_ms": 0.0}),
     ({"fail_recipients": {"55": 2}}, {"fail_recipients": {"55": 2}}),
     ({"pair_limited_recipients": {"55": 0}}, {"pair_limited_recipients": {"55": 0}}),
-    ({"listing_fields": {"items": "jobs", "id": "ref"}}, {"listing_fields": {"items": "jobs", "id": "ref"}}),
+    ({"listing_fields": LISTING}, {"listing_fields": LISTING}),
     ({"listing_shape": "seed"}, {"listing_shape": "seed"}),
     ({}, {}),
 ]
