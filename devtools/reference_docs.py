@@ -106,6 +106,7 @@ SHARED_BLOCKS = (
 )
 """The blocks several deployables nest; each reads its own variables."""
 
+_SETTINGS_LINK = "settings.md"
 _BOUND_WORDS = (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
 
 
@@ -244,21 +245,33 @@ def render_settings() -> str:
         "Every deployable reads its settings from environment variables once, at start. "
         "Secrets can also come from files in `ZAPSTREAM_SECRETS_DIR` (one file per variable "
         "name, e.g. a Kubernetes secret volume); their defaults are never shown here. "
-        "A `ZAPSTREAM_*` variable that no setting reads stops the deployable at start "
-        "(exit 2), naming the closest known one. JSON values (objects, lists) are given as "
-        "JSON text.",
+        "A `ZAPSTREAM_*` variable that no setting reads stops every `zapstream` command at "
+        "start (exit 2), naming the closest known one. JSON values (objects, lists) are "
+        "given as JSON text.",
         "",
         "## Deployables",
         "",
     ]
-    for title, cls in deployables:
-        lines += [f"### {title}", "", _first_paragraph(cls.__doc__), ""]
-        lines += [*_settings_table(cls, block_titles), ""]
-    lines += ["## Shared blocks", ""]
-    for title, cls in blocks:
-        lines += [f"### {title}", "", _first_paragraph(cls.__doc__), ""]
-        lines += [*_settings_table(cls, block_titles), ""]
+    readers = _readers(deployables + blocks)
+    for heading, group in (("", deployables), ("## Shared blocks", blocks)):
+        if heading:
+            lines += [heading, ""]
+        for title, cls in group:
+            lines += [f"### {title}", "", _first_paragraph(cls.__doc__), ""]
+            if readers.get(cls):
+                lines += ["Read by: " + ", ".join(readers[cls]) + ".", ""]
+            lines += [*_settings_table(cls, block_titles), ""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _readers(classes: list[tuple[str, type[Any]]]) -> dict[type[Any], list[str]]:
+    """For each class, the titles of the classes that nest it (a block's deployables)."""
+    readers: dict[type[Any], list[str]] = {}
+    for title, cls in classes:
+        for field in cls.model_fields.values():
+            if _is_block(field.annotation):
+                readers.setdefault(field.annotation, []).append(title)
+    return readers
 
 
 # --- CLI --------------------------------------------------------------------------------
@@ -305,6 +318,8 @@ def _command_section(path: str, help_text: str, parser: argparse.ArgumentParser)
     lines = [f"## `{path}`", ""]
     if help_text:
         lines += [_markdown(help_text[0].upper() + help_text[1:]) + ".", ""]
+    if path in {title for title, _, _ in DEPLOYABLE_SETTINGS}:
+        lines += [f"Its environment variables: [settings]({_SETTINGS_LINK}#{_anchor(path)}).", ""]
     usage = " ".join(parser.format_usage().split())
     lines += ["```", usage.removeprefix("usage: "), "```", ""]
     rows = [
@@ -566,7 +581,9 @@ def render_metrics() -> str:
         "*Exposed by* lists the long-running commands whose code imports the module that "
         "defines it (found by following the imports from each command), so a metric shows "
         "up there once that code runs. Counters are listed with their `_total` suffix; a "
-        "histogram also exposes `_bucket`, `_sum` and `_count` series.",
+        "histogram also exposes `_bucket`, `_sum` and `_count` series. Not listed: "
+        "prometheus_client's own `process_*` and `python_*` series, and on the worker "
+        "Faust's collectors (without the per-event series `streams.faust_monitor` removes).",
         "",
         "| Metric | Type | Labels | Exposed by | Help |",
         "|---|---|---|---|---|",
