@@ -547,7 +547,7 @@ class GatewaySettings(SettingsBase):
     kind: GatewayKind = Field(
         default=GatewayKind.STACKZAP, validation_alias=AliasChoices("ZAPSTREAM_GATEWAY", "kind")
     )
-    """Which gateway the worker sends through: ``stackzap``, ``zapapi`` or ``meta``."""
+    """Which gateway messages are sent through: ``stackzap``, ``zapapi`` or ``meta``."""
     stackzap_api_url: str = Field(
         default="http://127.0.0.1:8088",
         validation_alias=AliasChoices("STACKZAP_API_URL", "stackzap_api_url"),
