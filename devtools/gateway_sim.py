@@ -228,7 +228,7 @@ class SimConfig(BaseModel):
     initial_status: Annotated[str, Field(min_length=1)] = "queued"
     """The status label a new message gets."""
     reject_instances: list[str] = Field(default_factory=list)
-    """Instances the gateway does not know (StackZap 404, ZAP API 400, Meta 100/33)."""
+    """Instances the gateway does not know: answered 404 (Meta: 400, error 100 subcode 33)."""
     id_field: Literal["id", "jobId", "job_id", "messageId"] = "id"
     """Key the send answer uses for the id: ``id``, ``jobId``, ``job_id`` or ``messageId``."""
     fault_scope: Literal["send", "all"] = "send"
