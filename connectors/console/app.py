@@ -7,11 +7,13 @@ replication slots' lag). Every other request needs a token, from the cookie or
 an ``Authorization: Bearer`` header; without one the answer is 401.
 
 Database calls are sync psycopg run in a thread (:func:`asyncio.to_thread`), a
-connection per request. Commands go through :mod:`connectors.outbox.commands`,
-like ``zapstream jobs cancel|reprocess``, with the operator's name from the token
-as the actor; the worker applies them through Kafka and answers in the job's
-events. aiohttp's access log is off (a query string may hold an idempotency
-key); one line per request says method, path, status and operator.
+connection per request. Actions are planned and requested by
+:mod:`connectors.ops.actions`, the core ``zapstream jobs cancel|reprocess`` calls
+(the same refusals, the same delivered-already warning, the same filter and
+durations), with the operator's name from the token as the actor; the worker
+applies them through Kafka and answers in the job's events. aiohttp's access
+log is off (a query string may hold an idempotency key); one line per request
+says method, path, status and operator.
 """
 
 from __future__ import annotations

@@ -27,12 +27,21 @@ rejected its row) is refused here: it was never sent, and its row is malformed.
 ``reprocess`` without an ID reprocesses every job matching the filters (oldest
 first, at most ``--limit``): ``--dry-run`` prints how many and a few masked
 examples and changes nothing; more than :data:`BULK_CONFIRM_ABOVE` jobs, or any
-UNCERTAIN one, need ``--yes``. One command per job is written in one transaction.
+that may already have been delivered, need ``--yes``. One command per job is
+written in one transaction.
+
+What is refused, what needs ``--yes`` and how the worker's answer is read is
+decided by :mod:`connectors.ops.actions`, the core the console calls too; "may
+already have been delivered" is :mod:`connectors.ops.delivery_risk` (UNCERTAIN
+now or in the job's history, a REVIEW or DELIVERED status, or an attempt with no
+recorded outcome). Durations (``--last``, ``--since 2h``) are
+:mod:`connectors.ops.durations`' grammar: ``90s``, ``1h30m``, ``1.5h``, ``2d``, ``1w``.
 
 Exit codes: 0 done (cancelled; reprocessing taken up by the worker; bulk
 requested or dry run), 1 not done (the worker refused, or has not handled the
 command yet), 2 refused here (no such job, a job that may not be cancelled or
-reprocessed, an uncertain job or a large bulk without ``--yes``).
+reprocessed, a job that may already have been delivered or a large bulk without
+``--yes``).
 
 The functions take the DSN and an output stream so they can be tested without
 the argument parser; :func:`add_jobs_parser` wires them into ``zapstream``. The
@@ -663,7 +672,7 @@ def add_jobs_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
         "--last",
         type=_arg(parse_duration),
         metavar="DURATION",
-        help="only jobs created in the last DURATION (90s, 15m, 1h, 2d)",
+        help="only jobs created in the last DURATION (90s, 15m, 1h30m, 1.5h, 2d, 1w)",
     )
     ls.add_argument(
         "--until", type=_arg(parse_instant), metavar="ISO", help="only jobs created before this"
@@ -696,7 +705,7 @@ def add_jobs_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
     reprocess.add_argument(
         "--yes",
         action="store_true",
-        help="reprocess even if the last attempt may have been delivered (may send twice), "
+        help="reprocess even if the job may already have been delivered (may send twice), "
         f"or more than {BULK_CONFIRM_ABOVE} jobs at once",
     )
     bulk = reprocess.add_argument_group("many jobs at once (instead of ID)")
@@ -712,7 +721,7 @@ def add_jobs_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
         "--since",
         type=_arg(parse_since),
         metavar="DURATION|ISO",
-        help="only jobs created in the last DURATION (2h, 1d) or since this time",
+        help="only jobs created in the last DURATION (2h, 1.5d) or since this time",
     )
     bulk.add_argument(
         "--until", type=_arg(parse_instant), metavar="ISO", help="only jobs created before this"
