@@ -233,7 +233,7 @@ class DemoMix:
         ]
         dead = self._job("dead: 503 on both of its 2 attempts", JobStatus.DEAD, arrivals=0)
         expired = self._job(
-            "expired: its expiry passed before it was sent", JobStatus.EXPIRED, arrivals=0
+            "expired: its expiry passed before sending", JobStatus.EXPIRED, arrivals=0
         )
         invalid = self._job("invalid: a row with a blank text", JobStatus.INVALID, arrivals=0)
         held = [
