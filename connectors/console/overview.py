@@ -190,7 +190,7 @@ def overview_page(
 ) -> str:
     """The overview: jobs by state, oldest waiting per instance, pauses, lag."""
     body = (
-        f"<p>As of {e(when(overview.at))} UTC (the database's clock).</p>"
+        f"<p>As of {e(when(overview.at))} (the database's clock).</p>"
         f'<section id="overview-states"><h2>Jobs by state</h2>{_states(overview)}</section>'
         '<section id="overview-waiting"><h2>Oldest waiting per instance</h2>'
         f"{_waiting(overview, limit=waiting_limit)}</section>"
