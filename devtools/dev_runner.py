@@ -19,6 +19,7 @@ Without ``--exit`` it keeps everything running until Ctrl-C so you can poke at i
 from __future__ import annotations
 
 import argparse
+import shlex
 import signal
 import sys
 import time
@@ -271,7 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             }
             for name, value in env.items():
                 if "KEY" not in name and "TOKEN" not in name:
-                    print(f"  export {name}={value}")
+                    print(f"  export {name}={shlex.quote(value)}")
             print("then: zapstream status; zapstream jobs list --state DEAD")
             print("Ctrl-C stops everything.", flush=True)
             stop_signals = {signal.SIGINT, signal.SIGTERM}
