@@ -3,8 +3,10 @@
 Routes: ``/login`` (token form, sets an HttpOnly cookie), ``/jobs`` (filters,
 pagination, bulk cancel/reprocess with a count preview), ``/jobs/{id}`` (one
 job's history, cancel, reprocess), ``/lag`` (consumer lag per partition and the
-replication slots' lag). Every other request needs a token, from the cookie or
-an ``Authorization: Bearer`` header; without one the answer is 401.
+replication slots' lag), ``/overview`` (the landing page: jobs by state, oldest
+waiting per instance, pauses, lag at a glance; :mod:`connectors.console.overview`).
+Every other request needs a token, from the cookie or an ``Authorization: Bearer``
+header; without one the answer is 401.
 
 Database calls are sync psycopg run in a thread (:func:`asyncio.to_thread`), a
 connection per request. Actions are planned and requested by
@@ -31,6 +33,8 @@ from aiohttp import web
 
 from connectors.console import pages
 from connectors.console.auth import COOKIE, authenticate
+from connectors.console.overview import overview_page
+from connectors.console.overview_sql import read_overview
 from connectors.console.queries import fetch_text, slot_lags
 from connectors.console.settings import ConsoleSettings, Operator
 from connectors.ops.actions import Action, BulkPlan, plan_many, plan_one, request_many, request_one
@@ -230,7 +234,7 @@ async def _logout(request: web.Request) -> web.StreamResponse:
 
 
 async def _root(request: web.Request) -> web.StreamResponse:
-    raise web.HTTPSeeOther("/jobs")
+    raise web.HTTPSeeOther("/overview")
 
 
 async def _jobs(request: web.Request) -> web.Response:
@@ -399,6 +403,17 @@ async def _lag(request: web.Request) -> web.Response:
     return _html(pages.lag_page(consumer=consumer, slots=slots, operator=_operator(request)))
 
 
+async def _overview(request: web.Request) -> web.Response:
+    settings = request.app[_SETTINGS]
+    consumer, slots, found = await asyncio.gather(
+        read_consumer_lag(settings.lag_url, LAG_TIMEOUT_S),
+        _db(request, slot_lags),
+        read_overview(settings.postgres.dsn),
+    )
+    page = overview_page(found, consumer=consumer, slots=slots, operator=_operator(request))
+    return _html(page)
+
+
 # --- the app ------------------------------------------------------------------------------------
 
 
@@ -419,6 +434,7 @@ def build_app(settings: ConsoleSettings) -> web.Application:
     app.router.add_post("/jobs/{job_id}/cancel", _cancel)
     app.router.add_post("/jobs/{job_id}/reprocess", _reprocess)
     app.router.add_get("/lag", _lag)
+    app.router.add_get("/overview", _overview)
     return app
 
 

@@ -65,7 +65,7 @@ def _layout(title: str, body: str, operator: Operator | None, notice: str | None
     nav = ""
     if operator is not None:
         nav = (
-            '<a href="/jobs">Jobs</a><a href="/lag">Lag</a>'
+            '<a href="/overview">Overview</a><a href="/jobs">Jobs</a><a href="/lag">Lag</a>'
             f'<span class="who">{e(operator.name)} ({e(operator.role.value)})</span>'
             '<form method="post" action="/logout"><button>Log out</button></form>'
         )
