@@ -10,8 +10,9 @@ exits 1 naming the files that differ from what the code gives (the unit tests in
   its default (never a secret's) and the field's docstring (pydantic-settings
   ``use_attribute_docstrings``);
 - ``cli.md``: every command of :func:`connectors.cli.build_parser`, its help and options;
-- ``metrics.md``: every Prometheus collector defined at module level in ``streams/`` or
-  ``connectors/``, and the deployables whose code imports the module that defines it;
+- ``metrics.md``: every Prometheus collector created in ``streams/`` or ``connectors/``
+  (read from the source), and the deployables whose code imports the module that
+  creates it;
 - ``topics.md``: the topics, their configs, keys, records and headers of
   :mod:`streams.kernel.contract`.
 
@@ -64,7 +65,7 @@ def _markdown(text: str) -> str:
 
 
 def _one_line(text: str | None) -> str:
-    """A docstring as one Markdown table cell: whitespace collapsed, pipes escaped."""
+    """A docstring as one line (a table cell): whitespace collapsed, markup as Markdown."""
     if not text:
         return ""
     return _markdown(" ".join(inspect.cleandoc(text).split()))
@@ -421,7 +422,7 @@ def _imported(tree: ast.AST, module: str, known: dict[str, Path]) -> set[str]:
             elif isinstance(child, ast.ImportFrom):
                 base = child.module or ""
                 if child.level:
-                    package = module.split(".")[: -child.level] if child.level else []
+                    package = module.split(".")[: -child.level]
                     base = ".".join([*package, base] if base else package)
                 found.add(base)
                 found.update(f"{base}.{a.name}" for a in child.names)
@@ -578,9 +579,9 @@ def render_metrics() -> str:
     lines = _header("Metrics reference", "the Prometheus collectors the code defines")
     lines += [
         "Every collector the product code defines, as it appears on `/metrics`. "
-        "*Exposed by* lists the long-running commands whose code imports the module that "
-        "defines it (found by following the imports from each command), so a metric shows "
-        "up there once that code runs. Counters are listed with their `_total` suffix; a "
+        "*Exposed by* lists the long-running commands whose own code (the command's function, "
+        "and what it imports, followed to the end) imports the module that creates it. "
+        "Counters are listed with their `_total` suffix; a "
         "histogram also exposes `_bucket`, `_sum` and `_count` series. Not listed: "
         "prometheus_client's own `process_*` and `python_*` series, and on the worker "
         "Faust's collectors (without the per-event series `streams.faust_monitor` removes).",
