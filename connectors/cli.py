@@ -231,8 +231,9 @@ class _HostedRelay(Service):
         self._relay = relay
 
     def request_stop(self) -> None:
+        if not self.stop_requested:
+            self._relay.request_stop()
         super().request_stop()
-        self._relay.request_stop()
 
     async def on_start(self) -> None:
         await self._relay.start()

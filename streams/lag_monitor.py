@@ -223,7 +223,7 @@ class LagMonitor(Service):
 
     async def on_stop(self) -> None:
         # The timer (a child) stopped first: no reading uses the clients any more.
-        await self._close()
+        await self._close_clients()
 
     def summary(self) -> str:
         return (
@@ -237,7 +237,7 @@ class LagMonitor(Service):
         except Exception:
             # Start afresh at the next reading: new connections, new metadata.
             self.failed_readings += 1
-            await self._close()
+            await self._close_clients()
             raise
         self.readings += 1
         return lags
@@ -279,7 +279,7 @@ class LagMonitor(Service):
         self._consumer, self._admin = consumer, admin
         return consumer, admin
 
-    async def _close(self) -> None:
+    async def _close_clients(self) -> None:
         consumer, admin, self._consumer, self._admin = self._consumer, self._admin, None, None
         if consumer is not None:
             await consumer.stop()
