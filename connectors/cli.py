@@ -309,6 +309,7 @@ def _cmd_lag_monitor(args: argparse.Namespace) -> int:
                 readiness=monitor.readiness,
                 name="lag monitor",
                 port_setting="ZAPSTREAM_LAG_METRICS_PORT",
+                may_switch_off=False,  # metrics are the lag monitor's only output
             )
         )
         return monitor

@@ -109,6 +109,7 @@ from streams.kernel.contract import (
     ReceiptReceived,
     Record,
 )
+from streams.kernel.failures import StartRefused
 from streams.kernel.producer_stop import stop_producer
 from streams.kernel.runtime.health import add_health_routes
 from streams.kernel.runtime.service import Service
@@ -283,7 +284,14 @@ class WebhookIntake(Service):
         # Kept before listening: a failed start (the port taken) is closed by on_stop.
         self._runner = runner
         site = web.TCPSite(runner, self.settings.host, self.settings.port)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:
+            raise StartRefused(
+                f"cannot listen on {self.settings.host}:{self.settings.port} "
+                f"({exc.strerror or exc})",
+                hint="set ZAPSTREAM_WEBHOOK_PORT to a free port",
+            ) from exc
         self._port = int(runner.addresses[0][1])
         log.info("webhook intake listening on http://%s:%d", self.settings.host, self._port)
 

@@ -63,7 +63,8 @@ class HealthEndpoint(Service):
     """An aiohttp server on ``port`` (0: off) for the three paths; a child of a deployable.
 
     ``port_setting`` names the setting of the port: a port that cannot be served is then a
-    refused start (:class:`~streams.kernel.failures.StartRefused`, exit 2) naming it.
+    refused start (:class:`~streams.kernel.failures.StartRefused`, exit 2) naming it (and
+    that 0 switches metrics off, unless ``may_switch_off`` is false: the setting forbids 0).
     """
 
     def __init__(
@@ -75,6 +76,7 @@ class HealthEndpoint(Service):
         name: str = "metrics",
         logger: logging.Logger = log,
         port_setting: str | None = None,
+        may_switch_off: bool = True,
     ) -> None:
         super().__init__(name=f"{name} health endpoint")
         self._owner = name
@@ -83,6 +85,7 @@ class HealthEndpoint(Service):
         self._readiness: Readiness = readiness or (lambda: (True, "ready"))
         self._log = logger
         self._port_setting = port_setting
+        self._off = ", or 0 to switch metrics off" if may_switch_off else ""
         self._runner: web.AppRunner | None = None
 
     @property
@@ -107,7 +110,7 @@ class HealthEndpoint(Service):
                 raise
             raise StartRefused(
                 f"cannot serve metrics on {self.host}:{self.port} ({exc.strerror or exc})",
-                hint=f"set {self._port_setting} to a free port, or 0 to switch metrics off",
+                hint=f"set {self._port_setting} to a free port{self._off}",
             ) from exc
         except BaseException:
             await runner.cleanup()
