@@ -28,7 +28,7 @@ nothing reached the services' own failure handling).
   ``probe_interval_s``; the quiet period keeps a failover (some partitions led
   elsewhere within seconds, others still without a leader) one outage, not a
   line per flap;
-- a periodic reader of the process (:mod:`streams.kafka_reader`: lag monitor, sink
+- a periodic reader of the process (:mod:`streams.kernel.runtime.periodic`: lag monitor, sink
   progress, controls) failing inside the outage counts its failure without a line of
   its own (:func:`reported`).
 
@@ -121,7 +121,8 @@ _WATCHING: list[KafkaOutageWatch] = []
 
 def reported() -> bool:
     """A Kafka outage of this process is ongoing and its line written: a periodic reader
-    (:mod:`streams.kafka_reader`) failing meanwhile counts its failure without a line."""
+    (:mod:`streams.kernel.runtime.periodic`) failing meanwhile counts its failure without a
+    line."""
     return any(watch.ongoing for watch in _WATCHING)
 
 
