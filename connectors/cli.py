@@ -296,30 +296,21 @@ def _cmd_lag_monitor(args: argparse.Namespace) -> int:
     groups = settings.watched()
 
     def build() -> LagMonitor:
-        monitor = LagMonitor(
+        health = HealthEndpoint(
+            settings.metrics_port,
+            bind_local=settings.metrics_bind_local,
+            name="lag monitor",
+            port_setting="ZAPSTREAM_LAG_METRICS_PORT",
+            may_switch_off=False,  # metrics are the lag monitor's only output
+        )
+        return LagMonitor(
             settings.kafka,
             groups,
             interval_s=settings.interval_s,
             read_timeout_s=settings.read_timeout_s,
+            health=health,
         )
-        monitor.add_child(
-            HealthEndpoint(
-                settings.metrics_port,
-                bind_local=settings.metrics_bind_local,
-                readiness=monitor.readiness,
-                name="lag monitor",
-                port_setting="ZAPSTREAM_LAG_METRICS_PORT",
-                may_switch_off=False,  # metrics are the lag monitor's only output
-            )
-        )
-        return monitor
 
-    log.info(
-        "lag monitor watching %s every %.0fs (%s)",
-        ", ".join(f"{g} on {'+'.join(t)}" for g, t in groups.items()),
-        settings.interval_s,
-        settings.kafka.end_offset_source,
-    )
     return run_until_signalled(build)
 
 

@@ -188,8 +188,9 @@ class _FirstRecords:
 class LagMonitor(Service):
     """Reads and exports the lag of ``groups`` (group -> the topics it consumes) periodically.
 
-    A :class:`~streams.kernel.runtime.service.Service`: its reading timer is a child; Kafka
-    is connected to (and reconnected) by the readings themselves, and closed on stop.
+    A :class:`~streams.kernel.runtime.service.Service`: its reading timer is a child (after
+    ``health``, the deployable's metrics endpoint, when given); Kafka is connected to (and
+    reconnected) by the readings themselves, and closed on stop.
     """
 
     name = "lag monitor"
@@ -203,6 +204,7 @@ class LagMonitor(Service):
         read_timeout_s: float = 5.0,
         client_id: str = "zapstream-lag-monitor",
         clock: Callable[[], float] = time.time,
+        health: Service | None = None,
     ) -> None:
         super().__init__()
         self.kafka = kafka
@@ -218,11 +220,30 @@ class LagMonitor(Service):
         self.readings = 0
         """Readings that succeeded (every group read)."""
         self.failed_readings = 0
+        if health is not None:
+            # Serving before the first reading: ``zapstream lag-monitor``'s /metrics.
+            self.add_child(health)
         self._every = Periodic("lag monitor", interval_s, self.read_once, logger=log)
         self.add_child(self._every)
 
+    async def run(self) -> None:
+        """``zapstream lag-monitor``'s body: say what is watched once serving, then wait."""
+        log.info(
+            "lag monitor watching %s every %.0fs (%s)",
+            ", ".join(f"{g} on {'+'.join(t)}" for g, t in self.groups.items()),
+            self.interval_s,
+            self.source,
+        )
+        await self.wait_stop_requested()
+
     async def on_stop(self) -> None:
         # The timer (a child) stopped first: no reading uses the clients any more.
+        await self._close_clients()
+
+    async def stop(self) -> None:
+        await super().stop()
+        # A reading outside the timer (read_once on a monitor never started: a one-off
+        # reading) opens clients too; stop closes them whatever the state.
         await self._close_clients()
 
     def summary(self) -> str:
