@@ -88,9 +88,6 @@ class SinkConfigError(StartRefused):
     on stderr and exits 2, at start or later (a password rotated under a running sink).
     """
 
-    def __init__(self, problem: str) -> None:
-        super().__init__(problem)
-
 
 def classify_postgres(sqlstate: str | None, message: str) -> Failure:
     """Transient or permanent, from the SQLSTATE and (without one) libpq's message."""
