@@ -24,7 +24,6 @@ import asyncio
 import dataclasses
 import datetime as dt
 import logging
-import signal
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
@@ -44,9 +43,10 @@ from connectors.ops.jobs_sql import JobHistory, database_now, fetch_history, fet
 from connectors.ops.status import read_consumer_lag
 from connectors.outbox.commands import InvalidCommand
 from streams.kernel.contract import JobStatus
+from streams.kernel.runtime.service import Service
 from streams.kernel.state_machine import REPROCESSABLE
 
-__all__ = ["FilterError", "build_app", "parse_filter", "serve"]
+__all__ = ["ConsoleServer", "FilterError", "build_app", "parse_filter"]
 
 log = logging.getLogger("zapstream.console")
 
@@ -438,26 +438,46 @@ def build_app(settings: ConsoleSettings) -> web.Application:
     return app
 
 
-async def serve(settings: ConsoleSettings) -> None:
-    """Serve the console until SIGTERM or SIGINT."""
-    host = "127.0.0.1" if settings.bind_local else "0.0.0.0"  # noqa: S104
-    runner = web.AppRunner(build_app(settings), access_log=None)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, host, settings.port)
-        await site.start()
-        stopping = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stopping.set)
+class ConsoleServer(Service):
+    """``zapstream console``: the app served on ``ZAPSTREAM_CONSOLE_PORT`` until stopped.
+
+    A port that cannot be listened on is a refused start (one line, exit 2).
+    """
+
+    name = "console"
+
+    def __init__(self, settings: ConsoleSettings) -> None:
+        super().__init__()
+        self._settings = settings
+        self._runner: web.AppRunner | None = None
+        self.host = "127.0.0.1" if settings.bind_local else "0.0.0.0"  # noqa: S104
+
+    async def on_start(self) -> None:
+        from streams.kernel.failures import StartRefused
+
+        settings = self._settings
+        runner = web.AppRunner(build_app(settings), access_log=None, handle_signals=False)
+        await runner.setup()
+        self._runner = runner  # closed by on_stop, also after a failed start
+        try:
+            await web.TCPSite(runner, self.host, settings.port).start()
+        except OSError as exc:
+            raise StartRefused(
+                f"cannot listen on port {settings.port} ({exc.strerror or exc})",
+                hint="set ZAPSTREAM_CONSOLE_PORT to a free port",
+            ) from exc
         log.info(
             "console listening on http://%s:%d (%d operator token(s), lag %s)",
-            host,
+            self.host,
             settings.port,
             len(settings.operators()),
             "from " + settings.lag_url if settings.lag_url else "not configured",
         )
-        await stopping.wait()
-    finally:
-        await runner.cleanup()
-        log.info("console stopped")
+
+    async def on_stop(self) -> None:
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    def summary(self) -> str:
+        return f"served on {self.host}:{self._settings.port}"
