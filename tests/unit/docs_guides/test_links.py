@@ -1,4 +1,4 @@
-"""Every relative link in README.md and docs/ leads somewhere.
+"""Every relative link in README.md, bench/README.md and docs/ leads somewhere.
 
 The documentation is a tree of pages that link to each other; a page moved or a heading
 renamed would leave readers at a dead end. Each relative link must name a file inside the
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
-PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
+PAGES = sorted([ROOT / "README.md", ROOT / "bench" / "README.md", *(ROOT / "docs").rglob("*.md")])
 GENERATED_REFERENCES = {"settings.md", "cli.md", "metrics.md", "topics.md"}
 
 _FENCE = re.compile(r"^```.*?^```", re.M | re.S)
