@@ -104,3 +104,18 @@ def test_a_broken_link_is_found(tmp_path: Path) -> None:
     )
     assert links(page) == ["missing.md", "#title"]
     assert anchors(page) == {"title"}
+
+
+def test_every_page_is_linked_from_another() -> None:
+    """A page nobody links to is a page nobody finds."""
+    reached = set()
+    for page, target in LINKS:
+        path_part = target.partition("#")[0]
+        if path_part:
+            reached.add((page.parent / path_part).resolve())
+    orphans = [
+        p.relative_to(ROOT).as_posix()
+        for p in PAGES
+        if p.resolve() not in reached and p != ROOT / "README.md"
+    ]
+    assert not orphans, orphans
