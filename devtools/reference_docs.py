@@ -6,7 +6,7 @@ exits 1 naming the files that differ from what the code gives (the unit tests in
 
 - ``settings.md``: every deployable's settings class, from the classes themselves:
   the environment variable (prefixes and aliases resolved as
-  :func:`connectors.ops.config_errors.env_names` resolves them), its type and bounds,
+  :func:`connectors.startup.env_names` resolves them), its type and bounds,
   its default (never a secret's) and the field's docstring (pydantic-settings
   ``use_attribute_docstrings``);
 - ``cli.md``: every command of :func:`connectors.cli.build_parser`, its help and options;
@@ -197,7 +197,7 @@ def _anchor(title: str) -> str:
 
 
 def _settings_table(cls: type[Any], block_titles: dict[type[Any], str]) -> list[str]:
-    from connectors.ops.config_errors import env_names
+    from connectors.startup import env_names
 
     rows = ["| Variable | Type | Default | Description |", "|---|---|---|---|"]
     blocks = []
@@ -224,7 +224,7 @@ def _settings_table(cls: type[Any], block_titles: dict[type[Any], str]) -> list[
 
 
 def _undocumented_settings_classes(documented: Iterable[type[Any]]) -> list[str]:
-    from connectors.ops.config_errors import settings_classes
+    from connectors.startup import settings_classes
 
     known = set(documented)
     return sorted(c.__qualname__ for c in settings_classes() if c not in known)

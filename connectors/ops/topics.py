@@ -6,7 +6,7 @@ from its source topic's, so nothing may be left to auto-creation. An existing
 topic with a different partition count is an error, not something to paper over.
 
 An operator command: the deployables' start-up check of the same topics is
-:mod:`streams.kernel.topics_check` (re-exported here for the operator tools).
+:mod:`streams.kernel.topics_check`.
 """
 
 from __future__ import annotations
@@ -19,41 +19,13 @@ from aiokafka.errors import TopicAlreadyExistsError
 
 from streams.kernel.contract import TopicSpec
 from streams.kernel.settings import KafkaSettings
-from streams.kernel.topics_check import _NEEDS as _NEEDS
 from streams.kernel.topics_check import (
-    ENSURE_HINT,
-    KafkaSecurityRefused,
     TopicMismatch,
+    _partition_counts,
     _started_admin,
     all_topic_specs,
-    deployable_topic_specs,
-    kafka_security_problem,
     mismatch_message,
-    partition_counts,
-    partition_counts_when_reachable,
-    relay_topic_specs,
-    require_topics,
-    topic_problems,
-    worker_topic_specs,
 )
-from streams.kernel.topics_check import _partition_counts as _partition_counts
-
-__all__ = [
-    "ENSURE_HINT",
-    "KafkaSecurityRefused",
-    "TopicMismatch",
-    "all_topic_specs",
-    "deployable_topic_specs",
-    "ensure_topics",
-    "kafka_security_problem",
-    "mismatch_message",
-    "partition_counts",
-    "partition_counts_when_reachable",
-    "relay_topic_specs",
-    "require_topics",
-    "topic_problems",
-    "worker_topic_specs",
-]
 
 log = logging.getLogger(__name__)
 

@@ -139,7 +139,7 @@ def test_each_named_make_target_exists(target: str) -> None:
 def _settings_variables() -> set[str]:
     """Every variable some zapstream settings class reads (``ZAPSTREAM_*``, ``STACKZAP_*``,
     ``ZAP_*``, ``META_*``), plus those read outside the settings classes."""
-    from connectors.ops.config_errors import NOT_SETTINGS, env_names, settings_classes
+    from connectors.startup import NOT_SETTINGS, env_names, settings_classes
 
     names = set(NOT_SETTINGS)
     for cls in settings_classes():
