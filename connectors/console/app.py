@@ -21,7 +21,6 @@ says method, path, status and operator.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import datetime as dt
 import logging
 from collections.abc import Awaitable, Callable, Mapping
@@ -43,6 +42,7 @@ from connectors.ops.jobs_sql import JobHistory, database_now, fetch_history, fet
 from connectors.ops.status import read_consumer_lag
 from connectors.outbox.commands import InvalidCommand
 from streams.kernel.contract import JobStatus
+from streams.kernel.runtime.outage import OutageLog
 from streams.kernel.runtime.service import Service
 from streams.kernel.state_machine import REPROCESSABLE
 
@@ -55,14 +55,8 @@ _OPERATOR: web.AppKey[dict[str, Operator]] = web.AppKey("operators")
 _SETTINGS = web.AppKey("settings", ConsoleSettings)
 
 
-@dataclasses.dataclass(slots=True)
-class _Outage:
-    """Whether the database was unreachable at the last try: logged once per outage."""
-
-    down: bool = False
-
-
-_DB_STATE = web.AppKey("db_state", _Outage)
+_DB_STATE = web.AppKey("db_state", OutageLog)
+"""The database's outages as the console's requests meet them: logged once each way."""
 FILTER_FIELDS = ("state", "instance", "priority", "purpose", "period", "q")
 _PUBLIC = frozenset({"/login"})
 LAG_TIMEOUT_S = 3.0
@@ -168,13 +162,9 @@ async def _guard(
         outage = request.app[_DB_STATE]
         try:
             response = await handler(request)
-            if outage.down:
-                outage.down = False
-                log.info("console: database reachable again")
+            outage.recovered()
         except psycopg.OperationalError as exc:
-            if not outage.down:
-                outage.down = True
-                log.warning("console: database unreachable (%s)", type(exc).__name__)
+            outage.failed(type(exc).__name__)
             response = _html(
                 pages.message_page(
                     "Database unreachable",
@@ -422,7 +412,7 @@ def build_app(settings: ConsoleSettings) -> web.Application:
     app = web.Application(middlewares=[_guard], client_max_size=64 * 1024)
     app[_SETTINGS] = settings
     app[_OPERATOR] = settings.operators()
-    app[_DB_STATE] = _Outage()
+    app[_DB_STATE] = OutageLog("console: PostgreSQL", log, retrying="answering 503")
 
     app.router.add_get("/", _root)
     app.router.add_get("/login", _login_form)

@@ -12,7 +12,7 @@ one vocabulary (:class:`~streams.kernel.errors.Failure`: ``dependency``, ``retri
   Kafka: aiokafka errors whose ``retriable`` is true, and request timeouts.
   The sink retries the *same* batch with :class:`Backoff` for as long as it
   lasts, commits no offset meanwhile, and logs the outage once when it starts
-  and once when it ends (:class:`Outage`).
+  and once when it ends (:func:`sink_outage`).
 - **permanent**: a retry fails the same way: class 28 (authentication), 3D000
   (the database does not exist), 42P01/42703 (the schema is missing or older
   than this sink), 42501 (privilege), Kafka authorization. The sink raises
@@ -45,10 +45,9 @@ from streams.kernel.failures import (
     one_line,
 )
 from streams.kernel.failures import classify_postgres as _classify
-from streams.kernel.runtime.backoff import Backoff
 from streams.kernel.runtime.outage import OutageLog
 
-__all__ = ["Backoff", "Failure", "Outage", "Rebalanced", "SinkConfigError", "classify"]
+__all__ = ["Rebalanced", "SinkConfigError", "classify", "classify_postgres", "sink_outage"]
 
 KAFKA_SETTING = "ZAPSTREAM_KAFKA_BROKERS"
 
@@ -142,22 +141,20 @@ def _retriable_kafka(exc: BaseException) -> bool:
     return True
 
 
-class Outage(OutageLog):
+def sink_outage(dependency: str, logger: logging.Logger) -> OutageLog:
     """One dependency's outage, logged once each way, with the sink's metrics kept between."""
 
-    def __init__(self, dependency: str, logger: logging.Logger) -> None:
-        super().__init__(
-            dependency,
-            logger,
-            retrying="retrying the same batch with backoff (offsets not committed)",
-            on_failed=metrics.RETRIES.labels(dependency).inc,
-            on_start=lambda: metrics.OUTAGE.labels(dependency).set(1),
-            on_end=lambda took: self._ended(took),
-        )
-        self.dependency = dependency
-        # A series from the start (0), so dashboards and alerts see "no outage", not nothing.
+    def ended(took: float) -> None:
         metrics.OUTAGE.labels(dependency).set(0)
+        metrics.OUTAGE_SECONDS.labels(dependency).inc(took)
 
-    def _ended(self, took: float) -> None:
-        metrics.OUTAGE.labels(self.dependency).set(0)
-        metrics.OUTAGE_SECONDS.labels(self.dependency).inc(took)
+    # A series from the start (0), so dashboards and alerts see "no outage", not nothing.
+    metrics.OUTAGE.labels(dependency).set(0)
+    return OutageLog(
+        dependency,
+        logger,
+        retrying="retrying the same batch with backoff (offsets not committed)",
+        on_failed=metrics.RETRIES.labels(dependency).inc,
+        on_start=lambda: metrics.OUTAGE.labels(dependency).set(1),
+        on_end=ended,
+    )

@@ -44,7 +44,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
 from aiokafka.errors import KafkaError
 
 from connectors.sink import metrics
-from connectors.sink.failures import Outage, Rebalanced, SinkConfigError, classify
+from connectors.sink.failures import Rebalanced, SinkConfigError, classify, sink_outage
 from connectors.sink.pipeline_metrics import PipelineGauges
 from connectors.sink.settings import SinkSettings
 from streams.kernel.contract import (
@@ -253,8 +253,8 @@ class StateSink(Service):
         self._producer: AIOKafkaProducer | None = None
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._outages = {
-            "postgres": Outage("postgres", log),
-            "kafka": Outage("kafka", log),
+            "postgres": sink_outage("postgres", log),
+            "kafka": sink_outage("kafka", log),
         }
         # aiokafka's own errors (a broker away, a leader moving): one kafka outage above.
         self._kafka_watch = KafkaOutageWatch("sink", settings.kafka, target=self._outages["kafka"])

@@ -11,15 +11,15 @@ from aiokafka import errors as kafka_errors
 from psycopg import errors as pg_errors
 
 from connectors.sink.failures import (
-    Backoff,
-    Failure,
-    Outage,
     Rebalanced,
     SinkConfigError,
     classify,
     classify_postgres,
+    sink_outage,
 )
+from streams.kernel.errors import Failure
 from streams.kernel.failures import StartRefused
+from streams.kernel.runtime.backoff import Backoff
 
 TRANSIENT, PERMANENT, REBALANCED = "transient", "permanent", "rebalanced"
 
@@ -139,7 +139,7 @@ def test_outage_logs_once_when_it_starts_and_once_when_it_ends(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     logger = logging.getLogger("test.sink.outage")
-    outage = Outage("postgres", logger)
+    outage = sink_outage("postgres", logger)
     with caplog.at_level(logging.INFO, logger="test.sink.outage"):
         outage.recovered()  # nothing to recover from: silent
         for _ in range(5):
