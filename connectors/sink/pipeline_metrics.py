@@ -19,7 +19,7 @@ A failed read never stops the sink: the timer is the runtime's
 once when the outage starts and once when it ends, and tried again at the next tick
 (anything else is a bug, logged with its traceback); the gauges keep their last values
 and ``zapstream_pipeline_metrics_last_success_timestamp_seconds`` tells how old they are.
-The queries are in :mod:`connectors.ops.pipeline_sql`.
+The queries are in :mod:`connectors.sink.pipeline_sql`.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from typing import Any
 
 import psycopg
 
-from connectors.ops.pipeline_sql import job_counts, pending_groups
 from connectors.sink import metrics
+from connectors.sink.pipeline_sql import job_counts, pending_groups
 from streams.kernel.failures import classify_postgres
 from streams.kernel.postgres import ReopeningConnection, postgres_deadline
 from streams.kernel.runtime.periodic import Periodic
