@@ -31,7 +31,7 @@ Every command imports what it needs when it runs: the base install (what an
 application needs to enqueue) has no Faust, Kafka or HTTP client, and a service
 command run there says which extra to install instead of failing on an import.
 The gateway simulator and the local pipeline are development tools that live in
-the repository, not in the package (``python -m devtools.gateway_sim``,
+the repository, not in the package (``python -m devtools.simulator.gateway_sim``,
 ``make dev``).
 """
 

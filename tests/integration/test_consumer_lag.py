@@ -24,8 +24,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from devtools.devstack import find_free_port
-from devtools.local_pipeline import LocalPipeline, default_broker
+from devtools.stack.devstack import find_free_port
+from devtools.stack.local_pipeline import LocalPipeline, default_broker
 from streams.kernel.contract import BULK_INTENTS, INTENTS
 from tests.integration.support import enqueue_conversations, wait_until
 

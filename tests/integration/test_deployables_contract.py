@@ -29,9 +29,9 @@ from pathlib import Path
 
 import pytest
 
-from devtools import shared_broker
-from devtools.devstack import ManagedProcess, PostgresCluster, TansuBroker, find_free_port
-from devtools.local_pipeline import default_broker
+from devtools.stack import shared_broker
+from devtools.stack.devstack import ManagedProcess, PostgresCluster, TansuBroker, find_free_port
+from devtools.stack.local_pipeline import default_broker
 from tests.integration.support import wait_until, zapstream
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

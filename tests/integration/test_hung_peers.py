@@ -1,6 +1,6 @@
 """Hung peers: a connection that stays open and goes silent is noticed, logged once, recovered.
 
-A :class:`~devtools.tcp_proxy.TcpProxy` blackhole (nothing forwarded, nothing
+A :class:`~devtools.simulator.tcp_proxy.TcpProxy` blackhole (nothing forwarded, nothing
 closed: a NAT or load balancer that dropped the connection's state, a frozen VM)
 sits on each edge in turn, for 30 s mid-stream, on real processes:
 
@@ -41,9 +41,9 @@ from pydantic import SecretStr
 from connectors.cdc.lsn import Lsn
 from connectors.cdc.provisioning import ensure_replication
 from connectors.cdc.replication_stream import ReplicationStream, ReplicationStreamClosed
-from devtools.devstack import ManagedProcess
-from devtools.local_pipeline import LocalPipeline
-from devtools.tcp_proxy import TcpProxy
+from devtools.simulator.tcp_proxy import TcpProxy
+from devtools.stack.devstack import ManagedProcess
+from devtools.stack.local_pipeline import LocalPipeline
 from streams.kernel.postgres import PostgresSilent, postgres_deadline
 from streams.kernel.settings import PostgresSettings
 from tests.integration.support import Arrivals, enqueue_conversations, wait_for_status, wait_until

@@ -12,8 +12,8 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 
 from connectors.outbox.enqueue import enqueue
-from devtools.delivery_audit import demo_key, demo_text
-from devtools.local_pipeline import LocalPipeline
+from devtools.stack.delivery_audit import demo_key, demo_text
+from devtools.stack.local_pipeline import LocalPipeline
 from streams.kernel.contract import IntentRejected
 from tests.integration.support import Arrivals, count_rows, wait_for_status, wait_until
 

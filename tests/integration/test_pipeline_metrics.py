@@ -21,8 +21,8 @@ from connectors.outbox.enqueue import enqueue
 from connectors.sink import pipeline_metrics
 from connectors.sink.pipeline_metrics import PipelineGauges
 from connectors.sink.pipeline_sql import STATUSES
-from devtools.devstack import find_free_port
-from devtools.local_pipeline import LocalPipeline
+from devtools.stack.devstack import find_free_port
+from devtools.stack.local_pipeline import LocalPipeline
 from streams.kernel.settings import PostgresSettings
 from tests.integration.support import wait_until
 

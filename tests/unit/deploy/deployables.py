@@ -67,7 +67,7 @@ def deploy_tool_path(name: str) -> str:
     path = TOOLS_BIN / name
     if not path.exists():
         pytest.fail(
-            f"{path} is missing: run `make setup` (it installs devtools/deploy-tools.txt "
+            f"{path} is missing: run `make setup` (it installs devtools/deploy/deploy-tools.txt "
             "into .venv-deploy-tools)",
             pytrace=False,
         )

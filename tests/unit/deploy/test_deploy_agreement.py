@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
-from devtools import compose_check as cc
+from devtools.deploy import compose_check as cc
 from streams.kernel.contract import TopicNames, topic_specs
 from tests.unit.deploy.deployables import isolate_environment, settings_of, write_secret_files
 

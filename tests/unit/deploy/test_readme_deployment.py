@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from connectors.cli import build_parser, main
-from devtools import compose_check as cc
+from devtools.deploy import compose_check as cc
 
 ROOT = Path(__file__).resolve().parents[3]
 GUIDE_PATH = ROOT / "docs" / "guides" / "deployment.md"
@@ -98,11 +98,11 @@ def test_every_zapstream_command_in_a_code_block_is_known() -> None:
     assert not unknown, unknown
 
 
-TOOLS = sorted(set(re.findall(r"python -m (devtools\.[a-z0-9_]+)", GUIDE)))
+TOOLS = sorted(set(re.findall(r"python -m (devtools\.[a-z0-9_.]+[a-z0-9_])", GUIDE)))
 
 
 def test_the_guide_names_its_tools() -> None:
-    assert {"devtools.lock_constraints", "devtools.k8s_rules"} <= set(TOOLS)
+    assert {"devtools.deploy.lock_constraints", "devtools.deploy.k8s_rules"} <= set(TOOLS)
 
 
 @pytest.mark.parametrize("module", TOOLS)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from devtools import reference_docs
-from devtools.reference_docs import COMMAND, OUT_DIR, REFERENCES
+from devtools.docs import reference_docs
+from devtools.docs.reference_docs import COMMAND, OUT_DIR, REFERENCES
 
 
 @pytest.fixture(scope="module")

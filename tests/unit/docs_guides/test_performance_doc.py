@@ -1,6 +1,6 @@
 """docs/performance.md is rendered from a ``make bench`` results file.
 
-The results document is built here the way ``devtools.bench.main`` writes it (each
+The results document is built here the way ``devtools.bench.runner.main`` writes it (each
 :class:`Figure` as a dict with its broker and verdict), so a change of that shape breaks these
 tests rather than the lead's next render.
 """
@@ -15,9 +15,9 @@ from typing import Any
 import orjson
 import pytest
 
-from devtools import performance_doc as pd
-from devtools.bench import Sizes, reduced
-from devtools.bench_support import Figure
+from devtools.bench.runner import Sizes, reduced
+from devtools.bench.support import Figure
+from devtools.docs import performance_doc as pd
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -218,4 +218,4 @@ def test_the_committed_page_is_what_its_source_renders() -> None:
         assert re.fullmatch(r"bench/results/[\w.-]+\.json", sources[0]), sources[0]
         return
     rendered = pd.splice(page, pd.render_block(pd.load(source), sources[0]))
-    assert rendered == page, f"stale: run python -m devtools.performance_doc {sources[0]}"
+    assert rendered == page, f"stale: run python -m devtools.docs.performance_doc {sources[0]}"
