@@ -106,7 +106,6 @@ class Dispatcher:
         self.lanes: ConversationLanes[_EventItem | _RetryDue] = ConversationLanes(
             self._handle, max_in_flight=max_in_flight, on_error=self._crash
         )
-        processor.pauses.waiting = parking.waiting
         # Read when scraped: no bookkeeping per event, and 0 when idle.
         metrics.IN_FLIGHT.labels(priority).set_function(lambda: self.lanes.in_flight)
         metrics.PARKED.set_function(lambda: len(self.parking))

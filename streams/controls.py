@@ -65,11 +65,16 @@ class Hold:
 class Controls:
     """The latest pause or resume of every instance and campaign."""
 
-    def __init__(self, *, release_window_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        *,
+        release_window_s: float = 60.0,
+        on_resume: Callable[[str, str], None] | None = None,
+    ) -> None:
         self.release_window_s = release_window_s
         self._held: dict[tuple[str, str], Hold] = {}
         self._resumed_at: float | None = None
-        self.on_resume: Callable[[str, str], None] = lambda kind, target: None
+        self.on_resume: Callable[[str, str], None] = on_resume or (lambda kind, target: None)
         """Called when an instance or campaign is resumed (the pacer's slow start)."""
 
     def apply(self, control: Control, now: float) -> None:

@@ -130,7 +130,19 @@ def build_worker_app(
             margin_s=settings.dedup_margin_s,
             retry_s=settings.dedup_lookup_retry_s,
         )
-    controls = Controls()
+    partitions = settings.kafka.partitions
+    # The app is built below with the resources this list ends with; what reads it (the
+    # share of partitions, the parking lot's count) is called only once the app runs.
+    app: WorkerApp
+    parking_lot: ParkingLot
+    share = PartitionShare(lambda: app.consumer.assignment(), partitions, topic=names.intents)
+    pacer = build_pacer(settings, share)
+
+    def on_resume(kind: str, target: str) -> None:
+        if kind == "instance":
+            pacer.slow_start(target, pacer.clock())
+
+    controls = Controls(on_resume=on_resume)
     reader = ControlsReader(
         controls,
         settings.kafka,
@@ -149,7 +161,11 @@ def build_worker_app(
             client_id="zapstream-worker-lag-monitor",
         )
         resources = [*resources, lag]
-    pauses = InstancePauses(settings.instance_probe_s, probe_max_s=settings.instance_probe_max_s)
+    pauses = InstancePauses(
+        settings.instance_probe_s,
+        probe_max_s=settings.instance_probe_max_s,
+        waiting=lambda instance: parking_lot.waiting(instance),
+    )
     # First: aiokafka's errors from the start on are one outage line (kernel/kafka_outage.py).
     first: list[Resource] = [KafkaOutageWatch("worker", settings.kafka), gateway]
     check: GatewayStartCheck | None = None
@@ -166,11 +182,10 @@ def build_worker_app(
         )
         first.append(check)
     app = build_app(settings, resources=[*first, *resources])
-    partitions = settings.kafka.partitions
     topics = register_topics(app, partitions, names)
     jobs, parked = register_tables(app, topics, partitions)
+    parking_lot = ParkingLot(parked, topics.parked)
     writer = KafkaWriter(app)
-    share = PartitionShare(lambda: app.consumer.assignment(), partitions, topic=names.intents)
     processor = JobProcessor(
         gateway,
         FaustJobStore(jobs, writer, names.state),
@@ -188,7 +203,7 @@ def build_worker_app(
             quiet_period_s=settings.failure_quiet_period_s,
         ),
         late=late,
-        pacer=build_pacer(settings, share),
+        pacer=pacer,
         breaker_failures=settings.breaker_failures,
         systemic_failures=settings.systemic_failures,
         controls=controls,
@@ -197,14 +212,6 @@ def build_worker_app(
             Priority.BULK: settings.pacing_wait_bulk_s,
         },
     )
-    pacer = processor.pacer
-
-    def on_resume(kind: str, target: str) -> None:
-        if kind == "instance":
-            pacer.slow_start(target, pacer.clock())
-
-    controls.on_resume = on_resume
-    parking_lot = ParkingLot(parked, topics.parked)
     dispatcher = Dispatcher(
         app,
         topics,
