@@ -33,6 +33,7 @@ from typing import Any
 from faust.types import TP
 
 from streams import metrics
+from streams.faust_adapter.hooks import crash
 from streams.job_processor import Done, JobProcessor, Outcome, Park
 from streams.kernel.contract import (
     Command,
@@ -111,7 +112,7 @@ class Dispatcher:
         metrics.PARKED.set_function(lambda: len(self.parking))
 
     def _crash(self, exc: BaseException) -> None:
-        self.app._crash(exc)
+        crash(self.app, exc)
 
     # --- the agent --------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ from collections.abc import Awaitable
 from typing import Any
 
 from streams import metrics
+from streams.faust_adapter.hooks import kafka_producer
 from streams.kernel.contract import (
     DEFAULT_NAMES,
     STATE,
@@ -50,7 +51,7 @@ class KafkaWriter:
         self, topic: str, key: bytes, value: bytes | None, partition: int | None = None
     ) -> Awaitable[Any]:
         """Queue the record; the returned future completes when Kafka acknowledged it."""
-        producer = self.app.producer._ensure_producer()
+        producer = kafka_producer(self.app)
         future: Awaitable[Any] = await producer.send(topic, value, key=key, partition=partition)
         return future
 

@@ -18,7 +18,7 @@ from streams.app import Resource, WorkerApp, build_app
 from streams.controls import Controls, ControlsReader
 from streams.dedup_horizon import DedupHorizon
 from streams.failure_log import FailureLog
-from streams.faust_monitor import setup_lean_prometheus
+from streams.faust_adapter.monitor import setup_lean_prometheus
 from streams.gateway_check import GatewayStartCheck
 from streams.health import add_health_pages
 from streams.instance_pauses import InstancePauses
