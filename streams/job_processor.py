@@ -99,7 +99,8 @@ class JobStore(Protocol):
 
 
 class Publisher(Protocol):
-    """Where attempt outcomes and dead jobs go (``zapstream.results``, ``zapstream.dead``)."""
+    """Where attempt outcomes and dead jobs go (``zapstream.dead``; attempts to
+    ``zapstream.results`` only when the worker publishes them)."""
 
     async def attempt_finished(self, record: AttemptFinished, key: bytes) -> Awaitable[object]:
         """Queue the record; the returned awaitable completes once Kafka acknowledged it."""
@@ -1027,7 +1028,8 @@ class JobProcessor:
         started: dt.datetime | None = None,
         **fields: str | None,
     ) -> Awaitable[object]:
-        """Queue the attempt's outcome on ``zapstream.results``; await the result for the ack."""
+        """Hand the attempt's outcome to the publisher (``zapstream.results`` when published);
+        await the result for the ack."""
         finished = self.now()
         if started is not None:
             GATEWAY_CALL.labels(self.gateway.name, outcome).observe(

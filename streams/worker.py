@@ -189,7 +189,7 @@ def build_worker_app(
     processor = JobProcessor(
         gateway,
         FaustJobStore(jobs, writer, names.state),
-        FaustPublisher(writer, names),
+        FaustPublisher(writer, names, publish_attempts=settings.publish_attempts),
         RetryPolicy(schedule_s=tuple(settings.retry_schedule_s), jitter=settings.retry_jitter),
         listing_authoritative=settings.gateway.listing_authoritative,
         listings=InstanceListings(

@@ -30,7 +30,12 @@ BULK_INTENTS = "zapstream.intents.bulk"
 agent of their own, so a campaign's backlog never delays an operational message.
 Commands and receipts of bulk jobs travel on :data:`INTENTS`."""
 RESULTS = "zapstream.results"
-"""One :class:`AttemptFinished` per gateway attempt or decision. Append-only."""
+"""One :class:`AttemptFinished` per gateway attempt or decision. Append-only.
+
+Produced only when the worker's ``ZAPSTREAM_WORKER_PUBLISH_ATTEMPTS`` is on (off by
+default since issue 17: nothing in zapstream reads it). The topic stays in the contract,
+and is still created, because existing deployments have it and may have consumers of
+their own."""
 STATE = "zapstream.state"
 """Latest :class:`StatusChanged` per job (compacted). Changelog of the worker's job table."""
 INVALID = "zapstream.invalid"
