@@ -20,7 +20,7 @@ from streams.dedup_horizon import DedupHorizon
 from streams.failure_log import FailureLog
 from streams.faust_adapter.monitor import setup_lean_prometheus
 from streams.gateway_check import GatewayStartCheck
-from streams.health import add_health_pages
+from streams.health import add_health_pages, readiness
 from streams.instance_pauses import InstancePauses
 from streams.job_processor import JobProcessor, RetryPolicy
 from streams.kafka_reader import guarded
@@ -43,6 +43,7 @@ from streams.stores import FaustJobStore, FaustPublisher, KafkaWriter
 from streams.table_digest import add_digest_page
 from streams.tables import register_tables
 from streams.topics import register_topics
+from streams.worker_service import WorkerService, WorkerTally
 from streams.worker_settings import WorkerSettings
 
 RECIPIENT_INTERVAL_S: dict[str, float] = {"meta": 6.0}
@@ -166,8 +167,12 @@ def build_worker_app(
         probe_max_s=settings.instance_probe_max_s,
         waiting=lambda instance: parking_lot.waiting(instance),
     )
-    # First: aiokafka's errors from the start on are one outage line (kernel/kafka_outage.py).
-    first: list[Resource] = [KafkaOutageWatch("worker", settings.kafka), gateway]
+    # First: the worker's lifecycle (started first, stopped last: its closing line comes
+    # after everything else closed); then aiokafka's errors from the start on are one
+    # outage line (kernel/kafka_outage.py).
+    tally = WorkerTally()
+    service = WorkerService(tally, streaming=lambda: readiness(app))
+    first: list[Resource] = [service, KafkaOutageWatch("worker", settings.kafka), gateway]
     check: GatewayStartCheck | None = None
     if settings.start_probe:
         # Right after the gateway client starts, before any send: a wrong base URL, key or
@@ -218,6 +223,7 @@ def build_worker_app(
         processor,
         parking_lot,
         max_in_flight=settings.max_in_flight,
+        tally=tally,
     )
     # Bulk intents on their own topic and lanes: a campaign's backlog waits there (its
     # lanes full, its topic's offsets behind) while operational intents flow.
@@ -230,6 +236,7 @@ def build_worker_app(
         priority=Priority.BULK,
         active_jobs=dispatcher.active_jobs,
         queued_jobs=dispatcher.queued_jobs,
+        tally=tally,
     )
     app.agent(topics.intents, name="dispatcher", concurrency=1)(dispatcher.consume)
     app.agent(topics.bulk_intents, name="bulk-dispatcher", concurrency=1)(bulk.consume)
@@ -277,6 +284,6 @@ def build_worker_app(
     app.after_streams_stopped.append(dispatcher.drain)
     app.after_streams_stopped.append(bulk.drain)
     setup_lean_prometheus(app)
-    add_health_pages(app)
+    add_health_pages(app, service.readiness)
     add_digest_page(app)
     return app, dispatcher
