@@ -106,8 +106,8 @@ class SinkProgress(Service):
         if not tps:
             return
         # Kafka away: what is known stays and the horizon waits, nothing is lost. The
-        # error goes to the timer's guard (streams.kafka_reader.guarded): logged once per
-        # outage and counted, not a line every dedup_sink_check_s.
+        # error goes to the timer's guard (streams.kernel.runtime.periodic.guarded): logged
+        # once per outage and counted, not a line every dedup_sink_check_s.
         committed = await self._admin.list_consumer_group_offsets(self.group_id, partitions=tps)
         moved = {
             tp: meta.offset
