@@ -86,6 +86,7 @@ from typing import Any
 
 import orjson
 
+from streams.faust_adapter.hooks import key_partitions
 from streams.kernel.contract import IntentCaptured, ParkedConversation
 from streams.stores import compact
 
@@ -389,18 +390,18 @@ class ParkingLot:
         self.store[key] = value
         # Where Faust's memory store keeps recovered keys' partitions: so it drops our
         # keys too when their partition is revoked.
-        recovered: dict[bytes, int] | None = getattr(self.store, "_key_partition", None)
+        recovered = key_partitions(self.store)
         if recovered is not None:
             recovered[key] = partition
 
     def _delete(self, key: bytes) -> None:
         self.store.pop(key, None)
-        recovered: dict[bytes, int] | None = getattr(self.store, "_key_partition", None)
+        recovered = key_partitions(self.store)
         if recovered is not None:
             recovered.pop(key, None)
 
     def _partition_of(self, key: bytes) -> int:
-        recovered: dict[bytes, int] = getattr(self.store, "_key_partition", {})
+        recovered = key_partitions(self.store) or {}
         if key not in recovered:
             raise RuntimeError("a parked record's partition is unknown to the table's store")
         return recovered[key]

@@ -43,6 +43,20 @@ def kafka_producer(app: Any) -> aiokafka.AIOKafkaProducer:
     return producer
 
 
+def key_partitions(store: Any) -> dict[bytes, int] | None:
+    """The partition of each key of a table's memory store, as Faust recorded them for
+    recovered keys (None: a store that keeps none, e.g. a test's dict).
+
+    Faust's memory store keeps ``_key_partition`` to drop the keys of partitions no
+    longer active after a recovery (``Store.on_recovery_completed``); a key written to the
+    store directly (not through the table, see :mod:`streams.parking`) must be entered
+    there too or it outlives its partition (checked against faust-streaming 0.15.3,
+    ``faust/stores/memory.py``).
+    """
+    found: dict[bytes, int] | None = getattr(store, "_key_partition", None)
+    return found
+
+
 def monitor_metrics(app: Any) -> Any:
     """The ``FaustMetrics`` collectors of the app's ``PrometheusMonitor``: Faust exposes
     them only as ``monitor._metrics`` (checked against faust-streaming 0.15.3,

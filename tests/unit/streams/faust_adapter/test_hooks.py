@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import inspect
+import re
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,9 @@ def _params(function: Any) -> list[str]:
 
 
 def _assigned_in(cls: type, attribute: str) -> bool:
-    return f"self.{attribute} =" in inspect.getsource(cls)
+    """``self.<attribute> = ...`` (annotated or not) in the class's source."""
+    pattern = rf"self\.{re.escape(attribute)}\s*(:[^=\n]*)?=[^=]"
+    return re.search(pattern, inspect.getsource(cls)) is not None
 
 
 @pytest.mark.parametrize(("package", "version"), sorted(hooks.CHECKED_AGAINST.items()))
@@ -147,3 +150,18 @@ def test_the_producer_accessor_reaches_faust_s_aiokafka_producer() -> None:
 def test_the_monitor_keeps_its_collectors_where_the_lean_monitor_reads_them() -> None:
     assert _assigned_in(PrometheusMonitor, "_metrics")
     assert set(PER_EVENT_SERIES) <= set(FaustMetrics._fields)
+
+
+def test_the_memory_store_drops_revoked_keys_by_the_partitions_we_record() -> None:
+    """key_partitions: the parking lot and the dedup horizon enter their own writes where
+    Faust's memory store finds the keys of partitions it no longer owns."""
+    from faust.stores import memory
+
+    assert _assigned_in(memory.Store, "_key_partition")
+    # After a recovery the store drops the keys of partitions no longer active, by this map.
+    dropped = inspect.getsource(memory.Store.on_recovery_completed)
+    assert "self._key_partition" in dropped
+    store = memory.Store.__new__(memory.Store)
+    store._key_partition = {b"k": 3}
+    assert hooks.key_partitions(store) == {b"k": 3}
+    assert hooks.key_partitions({}) is None  # a plain mapping keeps none
