@@ -162,7 +162,7 @@ def cli_command_error(argv: list[str]) -> str | None:
 
 def known_variables() -> frozenset[str]:
     """Every variable a zapstream settings class reads (any prefix), plus ZAPSTREAM_SECRETS_DIR."""
-    from connectors.ops.config_errors import NOT_SETTINGS, env_names, settings_classes
+    from connectors.startup import NOT_SETTINGS, env_names, settings_classes
 
     names = set(NOT_SETTINGS)
     for cls in settings_classes():

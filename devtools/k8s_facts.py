@@ -43,12 +43,12 @@ def commands() -> list[list[str]]:
 
 def env_names() -> list[str]:
     """Every environment variable some settings class reads, and ZAPSTREAM_SECRETS_DIR."""
-    from connectors.ops import config_errors
+    from connectors import startup
 
-    names = set(config_errors.NOT_SETTINGS)
-    for cls in config_errors.settings_classes():
+    names = set(startup.NOT_SETTINGS)
+    for cls in startup.settings_classes():
         for field_name in cls.model_fields:
-            names.update(config_errors.env_names(cls, field_name))
+            names.update(startup.env_names(cls, field_name))
     return sorted(names)
 
 

@@ -38,9 +38,9 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import psycopg
 
-from connectors.ops.config_errors import error_detail, mask_secrets
 from connectors.ops.pipeline_sql import PendingGroup, job_counts, pending_groups
 from connectors.outbox.controls import Control
+from connectors.startup import error_detail, mask_secrets
 
 if TYPE_CHECKING:
     # Imported when used: `zapstream` itself must load on the base install (no

@@ -190,5 +190,5 @@ def test_the_sink_without_the_schema_exits_2_naming_db_migrate(stack: _Stack) ->
         lines = [line for line in log.splitlines() if expected in line]
         print(f"{name}: exit {code}: {lines}")
         assert code == 2, log
-        assert len(lines) == 1 and lines[0].startswith("zapstream: state sink: "), log
+        assert len(lines) == 1 and lines[0].startswith("zapstream: state sink cannot start: "), log
         assert "Traceback" not in log

@@ -24,7 +24,7 @@ import psycopg
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from connectors.ops.topics import ensure_topics, partition_counts
+from connectors.ops.topics import ensure_topics
 from connectors.outbox.migrate import shipped_migrations
 from devtools import shared_broker
 from devtools.devstack import ManagedProcess, PostgresCluster, TansuBroker, find_free_port
@@ -32,6 +32,7 @@ from devtools.kafka_broker import KafkaBroker
 from devtools.local_pipeline import default_broker
 from streams.kernel.contract import TopicNames
 from streams.kernel.settings import KafkaSettings
+from streams.kernel.topics_check import partition_counts
 from tests.integration.support import wait_until, zapstream
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

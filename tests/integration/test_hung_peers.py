@@ -10,9 +10,9 @@ sits on each edge in turn, for 30 s mid-stream, on real processes:
   (relay, sink, worker) is behind it, as it would be behind one broken NAT;
 - (d) the worker and the gateway simulator.
 
-Each hang must be detected within the bound the README states for that edge (with
+Each hang must be detected within the bound docs/concepts/failures.md states for that edge (with
 the short settings below; the gateway's read deadline counted from the first request
-written into the blackhole, as the README states it), by the process's own log line,
+written into the blackhole, as that page states it), by the process's own log line,
 written once per edge;
 afterwards every message reaches the gateway exactly once, in order per
 conversation. The first tests check the two client-side mechanisms alone (the
@@ -55,8 +55,9 @@ BLACKHOLE_S = 30.0
 MESSAGES = 7_500
 """Enqueued at ~50 rows/s: enough for the stream to outlast the four blackholes."""
 
-# The short bounds this test runs with, and the detection bound each implies (the README's
-# table with these values): the deadline plus scheduling slack.
+# The short bounds this test runs with, and the detection bound each implies (the table of
+# docs/concepts/failures.md, "Hung connections", with these values): the deadline plus
+# scheduling slack.
 REPLICATION_TIMEOUT_S = 6.0
 QUERY_TIMEOUT_S = 4.0
 KAFKA_REQUEST_TIMEOUT_S = 8.0

@@ -24,13 +24,13 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError
 
-from connectors.ops.topics import partition_counts
 from devtools.bench_support import cpu_seconds, proc_status_mib
 from devtools.delivery_audit import audit
 from devtools.kafka_broker import KafkaBroker, KafkaCluster, kafka_metadata, kafka_version
 from devtools.local_pipeline import LocalPipeline
 from streams.kernel.contract import INTENTS, topic_specs
 from streams.kernel.settings import BrokerFlavor, KafkaSettings
+from streams.kernel.topics_check import partition_counts
 from tests.integration.support import (
     Arrivals,
     enqueue_conversations,

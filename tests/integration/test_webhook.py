@@ -102,8 +102,8 @@ def webhook_settings(dsn: str, broker: Broker, *, secret: str = SECRET) -> Webho
 @pytest.fixture
 async def intake(outbox_db: str, broker: Broker) -> AsyncIterator[WebhookIntake]:
     service = WebhookIntake(webhook_settings(outbox_db, broker))
-    port = await service.start()
-    assert port > 0
+    await service.start()
+    assert service.port > 0
     try:
         yield service
     finally:
@@ -356,6 +356,9 @@ async def test_an_empty_configured_secret_rejects_everything(
             assert (await http.get("/healthz")).status_code == 200
             ready = await http.get("/readyz")
             assert ready.status_code == 200 and ready.text == "ready\n"
+            # The runtime's /metrics, mounted on the intake's own server.
+            scraped = await http.get("/metrics")
+            assert scraped.status_code == 200 and "python_info" in scraped.text
         assert intake.stats["unauthorized"] == 2
         assert intake.stats["accepted"] == 0
 

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[3]
 TOOLS_BIN = ROOT / ".venv-deploy-tools" / "bin"
 
 SETTINGS_PREFIXES = ("ZAPSTREAM_", "STACKZAP_", "ZAP_", "META_")
-"""Every variable a zapstream settings class may read (README "Settings")."""
+"""Every variable a zapstream settings class may read (docs/reference/settings.md)."""
 
 
 def settings_of(argv: list[str]) -> Any:

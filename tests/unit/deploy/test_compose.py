@@ -364,7 +364,7 @@ def test_each_service_starts_from_its_environment_and_secret_files(
 ) -> None:
     """The variables compose sets and the files it mounts in /run/secrets (here a temp dir
     holding .env.example's values) give valid settings, and no variable is refused."""
-    from connectors.ops.config_errors import unknown_env_lines
+    from connectors.startup import unknown_env_lines
 
     svc = compose["services"][service]
     demo = _dotenv(ENV_EXAMPLE)

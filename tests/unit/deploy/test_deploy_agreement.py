@@ -199,7 +199,7 @@ def test_every_deployable_builds_its_settings_from_what_its_container_gets(
 ) -> None:
     """The settings classes accept the environment plus the secret files (no unknown
     variable, no invalid value), and every required field (none today) is given."""
-    from connectors.ops.config_errors import env_names, settings_classes, unknown_env_lines
+    from connectors.startup import env_names, settings_classes, unknown_env_lines
 
     required = {
         env_names(cls, field)[0]

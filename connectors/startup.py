@@ -1,14 +1,17 @@
 """Configuration and start-up failures as one line that names the variable or the command.
 
 The composition root (:func:`connectors.cli.main`) turns what escapes a command
-into one line on stderr and exit code 2 instead of a traceback:
+into one line on stderr and exit code 2 instead of a traceback (a deployable's
+service refusing to start, :class:`~streams.kernel.failures.StartRefused`, is said by
+:func:`streams.kernel.runtime.run.run_until_signalled` the same way):
 
 - a pydantic ``ValidationError`` from a settings class: each error names the
   environment variable, not the Python field (``ZAPSTREAM_KAFKA_PARTITIONS: must
   be >= 1 (got '0')``);
 - a ``ZAPSTREAM_*`` variable no settings class reads (a typo would otherwise be
   silently ignored): named, with the closest known name;
-- a :class:`StartupRefused` (topics that do not match, ...);
+- any permanent :class:`~streams.kernel.errors.Failure` (a
+  :class:`~streams.kernel.failures.StartRefused`: topics that do not match, ...);
 - a connection error nobody handled: names ``ZAPSTREAM_DATABASE_URL`` or
   ``ZAPSTREAM_KAFKA_BROKERS``, never the DSN's password.
 
@@ -24,6 +27,9 @@ import importlib
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from streams.kernel.errors import Failure
+from streams.kernel.failures import StartRefused
 
 ENV_PREFIX = "ZAPSTREAM_"
 
@@ -42,12 +48,6 @@ NOT_SETTINGS = frozenset({"ZAPSTREAM_SECRETS_DIR"})
 """``ZAPSTREAM_*`` variables read outside the settings classes (allow-list)."""
 
 _SENSITIVE = ("KEY", "TOKEN", "SECRET", "PASSWORD", "DATABASE_URL")
-
-
-class StartupRefused(RuntimeError):
-    """A deployable cannot start as configured; the message is one line naming the fix."""
-
-    retriable = False
 
 
 def settings_classes() -> list[type[Any]]:
@@ -262,3 +262,35 @@ def describe_connection_failure(exc: BaseException) -> str | None:
     if isinstance(exc, KafkaConnectionError):
         return f"cannot reach Kafka (ZAPSTREAM_KAFKA_BROKERS): {error_detail(exc)}"
     return None
+
+
+# --- what escapes a command ----------------------------------------------------------------
+
+
+def refuse_unknown_variables(environ: Mapping[str, str]) -> None:
+    """A misspelt ``ZAPSTREAM_*`` variable would be silently ignored: refuse to run instead."""
+    try:
+        import pydantic_settings  # noqa: F401
+    except ModuleNotFoundError:
+        return  # base install: no settings classes, nothing reads ZAPSTREAM_* but the DSN
+    lines = unknown_env_lines(environ)
+    if lines:
+        raise StartRefused("; ".join(lines))
+
+
+def startup_failure_lines(exc: Exception, environ: Mapping[str, str]) -> list[str]:
+    """``exc`` as the lines to print (each after ``zapstream: ``), or [] for a bug."""
+    if isinstance(exc, Failure):
+        return [] if exc.retriable else [str(exc)]
+    try:
+        from pydantic import ValidationError
+        from pydantic_settings import SettingsError
+    except ModuleNotFoundError:
+        pass
+    else:
+        if isinstance(exc, ValidationError):
+            return render_validation_error(exc)
+        if isinstance(exc, SettingsError):
+            return [render_settings_error(exc, environ)]
+    line = describe_connection_failure(exc)
+    return [line] if line is not None else []
