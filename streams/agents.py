@@ -33,6 +33,7 @@ from typing import Any
 from faust.types import TP
 
 from streams import metrics
+from streams.faust_adapter.hooks import crash
 from streams.job_processor import Done, JobProcessor, Outcome, Park
 from streams.kernel.contract import (
     Command,
@@ -48,6 +49,7 @@ from streams.kernel.contract import (
 from streams.lanes import ConversationLanes
 from streams.parking import BULK_SUFFIX, ParkingLot, parking_key
 from streams.topics import Topics
+from streams.worker_service import WorkerTally
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +89,7 @@ class Dispatcher:
         priority: str = Priority.OPERATIONAL,
         active_jobs: set[int] | None = None,
         queued_jobs: set[int] | None = None,
+        tally: WorkerTally | None = None,
     ) -> None:
         self.app = app
         self.topics = topics
@@ -102,17 +105,18 @@ class Dispatcher:
         """Jobs being sent, shared by the dispatchers of every priority."""
         self.queued_jobs: set[int] = queued_jobs if queued_jobs is not None else set()
         """Jobs whose intent waits in a lane (read, not yet run), shared likewise."""
+        self.tally = tally or WorkerTally()
+        """What was handled, for the worker's closing line (shared by both dispatchers)."""
         self._retries_queued: set[bytes] = set()
         self.lanes: ConversationLanes[_EventItem | _RetryDue] = ConversationLanes(
             self._handle, max_in_flight=max_in_flight, on_error=self._crash
         )
-        processor.pauses.waiting = parking.waiting
         # Read when scraped: no bookkeeping per event, and 0 when idle.
         metrics.IN_FLIGHT.labels(priority).set_function(lambda: self.lanes.in_flight)
         metrics.PARKED.set_function(lambda: len(self.parking))
 
     def _crash(self, exc: BaseException) -> None:
-        self.app._crash(exc)
+        crash(self.app, exc)
 
     # --- the agent --------------------------------------------------------------------
 
@@ -135,6 +139,7 @@ class Dispatcher:
                 and self._not_forgotten(record.job_id)
             ):
                 # Overtakes the job's intent if it is still queued in the lane.
+                self.tally.commands += 1
                 await self.processor.on_cancel(record, item.partition)
                 event.ack()
                 continue
@@ -220,10 +225,13 @@ class Dispatcher:
             self.queued_jobs.discard(record.job_id)
             await self._intent(record, partition)
         elif isinstance(record, ReceiptReceived):
+            self.tally.receipts += 1
             await self.processor.on_receipt(record, partition)
         elif record.command == Command.CANCEL:
+            self.tally.commands += 1
             await self.processor.on_cancel(record, partition)
         elif record.command == Command.REPROCESS and record.intent is not None:
+            self.tally.commands += 1
             intent = IntentCaptured.from_dict(record.intent)
             outcome = await self._run(intent, partition, reprocess=record)
             if isinstance(outcome, Park):
@@ -242,6 +250,7 @@ class Dispatcher:
                 # Behind the parked head, in order, durably; the event can be acknowledged.
                 await self.parking.append(key, intent)
                 metrics.INTENTS.labels("parked").inc()
+                self.tally.intents["parked"] += 1
             return
         outcome = await self._run(intent, partition)
         if isinstance(outcome, Park):
@@ -296,7 +305,9 @@ class Dispatcher:
         finally:
             self.active_jobs.discard(intent.job_id)
         if isinstance(outcome, Done):
-            metrics.INTENTS.labels(outcome.state.status if outcome.state else "duplicate").inc()
+            decision = outcome.state.status if outcome.state else "duplicate"
+            metrics.INTENTS.labels(decision).inc()
+            self.tally.intents[decision] += 1
             if outcome.state is not None and outcome.state.sent_at and intent.committed_at:
                 sent = dt.datetime.fromisoformat(outcome.state.sent_at)
                 committed = dt.datetime.fromisoformat(intent.committed_at)
@@ -323,4 +334,5 @@ class Dispatcher:
         )
         await self.processor.publisher.job_dead(dead)
         metrics.POISON.labels(message.topic).inc()
+        self.tally.poison += 1
         event.ack()

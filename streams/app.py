@@ -12,8 +12,8 @@ from typing import Any, Protocol
 
 import faust
 
+from streams.faust_adapter.app import AdaptedApp
 from streams.kernel.settings import KafkaSettings
-from streams.transport import AgentQueue, KafkaTransport
 from streams.worker_settings import WorkerSettings
 
 
@@ -25,40 +25,19 @@ class Resource(Protocol):
     async def stop(self) -> None: ...
 
 
-class WorkerApp(faust.App):
+class WorkerApp(AdaptedApp):
     """A Faust app that starts its resources before its agents and stops them after."""
 
     def __init__(
         self,
         *args: Any,
         resources: Sequence[Resource] = (),
-        fetch_max_wait_ms: int | None = None,
-        isolation_level: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
-        self.fetch_max_wait_ms = fetch_max_wait_ms
-        """The worker consumer's fetch wait (see :mod:`streams.transport`); None: Faust's."""
-        self.isolation_level = isolation_level
-        """The worker consumer's isolation level (see :mod:`streams.transport`); None: Faust's
-        (``read_uncommitted`` unless its own exactly-once processing is on)."""
         self.resources = list(resources)
         self.after_streams_stopped: list[Any] = []
         """Hooks run once Faust stopped the flow and waited for every event to be acked."""
-
-    def _new_transport(self) -> Any:
-        # Faust's own aiokafka transport, but its consumer honours fetch_max_wait_ms.
-        return KafkaTransport(self.conf.broker_consumer, self)
-
-    def FlowControlQueue(  # noqa: N802 (Faust's name)
-        self, maxsize: int | None = None, *, clear_on_resume: bool = False
-    ) -> AgentQueue:
-        """Agents' queues: fetching pauses at ``maxsize``'s mark; a put never waits."""
-        return AgentQueue(
-            pause_at=maxsize or STREAM_BUFFER_MAXSIZE,
-            flow_control=self.flow_control,
-            clear_on_resume=clear_on_resume,
-        )
 
     async def on_start(self) -> None:
         for resource in self.resources:
@@ -144,8 +123,8 @@ def build_app(settings: WorkerSettings, resources: Sequence[Resource] = ()) -> W
         # Faust's conductor hands each fetched record to its agent's queue and, when that
         # queue is full, waits for room with every other topic's records behind it: a bulk
         # backlog whose agent waits for tokens would hold operational intents back. Here a
-        # queue is never full (streams/transport.py: AgentQueue); the worker stops fetching
-        # a topic, every partition of it, once its queue passes 80% of this size.
+        # queue is never full (streams/faust_adapter/transport.py: AgentQueue); the worker
+        # stops fetching a topic, every partition of it, once its queue passes 80% of this.
         stream_buffer_maxsize=STREAM_BUFFER_MAXSIZE,
         producer_acks=-1,
         table_standby_replicas=0,

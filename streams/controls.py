@@ -28,6 +28,7 @@ from prometheus_client import Gauge
 
 from streams.kafka_reader import group_less_consumer
 from streams.kernel.runtime.periodic import Periodic
+from streams.kernel.runtime.service import Service
 from streams.kernel.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -66,11 +67,16 @@ class Hold:
 class Controls:
     """The latest pause or resume of every instance and campaign."""
 
-    def __init__(self, *, release_window_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        *,
+        release_window_s: float = 60.0,
+        on_resume: Callable[[str, str], None] | None = None,
+    ) -> None:
         self.release_window_s = release_window_s
         self._held: dict[tuple[str, str], Hold] = {}
         self._resumed_at: float | None = None
-        self.on_resume: Callable[[str, str], None] = lambda kind, target: None
+        self.on_resume: Callable[[str, str], None] = on_resume or (lambda kind, target: None)
         """Called when an instance or campaign is resumed (the pacer's slow start)."""
 
     def apply(self, control: Control, now: float) -> None:
@@ -125,13 +131,16 @@ class _Decode(Protocol):
     def __call__(self, raw: bytes) -> Any: ...
 
 
-class ControlsReader:
+class ControlsReader(Service):
     """Reads ``zapstream.controls`` from its start, outside any consumer group, forever.
 
-    The reading loop is an :class:`~streams.kernel.runtime.periodic.Periodic`: while Kafka is away
-    the controls we know stay in force (one log line per outage), and no error of a
+    The reading loop is a :class:`~streams.kernel.runtime.periodic.Periodic` (a child,
+    started once the consumer is positioned, stopped before it closes): while Kafka is
+    away the controls we know stay in force (one log line per outage), and no error of a
     read ever reaches the worker.
     """
+
+    name = "controls reader"
 
     def __init__(
         self,
@@ -143,6 +152,7 @@ class ControlsReader:
         clock: Callable[[], float],
         client_id: str = "zapstream-worker-controls",
     ) -> None:
+        super().__init__()
         self.controls = controls
         self.kafka = kafka
         self.topic = topic
@@ -151,12 +161,14 @@ class ControlsReader:
         self.client_id = client_id
         self._consumer: Any = None
         self._tp: Any = None
-        self._every = Periodic(
-            "controls reader", 0.0, self._read_once, retry_s=1.0, max_retry_s=5.0, logger=log
+        self.add_child(
+            Periodic(
+                "controls reader", 0.0, self._read_once, retry_s=1.0, max_retry_s=5.0, logger=log
+            )
         )
         self.caught_up = asyncio.Event()
 
-    async def start(self) -> None:
+    async def on_start(self) -> None:
         from aiokafka import TopicPartition
 
         consumer = group_less_consumer(self.kafka, self.client_id, auto_offset_reset="earliest")
@@ -165,7 +177,6 @@ class ControlsReader:
         consumer.assign([tp])
         await consumer.seek_to_beginning(tp)
         self._consumer, self._tp = consumer, tp
-        await self._every.start()
 
     async def _read_once(self) -> None:
         consumer, tp = self._consumer, self._tp
@@ -184,8 +195,7 @@ class ControlsReader:
         if highwater is not None and await consumer.position(tp) >= highwater:
             self.caught_up.set()
 
-    async def stop(self) -> None:
-        await self._every.stop()
+    async def on_stop(self) -> None:
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
             await consumer.stop()

@@ -36,6 +36,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.partitioner import murmur2
 from prometheus_client import Counter, Gauge
 
+from streams.faust_adapter.hooks import key_partitions
 from streams.kernel.contract import JobStatus, conversation_partition_key
 from streams.kernel.state_machine import SETTLED
 
@@ -148,7 +149,7 @@ class DedupHorizon:
         return len(due)
 
     def _partition_of(self, key: bytes, where: tuple[str, str, dt.datetime]) -> int:
-        recovered: dict[bytes, int] | None = getattr(self.store, "_key_partition", None)
+        recovered = key_partitions(self.store)
         if recovered is not None and key in recovered:
             return recovered[key]
         return default_partition(conversation_partition_key(where[0], where[1]), self.partitions)
@@ -161,7 +162,7 @@ class DedupHorizon:
         return until is not None and changed < until
 
     async def _forget(self, due: list[tuple[bytes, int]]) -> None:
-        recovered: dict[bytes, int] | None = getattr(self.store, "_key_partition", None)
+        recovered = key_partitions(self.store)
         for key, _ in due:
             self.store.pop(key, None)
             if recovered is not None:

@@ -41,6 +41,7 @@ from streams.kernel.errors import (
     ListingUnreadable,
 )
 from streams.kernel.ports import Gateway
+from streams.kernel.runtime.service import Service
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +53,10 @@ CONCURRENCY = 8
 Outcome = str | GatewayError | TimeoutError
 
 
-class GatewayStartCheck:
+class GatewayStartCheck(Service):
     """A worker resource started right after the gateway client: probes, logs, pauses."""
+
+    name = "gateway start check"
 
     def __init__(
         self,
@@ -64,6 +67,7 @@ class GatewayStartCheck:
         timeout_s: float = 25.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        super().__init__()
         self.gateway = gateway
         self.pauses = pauses
         self.instances = list(dict.fromkeys(instances))
@@ -79,9 +83,7 @@ class GatewayStartCheck:
         self._gate = asyncio.Semaphore(1)
         """First-sight probes: one at a time (never a burst at the gateway)."""
 
-    async def start(self) -> None:
-        if self._done:
-            return
+    async def on_start(self) -> None:
         self._done = True
         placeholder = not self.instances
         instances = self.instances or [PLACEHOLDER_INSTANCE]
@@ -114,7 +116,7 @@ class GatewayStartCheck:
             except (GatewayError, TimeoutError) as exc:
                 return exc
 
-    async def stop(self) -> None:
+    async def on_stop(self) -> None:
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:

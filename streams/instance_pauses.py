@@ -84,6 +84,7 @@ class InstancePauses:
         reminder_interval_s: float = 300.0,
         release_window_s: float | None = None,
         probe_max_s: float = 300.0,
+        waiting: Callable[[str], int] | None = None,
     ) -> None:
         self.probe_interval_s = probe_interval_s
         self.probe_max_s = max(probe_max_s, probe_interval_s)
@@ -92,8 +93,8 @@ class InstancePauses:
         self.release_window_s = (
             release_window_s if release_window_s is not None else 2 * probe_interval_s
         )
-        self.waiting: Callable[[str], int] = lambda instance: 0
-        """Jobs parked for an instance (set by the dispatcher, which owns the parking lot)."""
+        self.waiting: Callable[[str], int] = waiting or (lambda instance: 0)
+        """Jobs parked for an instance, for the log lines (the parking lot's count)."""
         self._paused: dict[str, _Pause] = {}
         self._resumed: dict[str, float] = {}
         self._faults: dict[str, _Fault] = {}

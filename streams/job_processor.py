@@ -41,7 +41,7 @@ import datetime as dt
 import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from streams.controls import HOLD_S, Controls
 from streams.failure_log import FailureLog
@@ -66,9 +66,8 @@ from streams.kernel.errors import (
     UncertainGatewayError,
 )
 from streams.kernel.job_history import LateRedeliveries, LateVerdict
-from streams.kernel.ports import CancelOutcome, Gateway, ListedJob, TextMessage
+from streams.kernel.ports import CancelOutcome, Gateway, ListedJob, SendAccepted, TextMessage
 from streams.kernel.state_machine import (
-    RECEIPT_RANK,
     REPROCESSABLE,
     SENT,
     SETTLED,
@@ -83,11 +82,12 @@ from streams.metrics import (
     RECONCILE_GAVE_UP,
 )
 from streams.pacing import OPERATIONAL, Pacer
-from streams.receipts import ignored_because, remember_event
+from streams.receipts import ignored_because, moves_forward, remember_event
 from streams.reconcile import InstanceListings, ListingDeferred, Verdict, reconcile
 
 log = logging.getLogger(__name__)
 S = JobStatus
+_T = TypeVar("_T")
 
 
 class JobStore(Protocol):
@@ -99,7 +99,8 @@ class JobStore(Protocol):
 
 
 class Publisher(Protocol):
-    """Where attempt outcomes and dead jobs go (``zapstream.results``, ``zapstream.dead``)."""
+    """Where attempt outcomes and dead jobs go (``zapstream.dead``; attempts to
+    ``zapstream.results`` only when the worker publishes them)."""
 
     async def attempt_finished(self, record: AttemptFinished, key: bytes) -> Awaitable[object]:
         """Queue the record; the returned awaitable completes once Kafka acknowledged it."""
@@ -141,6 +142,20 @@ class Park:
 
 
 Outcome = Done | Park
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Attempt:
+    """An attempt under way: the job journaled ATTEMPTING, the gateway being called."""
+
+    intent: IntentCaptured
+    ref: JobRef
+    state: StatusChanged
+    """The journal: the job's ATTEMPTING state, its ``attempts`` counting this one."""
+    partition: int
+    seq: int
+    started: dt.datetime
+    probe: bool
 
 
 def job_ref(intent: IntentCaptured) -> JobRef:
@@ -280,60 +295,16 @@ class JobProcessor:
         ref = job_ref(intent)
         if self.first_sight is not None:
             self.first_sight(intent.instance_id)
-        current = self.store.get(intent.job_id)
         if reprocess is not None:
-            current = await self.recall(ref)
-            if current is None or S(current.status) not in REPROCESSABLE:
-                status = current.status if current else "unknown to this worker"
-                return Done(
-                    await self._note(
-                        ref,
-                        current,
-                        partition,
-                        f"reprocess refused: job is {status}",
-                        actor=reprocess.actor,
-                        outcome=CommandOutcome.REPROCESS_REFUSED,
-                        command_id=reprocess.command_id,
-                    )
-                )
-            # A new round: the budget of attempts starts again, the ids go on.
-            current = await self._put(
-                transition(
-                    ref,
-                    current,
-                    S(current.status),
-                    attempts=0,
-                    errors=[],
-                    actor=reprocess.actor,
-                    reason=f"reprocess requested: {reprocess.reason}",
-                    outcome=CommandOutcome.REPROCESSED,
-                    command_id=reprocess.command_id,
-                ),
-                partition,
-            )
-        elif current is not None and S(current.status) in SETTLED:
-            return Done(None)
-        elif current is None and self.late is not None:
-            # Unknown job: new, or a late redelivery of one the dedup horizon forgot.
-            verdict = await self.late.check(intent, self.now())
-            if verdict is LateVerdict.DUPLICATE:
-                return Done(None)
-            if verdict is LateVerdict.LATER:
-                return Park(self.late.retry_at(self._ts()), None)
-
-        if reprocess is None and not probe:
-            hold = self.controls.held(intent.instance_id, intent.purpose)
-            if hold is not None:
-                # An operator paused the instance or the campaign: the job waits unchanged
-                # until a resume releases its conversation.
-                return Park(self._ts() + HOLD_S, current)
-
-        if not probe and reprocess is None and self.pauses.paused(intent.instance_id):
-            # Nothing goes to a refused instance; the job waits for the probe, unchanged.
-            # (An operator's reprocess is sent: it acts as a probe, and holding a DEAD
-            # job would drop the command, as a settled job is never resumed.)
-            return Park(self.pauses.next_probe_at(intent.instance_id, self._ts()), current)
-
+            reopened = await self._reopen(ref, partition, reprocess)
+            if isinstance(reopened, Done):
+                return reopened
+            current: StatusChanged | None = reopened
+        else:
+            current = self.store.get(intent.job_id)
+            waits = await self._screen(intent, current, probe=probe)
+            if waits is not None:
+                return waits
         if current is not None and S(current.status) is S.ATTEMPTING:
             decided = await self._reconcile(
                 intent, ref, current, partition, "redelivered", probe=probe
@@ -341,181 +312,285 @@ class JobProcessor:
             if decided is not None:
                 return decided
             current = self.store.get(intent.job_id)
+        return await self._send(intent, ref, current, partition, probe=probe)
 
-        while True:
-            if not probe:
-                wait = await self.pacer.acquire(
-                    intent.instance_id,
-                    intent.conversation_key,
-                    intent.priority,
-                    max_wait_s=self.pacing_wait_s.get(
-                        intent.priority, self.pacing_wait_s[OPERATIONAL]
-                    ),
-                )
-                if wait > 0:
-                    # Paced: the job waits unchanged, its conversation parked until due.
-                    return Park(self._ts() + wait, current)
-            if intent.expires_at is not None:
-                if dt.datetime.fromisoformat(intent.expires_at) <= self.now():
-                    ack = await self._attempt(intent, 0, AttemptOutcome.EXPIRED, error="expired")
-                    expired = await self._put(
-                        transition(
-                            ref, current, S.EXPIRED, reason=f"expired at {intent.expires_at}"
-                        ),
-                        partition,
-                    )
-                    await ack
-                    return Done(expired)
-            attempts = (current.attempts if current else 0) + 1
-            seq = (current.attempt_seq if current else 0) + 1
-            attempt_id = f"{intent.job_id}-{seq}"
-            current = await self._put(
-                transition(
+    async def _reopen(
+        self, ref: JobRef, partition: int, reprocess: CommandRequested
+    ) -> StatusChanged | Done:
+        """An operator's reprocess: a new round of attempts for a reprocessable job, or
+        Done with the refusal noted."""
+        current = await self.recall(ref)
+        if current is None or S(current.status) not in REPROCESSABLE:
+            status = current.status if current else "unknown to this worker"
+            return Done(
+                await self._note(
                     ref,
                     current,
-                    S.ATTEMPTING,
-                    attempts=attempts,
-                    attempt_seq=seq,
-                    attempt_id=attempt_id,
-                ),
-                partition,
-            )
-            if not probe:
-                await self.pacer.before_send(intent.instance_id)
-            started = self.now()
-            message = TextMessage(intent.instance_id, intent.to, intent.text, attempt_id)
-            try:
-                accepted = await self.gateway.send_text(message)
-            except InstanceUnavailableError as exc:
-                # Refused before anything was sent: the attempt is given back.
-                self.failures.record(intent.instance_id, exc, self._ts())
-                await (
-                    await self._attempt(
-                        intent, seq, AttemptOutcome.TRANSIENT, started, error=str(exc)
-                    )
-                )
-                return await self._hold_for_instance(
-                    intent, ref, current, partition, exc, probe=probe, attempts=attempts - 1
-                )
-            except RateLimitedError as exc:
-                # Nothing was sent: the attempt is given back, and the message waits for
-                # what the limit asks (Retry-After, or the pacer's backoff), not the schedule.
-                delay = self.pacer.on_rate_limited(
-                    intent.instance_id,
-                    intent.conversation_key,
-                    exc.limit,
-                    exc.retry_after_s,
-                    self.pacer.clock(),
-                )
-                ack = await self._attempt(
-                    intent, seq, AttemptOutcome.TRANSIENT, started, error=str(exc)
-                )
-                due = self.now() + dt.timedelta(seconds=delay)
-                waiting = await self._put(
-                    transition(
-                        ref,
-                        current,
-                        S.RETRY_WAIT,
-                        reason=f"rate limited ({exc.limit}): {exc}",
-                        attempts=attempts - 1,
-                        next_retry_at=due.isoformat(),
-                    ),
                     partition,
+                    f"reprocess refused: job is {status}",
+                    actor=reprocess.actor,
+                    outcome=CommandOutcome.REPROCESS_REFUSED,
+                    command_id=reprocess.command_id,
                 )
-                await ack
-                return Park(due=due.timestamp(), state=waiting)
-            except PermanentGatewayError as exc:
-                self.failures.record(intent.instance_id, exc, self._ts())
-                systemic = self.streaks.observe(intent.instance_id, intent.to, exc)
-                if systemic is not None:
-                    # Not this message's fault: the instance pauses and the job waits like
-                    # one refused for the instance, its attempt given back.
-                    await (
-                        await self._attempt(
-                            intent, seq, AttemptOutcome.TRANSIENT, started, error=str(systemic)
-                        )
-                    )
-                    return await self._hold_for_instance(
+            )
+        # A new round: the budget of attempts starts again, the ids go on.
+        return await self._put(
+            transition(
+                ref,
+                current,
+                S(current.status),
+                attempts=0,
+                errors=[],
+                actor=reprocess.actor,
+                reason=f"reprocess requested: {reprocess.reason}",
+                outcome=CommandOutcome.REPROCESSED,
+                command_id=reprocess.command_id,
+            ),
+            partition,
+        )
+
+    async def _screen(
+        self, intent: IntentCaptured, current: StatusChanged | None, *, probe: bool
+    ) -> Outcome | None:
+        """What stops an intent before anything is sent: a redelivery of a settled job (or
+        of one the dedup horizon forgot), an operator's hold, a paused instance. None: go on.
+
+        (An operator's reprocess never comes here: it acts as a probe, and holding a DEAD
+        job would drop the command, as a settled job is never resumed.)
+        """
+        if current is not None and S(current.status) in SETTLED:
+            return Done(None)
+        if current is None and self.late is not None:
+            # Unknown job: new, or a late redelivery of one the dedup horizon forgot.
+            verdict = await self.late.check(intent, self.now())
+            if verdict is LateVerdict.DUPLICATE:
+                return Done(None)
+            if verdict is LateVerdict.LATER:
+                return Park(self.late.retry_at(self._ts()), None)
+        if probe:
+            return None
+        if self.controls.held(intent.instance_id, intent.purpose) is not None:
+            # An operator paused the instance or the campaign: the job waits unchanged
+            # until a resume releases its conversation.
+            return Park(self._ts() + HOLD_S, current)
+        if self.pauses.paused(intent.instance_id):
+            # Nothing goes to a refused instance; the job waits for the probe, unchanged.
+            return Park(self.pauses.next_probe_at(intent.instance_id, self._ts()), current)
+        return None
+
+    async def _send(
+        self,
+        intent: IntentCaptured,
+        ref: JobRef,
+        current: StatusChanged | None,
+        partition: int,
+        *,
+        probe: bool,
+    ) -> Outcome:
+        """One attempt: pace, expire, journal ATTEMPTING, call the gateway, record the outcome."""
+        if not probe:
+            wait = await self.pacer.acquire(
+                intent.instance_id,
+                intent.conversation_key,
+                intent.priority,
+                max_wait_s=self.pacing_wait_s.get(intent.priority, self.pacing_wait_s[OPERATIONAL]),
+            )
+            if wait > 0:
+                # Paced: the job waits unchanged, its conversation parked until due.
+                return Park(self._ts() + wait, current)
+        if intent.expires_at is not None:
+            if dt.datetime.fromisoformat(intent.expires_at) <= self.now():
+                expired = transition(
+                    ref, current, S.EXPIRED, reason=f"expired at {intent.expires_at}"
+                )
+                return Done(
+                    await self._finish(
                         intent,
-                        ref,
-                        current,
-                        partition,
-                        systemic,
-                        probe=probe,
-                        attempts=attempts - 1,
-                    )
-                self._gateway_answered(intent.instance_id)
-                ack = await self._attempt(
-                    intent, seq, AttemptOutcome.PERMANENT, started, error=str(exc)
-                )
-                failed = await self._put(
-                    transition(ref, current, S.FAILED, reason=str(exc)), partition
-                )
-                await ack
-                return Done(failed)
-            except UncertainGatewayError as exc:
-                self.failures.record(intent.instance_id, exc, self._ts())
-                await (
-                    await self._attempt(
-                        intent, seq, AttemptOutcome.UNCERTAIN, started, error=str(exc)
+                        0,
+                        AttemptOutcome.EXPIRED,
+                        lambda: self._put(expired, partition),
+                        error="expired",
                     )
                 )
-                decided = await self._reconcile(
-                    intent, ref, current, partition, str(exc), probe=probe
-                )
-                if decided is not None:
-                    return decided
-                # Not accepted: a resend spends the retry budget like any failed attempt,
-                # on the backoff schedule (never an immediate loop).
-                current = self.store.get(intent.job_id)
-                assert current is not None
-                return await self._retry_or_die(
-                    intent, ref, current, partition, f"{exc}; not accepted, resending", None
-                )
-            except TransientGatewayError as exc:
-                self.failures.record(intent.instance_id, exc, self._ts())
-                self._trip_if_failing(intent.instance_id, exc)
-                ack = await self._attempt(
-                    intent, seq, AttemptOutcome.TRANSIENT, started, error=str(exc)
-                )
-                outcome = await self._retry_or_die(
-                    intent, ref, current, partition, str(exc), exc.retry_after_s
-                )
-                await ack
-                return outcome
-            except GatewayError as exc:  # an unclassified subclass is a gateway client bug
-                raise TypeError(f"unclassified gateway error {type(exc).__name__}") from exc
-            self._gateway_answered(intent.instance_id)
-            self.failures.record_success(intent.instance_id, self._ts())
-            self._failing.pop(intent.instance_id, None)
-            self.streaks.reset(intent.instance_id)
-            self.pacer.on_sent(intent.instance_id, intent.conversation_key, self.pacer.clock())
-            review = accepted.status is S.REVIEW
-            # The attempt's outcome and the job's new state go out together (one produce
-            # request) and are awaited together.
-            ack = await self._attempt(
+        attempts = (current.attempts if current else 0) + 1
+        seq = (current.attempt_seq if current else 0) + 1
+        attempt_id = f"{intent.job_id}-{seq}"
+        journal = await self._put(
+            transition(
+                ref,
+                current,
+                S.ATTEMPTING,
+                attempts=attempts,
+                attempt_seq=seq,
+                attempt_id=attempt_id,
+            ),
+            partition,
+        )
+        if not probe:
+            await self.pacer.before_send(intent.instance_id)
+        attempt = _Attempt(intent, ref, journal, partition, seq, self.now(), probe)
+        message = TextMessage(intent.instance_id, intent.to, intent.text, attempt_id)
+        try:
+            accepted = await self.gateway.send_text(message)
+        except GatewayError as exc:
+            return await self._on_send_failed(attempt, exc)
+        return await self._on_accepted(attempt, accepted)
+
+    async def _on_accepted(self, a: _Attempt, accepted: SendAccepted) -> Outcome:
+        intent = a.intent
+        self._gateway_answered(intent.instance_id)
+        self.failures.record_success(intent.instance_id, self._ts())
+        self._failing.pop(intent.instance_id, None)
+        self.streaks.reset(intent.instance_id)
+        self.pacer.on_sent(intent.instance_id, intent.conversation_key, self.pacer.clock())
+        review = accepted.status is S.REVIEW
+        reason = f"gateway label {accepted.gateway_status!r} is not configured" if review else None
+        settled = transition(
+            a.ref, a.state, accepted.status, reason=reason, gateway_job_id=accepted.gateway_job_id
+        )
+        # The attempt's outcome and the job's new state go out together (one produce
+        # request) and are awaited together.
+        return Done(
+            await self._finish(
                 intent,
-                seq,
+                a.seq,
                 AttemptOutcome.REVIEW if review else AttemptOutcome.ACCEPTED,
-                started,
+                lambda: self._put(settled, a.partition),
+                started=a.started,
                 gateway_job_id=accepted.gateway_job_id,
                 gateway_status=accepted.gateway_status,
             )
-            reason = (
-                f"gateway label {accepted.gateway_status!r} is not configured" if review else None
+        )
+
+    async def _on_send_failed(self, a: _Attempt, exc: GatewayError) -> Outcome:
+        """The gateway call failed: classified once (:mod:`streams.kernel.errors`), handled
+        by kind. An unclassified subclass is a gateway client bug."""
+        if isinstance(exc, InstanceUnavailableError):
+            # Refused before anything was sent: the attempt is given back.
+            self.failures.record(a.intent.instance_id, exc, self._ts())
+            return await self._finish_failed(
+                a, AttemptOutcome.TRANSIENT, exc, lambda: self._give_back(a, exc)
             )
-            settled = await self._put(
-                transition(
-                    ref,
-                    current,
-                    accepted.status,
-                    reason=reason,
-                    gateway_job_id=accepted.gateway_job_id,
+        if isinstance(exc, RateLimitedError):
+            return await self._on_rate_limited(a, exc)
+        if isinstance(exc, PermanentGatewayError):
+            return await self._on_permanent(a, exc)
+        if isinstance(exc, UncertainGatewayError):
+            self.failures.record(a.intent.instance_id, exc, self._ts())
+            return await self._finish_failed(
+                a, AttemptOutcome.UNCERTAIN, exc, lambda: self._on_uncertain(a, exc)
+            )
+        if isinstance(exc, TransientGatewayError):
+            self.failures.record(a.intent.instance_id, exc, self._ts())
+            self._trip_if_failing(a.intent.instance_id, exc)
+            return await self._finish_failed(
+                a,
+                AttemptOutcome.TRANSIENT,
+                exc,
+                lambda: self._retry_or_die(
+                    a.intent, a.ref, a.state, a.partition, str(exc), exc.retry_after_s
                 ),
-                partition,
             )
-            await ack
-            return Done(settled)
+        raise TypeError(f"unclassified gateway error {type(exc).__name__}") from exc
+
+    async def _on_rate_limited(self, a: _Attempt, exc: RateLimitedError) -> Outcome:
+        """Nothing was sent: the attempt is given back, and the message waits for what the
+        limit asks (Retry-After, or the pacer's backoff), not the schedule."""
+        intent = a.intent
+        delay = self.pacer.on_rate_limited(
+            intent.instance_id,
+            intent.conversation_key,
+            exc.limit,
+            exc.retry_after_s,
+            self.pacer.clock(),
+        )
+        due = self.now() + dt.timedelta(seconds=delay)
+        waiting = transition(
+            a.ref,
+            a.state,
+            S.RETRY_WAIT,
+            reason=f"rate limited ({exc.limit}): {exc}",
+            attempts=a.state.attempts - 1,
+            next_retry_at=due.isoformat(),
+        )
+
+        async def wait() -> Outcome:
+            return Park(due=due.timestamp(), state=await self._put(waiting, a.partition))
+
+        return await self._finish_failed(a, AttemptOutcome.TRANSIENT, exc, wait)
+
+    async def _on_permanent(self, a: _Attempt, exc: PermanentGatewayError) -> Outcome:
+        intent = a.intent
+        self.failures.record(intent.instance_id, exc, self._ts())
+        systemic = self.streaks.observe(intent.instance_id, intent.to, exc)
+        if systemic is not None:
+            # Not this message's fault: the instance pauses and the job waits like
+            # one refused for the instance, its attempt given back.
+            return await self._finish_failed(
+                a, AttemptOutcome.TRANSIENT, systemic, lambda: self._give_back(a, systemic)
+            )
+        self._gateway_answered(intent.instance_id)
+        failed = transition(a.ref, a.state, S.FAILED, reason=str(exc))
+
+        async def fail() -> Outcome:
+            return Done(await self._put(failed, a.partition))
+
+        return await self._finish_failed(a, AttemptOutcome.PERMANENT, exc, fail)
+
+    async def _on_uncertain(self, a: _Attempt, exc: UncertainGatewayError) -> Outcome:
+        decided = await self._reconcile(
+            a.intent, a.ref, a.state, a.partition, str(exc), probe=a.probe
+        )
+        if decided is not None:
+            return decided
+        # Not accepted: a resend spends the retry budget like any failed attempt,
+        # on the backoff schedule (never an immediate loop).
+        current = self.store.get(a.intent.job_id)
+        assert current is not None
+        return await self._retry_or_die(
+            a.intent, a.ref, current, a.partition, f"{exc}; not accepted, resending", None
+        )
+
+    async def _give_back(self, a: _Attempt, error: InstanceUnavailableError) -> Outcome:
+        """The instance, not the message, was refused: pause it, the attempt given back."""
+        return await self._hold_for_instance(
+            a.intent,
+            a.ref,
+            a.state,
+            a.partition,
+            error,
+            probe=a.probe,
+            attempts=a.state.attempts - 1,
+        )
+
+    async def _finish_failed(
+        self,
+        a: _Attempt,
+        outcome: AttemptOutcome,
+        error: Exception,
+        then: Callable[[], Awaitable[_T]],
+    ) -> _T:
+        return await self._finish(
+            a.intent, a.seq, outcome, then, started=a.started, error=str(error)
+        )
+
+    async def _finish(
+        self,
+        intent: IntentCaptured,
+        seq: int,
+        outcome: AttemptOutcome,
+        then: Callable[[], Awaitable[_T]],
+        *,
+        started: dt.datetime | None = None,
+        **fields: str | None,
+    ) -> _T:
+        """The attempt triad: queue the attempt's record, run ``then`` (the job's next state,
+        durable), then wait for the record's acknowledgement: both go out in one produce
+        request and are both durable when this returns."""
+        ack = await self._attempt(intent, seq, outcome, started, **fields)
+        result = await then()
+        await ack
+        return result
 
     async def _reconcile(
         self,
@@ -555,28 +630,9 @@ class JobProcessor:
             return None
         if result.verdict is Verdict.ADOPT:
             assert result.job is not None
-            status = result.job.status if result.job.status in SENT else S.ACCEPTED
-            ack = await self._attempt(
-                intent,
-                current.attempt_seq,
-                AttemptOutcome.ACCEPTED,
-                None,
-                gateway_job_id=result.job.gateway_job_id,
-                gateway_status=result.job.gateway_status,
-                error=f"reconciled: {result.reason}",
+            return await self._adopt(
+                intent, ref, current, partition, why, result.job, result.reason
             )
-            adopted = await self._put(
-                transition(
-                    ref,
-                    current,
-                    status,
-                    reason=f"reconciled ({why}): {result.reason}",
-                    gateway_job_id=result.job.gateway_job_id,
-                ),
-                partition,
-            )
-            await ack
-            return Done(adopted)
         if result.verdict is Verdict.LATER:
             # The listing cannot conclude now: ask it again when the instance's listing may
             # be asked (its backoff), still ATTEMPTING, so nothing is resent unasked; past
@@ -622,6 +678,37 @@ class JobProcessor:
                     reason=f"outcome unknown ({why}); {detail}; not resent",
                 ),
                 partition,
+            )
+        )
+
+    async def _adopt(
+        self,
+        intent: IntentCaptured,
+        ref: JobRef,
+        current: StatusChanged,
+        partition: int,
+        why: str,
+        listed: ListedJob,
+        reason: str,
+    ) -> Done:
+        """The listing shows the gateway took the attempt: the job takes the listed state."""
+        status = listed.status if listed.status in SENT else S.ACCEPTED
+        adopted = transition(
+            ref,
+            current,
+            status,
+            reason=f"reconciled ({why}): {reason}",
+            gateway_job_id=listed.gateway_job_id,
+        )
+        return Done(
+            await self._finish(
+                intent,
+                current.attempt_seq,
+                AttemptOutcome.ACCEPTED,
+                lambda: self._put(adopted, partition),
+                gateway_job_id=listed.gateway_job_id,
+                gateway_status=listed.gateway_status,
+                error=f"reconciled: {reason}",
             )
         )
 
@@ -801,13 +888,8 @@ class JobProcessor:
             )
             return None
         status, target = S(current.status), S(receipt.status)
-        if target in RECEIPT_RANK and status in RECEIPT_RANK:
-            if RECEIPT_RANK[target] <= RECEIPT_RANK[status]:
-                return None  # late or duplicated: a "sent" never downgrades "read"
-        elif target is S.FAILED and status not in {S.ACCEPTED, S.DELIVERED}:
-            return None
-        elif target is S.REVIEW and status is not S.ACCEPTED:
-            return None
+        if not moves_forward(status, target):
+            return None  # late or duplicated: a "sent" never downgrades "read"
         try:
             moved = transition(
                 ref,
@@ -946,7 +1028,8 @@ class JobProcessor:
         started: dt.datetime | None = None,
         **fields: str | None,
     ) -> Awaitable[object]:
-        """Queue the attempt's outcome on ``zapstream.results``; await the result for the ack."""
+        """Hand the attempt's outcome to the publisher (``zapstream.results`` when published);
+        await the result for the ack."""
         finished = self.now()
         if started is not None:
             GATEWAY_CALL.labels(self.gateway.name, outcome).observe(

@@ -10,7 +10,7 @@ agent from reading further and lets Faust's flow control pause fetching.
 Events are acknowledged by the handler when their outcome is recorded, in
 whatever order lanes finish; the worker's consumer commits only the acknowledged
 prefix of each partition, so the committed offset never passes an event whose
-send is unfinished (Faust alone would: :mod:`streams.transport`).
+send is unfinished (Faust alone would: :mod:`streams.faust_adapter.transport`).
 """
 
 from __future__ import annotations

@@ -19,9 +19,11 @@ A backlog is never one growing value: each message is a record of its own, so
 an append writes two small records whatever the backlog's length, and no
 record is larger than one intent plus a few bytes.
 
-- key ``<conversation key>``: the *conversation record*, constant size::
+- key ``<conversation key>``: the *conversation record*
+  (:class:`~streams.kernel.contract.ParkedConversation`), constant size::
 
-      {"partition": 3, "due": 1764590400.5, "instance": "shop", "first": 0, "next": 2}
+      {"partition":3,"due":1764590400.5,"instance":"shop","first":0,"next":2,
+       "schema":"zapstream.parked.v1"}
 
   its messages are the sequence numbers ``first`` to ``next - 1``, in order;
   the one at ``first`` is the head.
@@ -84,7 +86,8 @@ from typing import Any
 
 import orjson
 
-from streams.kernel.contract import IntentCaptured
+from streams.faust_adapter.hooks import key_partitions
+from streams.kernel.contract import IntentCaptured, ParkedConversation
 from streams.stores import compact
 
 log = logging.getLogger(__name__)
@@ -115,50 +118,6 @@ def split_message_key(key: bytes) -> tuple[bytes, int] | None:
     if len(key) < 10 or key[-9:-8] != _SEP:
         return None
     return key[:-9], int.from_bytes(key[-8:], "big")
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ParkedConversation:
-    """A parked conversation's record: where it lives, when its head is due, its message range."""
-
-    partition: int
-    due: float
-    """When the head is due again (epoch seconds)."""
-    instance: str
-    first: int
-    """Sequence number of the head message."""
-    next: int
-    """Sequence number the next appended message gets."""
-
-    @property
-    def messages(self) -> int:
-        """Messages parked, the head included."""
-        return self.next - self.first
-
-    def dumps(self) -> bytes:
-        return orjson.dumps(
-            {
-                "partition": self.partition,
-                "due": self.due,
-                "instance": self.instance,
-                "first": self.first,
-                "next": self.next,
-            }
-        )
-
-    @classmethod
-    def loads(cls, raw: bytes) -> ParkedConversation:
-        return cls.from_dict(orjson.loads(raw))
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ParkedConversation:
-        return cls(
-            partition=int(data["partition"]),
-            due=float(data["due"]),
-            instance=str(data["instance"]),
-            first=int(data["first"]),
-            next=int(data["next"]),
-        )
 
 
 class ParkingLot:
@@ -431,18 +390,18 @@ class ParkingLot:
         self.store[key] = value
         # Where Faust's memory store keeps recovered keys' partitions: so it drops our
         # keys too when their partition is revoked.
-        recovered: dict[bytes, int] | None = getattr(self.store, "_key_partition", None)
+        recovered = key_partitions(self.store)
         if recovered is not None:
             recovered[key] = partition
 
     def _delete(self, key: bytes) -> None:
         self.store.pop(key, None)
-        recovered: dict[bytes, int] | None = getattr(self.store, "_key_partition", None)
+        recovered = key_partitions(self.store)
         if recovered is not None:
             recovered.pop(key, None)
 
     def _partition_of(self, key: bytes) -> int:
-        recovered: dict[bytes, int] = getattr(self.store, "_key_partition", {})
+        recovered = key_partitions(self.store) or {}
         if key not in recovered:
             raise RuntimeError("a parked record's partition is unknown to the table's store")
         return recovered[key]

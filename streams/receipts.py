@@ -9,15 +9,20 @@ the new attempt put where it is. And a gateway retries a callback with the same
 applied and drops a receipt whose id is among them.
 
 :func:`ignored_because` says why a receipt changes nothing (``None``: apply it
-along the usual monotonic rules); :func:`remember_event` is the bounded list the
-job carries in :attr:`~streams.kernel.contract.StatusChanged.receipt_events`.
+along the monotonic rules of :func:`moves_forward`); :func:`remember_event` is the
+bounded list the job carries in
+:attr:`~streams.kernel.contract.StatusChanged.receipt_events`. Every rule about
+receipts is here; :meth:`streams.job_processor.JobProcessor.on_receipt` applies them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from streams.kernel.contract import ReceiptReceived, StatusChanged
+from streams.kernel.contract import JobStatus, ReceiptReceived, StatusChanged
+from streams.kernel.state_machine import RECEIPT_RANK
+
+S = JobStatus
 
 MAX_RECEIPT_EVENTS = 16
 """Event ids kept per job: a job gets a handful of receipts (sent, delivered, read)."""
@@ -72,6 +77,23 @@ def ignored_because(current: StatusChanged, receipt: ReceiptReceived) -> Ignored
             f"the current one is {current.gateway_job_id}",
         )
     return None
+
+
+def moves_forward(status: JobStatus, target: JobStatus) -> bool:
+    """Whether a receipt saying ``target`` may move a job that is ``status`` (monotonic).
+
+    Along ACCEPTED < DELIVERED < READ a receipt only moves forward (a late or duplicated
+    "sent" never downgrades "read"); a FAILED receipt applies to an accepted or delivered
+    job only; a REVIEW one (an unknown label) to an accepted job only. Anything else is left
+    to the state machine, which refuses what it does not allow.
+    """
+    if target in RECEIPT_RANK and status in RECEIPT_RANK:
+        return RECEIPT_RANK[target] > RECEIPT_RANK[status]
+    if target is S.FAILED:
+        return status in {S.ACCEPTED, S.DELIVERED}
+    if target is S.REVIEW:
+        return status is S.ACCEPTED
+    return True
 
 
 def remember_event(events: list[str], event_id: str) -> list[str]:

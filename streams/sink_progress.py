@@ -22,7 +22,7 @@ fetch response, which Tansu reports correctly), the sink has everything, and the
 time is when we asked. While the sink lags, the table grows instead of losing the only record.
 
 The worker runs :meth:`SinkProgress.refresh` from a timer wrapped in
-:func:`streams.kafka_reader.guarded`: an error (Kafka away included) is counted and
+:func:`streams.kernel.runtime.periodic.guarded`: an error (Kafka away included) is counted and
 logged once per outage, what is known stays, and the worker keeps running.
 """
 
@@ -38,6 +38,7 @@ from prometheus_client import Gauge
 
 from streams.kafka_reader import admin_client, group_less_consumer
 from streams.kernel.contract import STATE
+from streams.kernel.runtime.service import Service
 from streams.kernel.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -50,8 +51,14 @@ SINK_DURABLE_AGE = Gauge(
 )
 
 
-class SinkProgress:
-    """Per partition of ``zapstream.state``: the time before which every state is in PostgreSQL."""
+class SinkProgress(Service):
+    """Per partition of ``zapstream.state``: the time before which every state is in PostgreSQL.
+
+    A service of the worker (its Kafka clients open on start, close on stop); the worker's
+    Faust timer calls :meth:`refresh`.
+    """
+
+    name = "sink progress"
 
     def __init__(
         self,
@@ -62,6 +69,7 @@ class SinkProgress:
         topic: str = STATE,
         client_id: str = "zapstream-worker-sink-progress",
     ) -> None:
+        super().__init__()
         self.kafka = kafka
         self.group_id = group_id
         self.margin_s = margin_s
@@ -73,13 +81,13 @@ class SinkProgress:
         self._until: dict[int, dt.datetime] = {}
         self._warned = False
 
-    async def start(self) -> None:
+    async def on_start(self) -> None:
         self._admin = admin_client(self.kafka, self.client_id)
         await self._admin.start()
         self._consumer = group_less_consumer(self.kafka, self.client_id)
         await self._consumer.start()
 
-    async def stop(self) -> None:
+    async def on_stop(self) -> None:
         admin, consumer, self._admin, self._consumer = self._admin, self._consumer, None, None
         if consumer is not None:
             await consumer.stop()
@@ -98,8 +106,8 @@ class SinkProgress:
         if not tps:
             return
         # Kafka away: what is known stays and the horizon waits, nothing is lost. The
-        # error goes to the timer's guard (streams.kafka_reader.guarded): logged once per
-        # outage and counted, not a line every dedup_sink_check_s.
+        # error goes to the timer's guard (streams.kernel.runtime.periodic.guarded): logged
+        # once per outage and counted, not a line every dedup_sink_check_s.
         committed = await self._admin.list_consumer_group_offsets(self.group_id, partitions=tps)
         moved = {
             tp: meta.offset

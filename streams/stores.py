@@ -7,10 +7,11 @@ conversations' store is :class:`streams.parking.ParkingLot`.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Generator
 from typing import Any
 
 from streams import metrics
+from streams.faust_adapter.hooks import kafka_producer
 from streams.kernel.contract import (
     DEFAULT_NAMES,
     STATE,
@@ -50,7 +51,7 @@ class KafkaWriter:
         self, topic: str, key: bytes, value: bytes | None, partition: int | None = None
     ) -> Awaitable[Any]:
         """Queue the record; the returned future completes when Kafka acknowledged it."""
-        producer = self.app.producer._ensure_producer()
+        producer = kafka_producer(self.app)
         future: Awaitable[Any] = await producer.send(topic, value, key=key, partition=partition)
         return future
 
@@ -87,18 +88,36 @@ class FaustJobStore:
         return ack
 
 
-class FaustPublisher:
-    """Attempt outcomes to ``zapstream.results``, dead jobs to ``zapstream.dead``."""
+class _Settled:
+    """An acknowledgement that is already there: an attempt record not published."""
 
-    def __init__(self, writer: KafkaWriter, names: TopicNames = DEFAULT_NAMES) -> None:
+    def __await__(self) -> Generator[Any, None, None]:
+        return
+        yield  # a generator: awaiting it returns at once
+
+
+class FaustPublisher:
+    """Dead jobs to ``zapstream.dead``; attempt outcomes counted, and published to
+    ``zapstream.results`` only with ``publish_attempts`` (``ZAPSTREAM_WORKER_PUBLISH_ATTEMPTS``:
+    nothing in zapstream reads that topic)."""
+
+    def __init__(
+        self,
+        writer: KafkaWriter,
+        names: TopicNames = DEFAULT_NAMES,
+        *,
+        publish_attempts: bool = False,
+    ) -> None:
         self.writer = writer
         self.results = names.results
         self.dead = names.dead
+        self.publish_attempts = publish_attempts
 
     async def attempt_finished(self, record: AttemptFinished, key: bytes) -> Awaitable[Any]:
-        ack = await self.writer.send(self.results, key, record.dumps())
         ATTEMPTS.labels(record.gateway, record.instance_id, record.outcome).inc()
-        return ack
+        if not self.publish_attempts:
+            return _Settled()
+        return await self.writer.send(self.results, key, record.dumps())
 
     async def job_dead(self, record: JobDead) -> None:
         await (await self.writer.send(self.dead, str(record.job_id).encode(), record.dumps()))

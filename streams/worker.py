@@ -18,9 +18,9 @@ from streams.app import Resource, WorkerApp, build_app
 from streams.controls import Controls, ControlsReader
 from streams.dedup_horizon import DedupHorizon
 from streams.failure_log import FailureLog
-from streams.faust_monitor import setup_lean_prometheus
+from streams.faust_adapter.monitor import setup_lean_prometheus
 from streams.gateway_check import GatewayStartCheck
-from streams.health import add_health_pages
+from streams.health import add_health_pages, readiness
 from streams.instance_pauses import InstancePauses
 from streams.job_processor import JobProcessor, RetryPolicy
 from streams.kernel.contract import (
@@ -43,6 +43,7 @@ from streams.stores import FaustJobStore, FaustPublisher, KafkaWriter
 from streams.table_digest import add_digest_page
 from streams.tables import register_tables
 from streams.topics import register_topics
+from streams.worker_service import WorkerService, WorkerTally
 from streams.worker_settings import WorkerSettings
 
 RECIPIENT_INTERVAL_S: dict[str, float] = {"meta": 6.0}
@@ -130,7 +131,19 @@ def build_worker_app(
             margin_s=settings.dedup_margin_s,
             retry_s=settings.dedup_lookup_retry_s,
         )
-    controls = Controls()
+    partitions = settings.kafka.partitions
+    # The app is built below with the resources this list ends with; what reads it (the
+    # share of partitions, the parking lot's count) is called only once the app runs.
+    app: WorkerApp
+    parking_lot: ParkingLot
+    share = PartitionShare(lambda: app.consumer.assignment(), partitions, topic=names.intents)
+    pacer = build_pacer(settings, share)
+
+    def on_resume(kind: str, target: str) -> None:
+        if kind == "instance":
+            pacer.slow_start(target, pacer.clock())
+
+    controls = Controls(on_resume=on_resume)
     reader = ControlsReader(
         controls,
         settings.kafka,
@@ -149,9 +162,17 @@ def build_worker_app(
             client_id="zapstream-worker-lag-monitor",
         )
         resources = [*resources, lag]
-    pauses = InstancePauses(settings.instance_probe_s, probe_max_s=settings.instance_probe_max_s)
-    # First: aiokafka's errors from the start on are one outage line (kernel/kafka_outage.py).
-    first: list[Resource] = [KafkaOutageWatch("worker", settings.kafka), gateway]
+    pauses = InstancePauses(
+        settings.instance_probe_s,
+        probe_max_s=settings.instance_probe_max_s,
+        waiting=lambda instance: parking_lot.waiting(instance),
+    )
+    # First: the worker's lifecycle (started first, stopped last: its closing line comes
+    # after everything else closed); then aiokafka's errors from the start on are one
+    # outage line (kernel/kafka_outage.py).
+    tally = WorkerTally()
+    service = WorkerService(tally, streaming=lambda: readiness(app))
+    first: list[Resource] = [service, KafkaOutageWatch("worker", settings.kafka), gateway]
     check: GatewayStartCheck | None = None
     if settings.start_probe:
         # Right after the gateway client starts, before any send: a wrong base URL, key or
@@ -166,15 +187,14 @@ def build_worker_app(
         )
         first.append(check)
     app = build_app(settings, resources=[*first, *resources])
-    partitions = settings.kafka.partitions
     topics = register_topics(app, partitions, names)
     jobs, parked = register_tables(app, topics, partitions)
+    parking_lot = ParkingLot(parked, topics.parked)
     writer = KafkaWriter(app)
-    share = PartitionShare(lambda: app.consumer.assignment(), partitions, topic=names.intents)
     processor = JobProcessor(
         gateway,
         FaustJobStore(jobs, writer, names.state),
-        FaustPublisher(writer, names),
+        FaustPublisher(writer, names, publish_attempts=settings.publish_attempts),
         RetryPolicy(schedule_s=tuple(settings.retry_schedule_s), jitter=settings.retry_jitter),
         listing_authoritative=settings.gateway.listing_authoritative,
         listings=InstanceListings(
@@ -188,7 +208,7 @@ def build_worker_app(
             quiet_period_s=settings.failure_quiet_period_s,
         ),
         late=late,
-        pacer=build_pacer(settings, share),
+        pacer=pacer,
         breaker_failures=settings.breaker_failures,
         systemic_failures=settings.systemic_failures,
         controls=controls,
@@ -197,20 +217,13 @@ def build_worker_app(
             Priority.BULK: settings.pacing_wait_bulk_s,
         },
     )
-    pacer = processor.pacer
-
-    def on_resume(kind: str, target: str) -> None:
-        if kind == "instance":
-            pacer.slow_start(target, pacer.clock())
-
-    controls.on_resume = on_resume
-    parking_lot = ParkingLot(parked, topics.parked)
     dispatcher = Dispatcher(
         app,
         topics,
         processor,
         parking_lot,
         max_in_flight=settings.max_in_flight,
+        tally=tally,
     )
     # Bulk intents on their own topic and lanes: a campaign's backlog waits there (its
     # lanes full, its topic's offsets behind) while operational intents flow.
@@ -223,6 +236,7 @@ def build_worker_app(
         priority=Priority.BULK,
         active_jobs=dispatcher.active_jobs,
         queued_jobs=dispatcher.queued_jobs,
+        tally=tally,
     )
     app.agent(topics.intents, name="dispatcher", concurrency=1)(dispatcher.consume)
     app.agent(topics.bulk_intents, name="bulk-dispatcher", concurrency=1)(bulk.consume)
@@ -270,6 +284,6 @@ def build_worker_app(
     app.after_streams_stopped.append(dispatcher.drain)
     app.after_streams_stopped.append(bulk.drain)
     setup_lean_prometheus(app)
-    add_health_pages(app)
+    add_health_pages(app, service.readiness)
     add_digest_page(app)
     return app, dispatcher

@@ -135,6 +135,12 @@ class WorkerSettings(SettingsBase):
     rate_limit_min_block_s: float = Field(default=1.0, gt=0)
     """After a rate limit without ``Retry-After``, the instance waits at least this long."""
 
+    publish_attempts: bool = False
+    """Publish every attempt's outcome (``AttemptFinished``) on ``zapstream.results``. Off
+    by default: nothing in zapstream reads that topic, and each attempt cost one more
+    record in the produce request that waits for the job's state. The attempts stay
+    counted in ``zapstream_worker_attempts_total`` either way; turn this on for a consumer
+    of your own (an audit trail, analytics)."""
     lag_monitor: bool = True
     """Export the consumer lag of this worker's group (every partition, whichever worker
     owns it) on ``/metrics``, read every ``ZAPSTREAM_LAG_INTERVAL_S``; ``zapstream

@@ -30,7 +30,12 @@ BULK_INTENTS = "zapstream.intents.bulk"
 agent of their own, so a campaign's backlog never delays an operational message.
 Commands and receipts of bulk jobs travel on :data:`INTENTS`."""
 RESULTS = "zapstream.results"
-"""One :class:`AttemptFinished` per gateway attempt or decision. Append-only."""
+"""One :class:`AttemptFinished` per gateway attempt or decision. Append-only.
+
+Produced only when the worker's ``ZAPSTREAM_WORKER_PUBLISH_ATTEMPTS`` is on (off by
+default since issue 17: nothing in zapstream reads it). The topic stays in the contract,
+and is still created, because existing deployments have it and may have consumers of
+their own."""
 STATE = "zapstream.state"
 """Latest :class:`StatusChanged` per job (compacted). Changelog of the worker's job table."""
 INVALID = "zapstream.invalid"
@@ -38,7 +43,9 @@ INVALID = "zapstream.invalid"
 DEAD = "zapstream.dead"
 """Jobs that exhausted their attempts or hit a poison record, with every error."""
 PARKED = "zapstream.parked"
-"""Changelog of the worker's parked conversations (compacted, co-partitioned with intents)."""
+"""Changelog of the worker's parked conversations (compacted, co-partitioned with intents):
+a :class:`ParkedConversation` per conversation key, an :class:`IntentCaptured` per message
+key (the layout: :mod:`streams.parking`)."""
 CONTROLS = "zapstream.controls"
 """Operators' pauses and resumes of an instance or a campaign (:class:`ControlChanged`,
 from ``outbox_controls`` via CDC): one partition, compacted, keyed by
@@ -505,6 +512,51 @@ class JobDead(Record):
     record: dict[str, Any] | None = None
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class ParkedConversation(Record):
+    """A parked conversation on :data:`PARKED`: its partition, when its head is due, its
+    instance and the range of its messages (keys and layout: :mod:`streams.parking`).
+
+    Positional, unlike the other records: the worker builds one for every park and
+    postpone. Records written before the schema existed (no ``schema`` member, the worker
+    before issue 17) decode as this version; the record is compacted, so they go as their
+    conversations are rewritten.
+    """
+
+    SCHEMA: ClassVar[str] = "zapstream.parked.v1"
+
+    partition: int
+    due: float
+    """When the head is due again (epoch seconds)."""
+    instance: str
+    first: int
+    """Sequence number of the head message."""
+    next: int
+    """Sequence number the next appended message gets."""
+
+    @property
+    def messages(self) -> int:
+        """Messages parked, the head included."""
+        return self.next - self.first
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ParkedConversation:
+        # Before issue 17 the record carried no schema: it is this version's layout.
+        schema = data.get("schema", cls.SCHEMA)
+        if schema != cls.SCHEMA:
+            raise ContractError(f"expected schema {cls.SCHEMA!r}, got {schema!r}")
+        try:
+            return cls(
+                int(data["partition"]),
+                float(data["due"]),
+                str(data["instance"]),
+                int(data["first"]),
+                int(data["next"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ContractError(f"{cls.SCHEMA}: {exc!r}") from exc
+
+
 def decode_topic_record(raw: bytes) -> Record:
     """Decode any zapstream record by its ``schema`` field."""
     try:
@@ -523,6 +575,7 @@ def decode_topic_record(raw: bytes) -> Record:
         CommandRequested,
         ReceiptReceived,
         ControlChanged,
+        ParkedConversation,
     ):
         if cls.SCHEMA == schema:
             return cls.from_dict(data)

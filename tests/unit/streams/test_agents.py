@@ -28,8 +28,8 @@ PARTITION = 2
 class Processor:
     """Sends unless the conversation is failing; a failed send parks, due at once."""
 
-    def __init__(self) -> None:
-        self.pauses = InstancePauses()
+    def __init__(self, pauses: InstancePauses | None = None) -> None:
+        self.pauses = pauses or InstancePauses()
         self.failing: set[str] = set()
         self.sent: list[int] = []
         self.attempts: list[int] = []
@@ -80,9 +80,9 @@ class Stream:
 
 
 def dispatcher() -> tuple[Dispatcher, Processor, ParkingLot, Changelog]:
-    processor = Processor()
     changelog = Changelog()
     lot = ParkingLot(Table(), changelog)
+    processor = Processor(InstancePauses(waiting=lot.waiting))
     app = types.SimpleNamespace(
         consumer=types.SimpleNamespace(assignment=lambda: {TP(INTENTS, PARTITION)}),
         _crash=lambda exc: (_ for _ in ()).throw(exc),

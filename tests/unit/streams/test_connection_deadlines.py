@@ -126,6 +126,7 @@ async def test_postgres_deadline_turns_silence_into_a_transient_postgres_failure
             await never
     failure = classify(caught.value)
     assert failure is not None
+    # retriable: the sink's transient verdict, in the kernel's Failure vocabulary.
     assert failure.retriable and failure.dependency == "postgres"
 
 

@@ -16,9 +16,11 @@ import pytest
 from streams.kernel.contract import (
     AttemptFinished,
     CommandRequested,
+    ContractError,
     IntentCaptured,
     IntentRejected,
     JobDead,
+    ParkedConversation,
     Priority,
     ReceiptReceived,
     Record,
@@ -135,6 +137,7 @@ RECORDS: list[Record] = [
         errors=[],
         record={"nested": {"list": [1, 2.5, None, True]}, "big": 2**62},
     ),
+    ParkedConversation(3, 1764590400.5, "inst-01", 7, 12),
 ]
 
 
@@ -164,3 +167,26 @@ def test_a_record_without_fields_still_carries_its_schema() -> None:
         SCHEMA = "zapstream.test-empty.v1"
 
     assert Empty().dumps() == old_dumps(Empty()) == b'{"schema":"zapstream.test-empty.v1"}'
+
+
+def test_a_parked_conversation_written_before_its_schema_decodes_as_v1() -> None:
+    """The worker before issue 17 wrote the conversation record without a schema member."""
+    legacy = b'{"partition":3,"due":1764590400.5,"instance":"shop","first":0,"next":2}'
+    parked = ParkedConversation.loads(legacy)
+    assert parked == ParkedConversation(3, 1764590400.5, "shop", 0, 2) and parked.messages == 2
+    assert parked.dumps() == legacy[:-1] + b',"schema":"zapstream.parked.v1"}'
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"partition":3,"due":1.0,"instance":"shop","first":0,"next":2,"schema":"zapstream.parked.v2"}',
+        b'{"partition":3,"due":1.0,"instance":"shop","first":0}',
+        b'{"partition":"three","due":1.0,"instance":"shop","first":0,"next":2}',
+        b"[1, 2]",
+    ],
+    ids=["other version", "missing field", "bad field", "not an object"],
+)
+def test_a_parked_conversation_that_is_not_one_is_a_contract_error(raw: bytes) -> None:
+    with pytest.raises(ContractError):
+        ParkedConversation.loads(raw)

@@ -28,9 +28,10 @@ def test_a_paused_instance_or_campaign_holds_its_messages_only() -> None:
 
 
 def test_a_resume_releases_conversations_held_before_it_once() -> None:
-    controls = Controls(release_window_s=60)
     resumed: list[tuple[str, str]] = []
-    controls.on_resume = lambda kind, target: resumed.append((kind, target))
+    controls = Controls(
+        release_window_s=60, on_resume=lambda kind, target: resumed.append((kind, target))
+    )
     controls.apply(Ctl("instance", "inst-1", "pause"), 100.0)
     held_due = 110.0 + HOLD_S  # parked at 110 while held
     assert not controls.released(held_due, 120.0)
@@ -43,8 +44,7 @@ def test_a_resume_releases_conversations_held_before_it_once() -> None:
 
 
 def test_resume_of_something_never_paused_changes_nothing() -> None:
-    controls = Controls()
     resumed: list[tuple[str, str]] = []
-    controls.on_resume = lambda kind, target: resumed.append((kind, target))
+    controls = Controls(on_resume=lambda kind, target: resumed.append((kind, target)))
     controls.apply(Ctl("campaign", "x", "resume"), 1.0)
     assert resumed == [] and not controls.released(HOLD_S, 2.0)

@@ -13,6 +13,7 @@ from streams.receipts import (
     MAX_RECEIPT_EVENTS,
     attempt_of,
     ignored_because,
+    moves_forward,
     remember_event,
 )
 from tests.unit.streams.test_job_processor import (
@@ -167,3 +168,11 @@ async def test_a_duplicated_event_id_changes_nothing() -> None:
     # Without the event id this would move the job to REVIEW again.
     assert await p.on_receipt(_receipt("exploded", "REVIEW", "e1"), 0) is None
     assert store.get(7).status == "ACCEPTED"  # type: ignore[union-attr]
+
+
+def test_receipts_move_a_job_forward_only() -> None:
+    assert moves_forward(S.ACCEPTED, S.DELIVERED) and moves_forward(S.DELIVERED, S.READ)
+    assert not moves_forward(S.READ, S.DELIVERED)
+    assert not moves_forward(S.DELIVERED, S.DELIVERED)
+    assert moves_forward(S.DELIVERED, S.FAILED) and not moves_forward(S.READ, S.FAILED)
+    assert moves_forward(S.ACCEPTED, S.REVIEW) and not moves_forward(S.DELIVERED, S.REVIEW)

@@ -43,6 +43,20 @@ Faust's stream dropped unhandled count as acknowledged (:meth:`_Consumer.ack`), 
 Faust empty the agents' queues when the flow resumes after a rebalance
 (:meth:`AgentQueue.clear`). Commits that wait a minute on records never acknowledged are
 said once and counted (:meth:`_Consumer._note_held`): a stall is visible, never silent.
+
+The private hooks, every one checked against faust-streaming 0.15.3, mode-streaming
+0.7.1 and aiokafka 0.14.0 (:data:`streams.faust_adapter.hooks.CHECKED_AGAINST`) and
+asserted by ``tests/unit/streams/faust_adapter/test_hooks.py``:
+
+- aiokafka ``AIOKafkaConsumer._fetch_max_bytes``, ``._fetch_max_wait_ms``,
+  ``._isolation_level``: set by the constructor, read by ``start()``;
+- Faust ``AIOKafkaConsumerThread._create_worker_consumer(transport)``,
+  ``._ensure_consumer()``; ``Consumer._new_consumer_thread()``,
+  ``._is_changelog_tp(tp)``, ``._filter_committable_offsets(tps)``,
+  ``._should_commit(tp, offset)``, ``._get_active_partitions()`` and the bookkeeping
+  ``_acked``, ``_acked_index``, ``_gap``, ``_committed_offset``, ``_unacked_messages``,
+  ``_buffered_partitions``, ``_paused_partitions``;
+- mode ``ThrowableQueue.clear()``, ``pressure_high_ratio``, ``pressure_drop_ratio``.
 """
 
 from __future__ import annotations
@@ -74,6 +88,9 @@ first acknowledged run before the worker says so (once per held offset)."""
 
 class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
     def _create_worker_consumer(self, transport: Any) -> aiokafka.AIOKafkaConsumer:
+        # Private hook (faust-streaming 0.15.3): builds the worker's AIOKafkaConsumer, not
+        # started yet. The three attributes below are aiokafka 0.14.0's constructor
+        # arguments as stored, read by AIOKafkaConsumer.start(): set here, they take effect.
         consumer = super()._create_worker_consumer(transport)
         # One poll hands Faust at most what one fetch brought: bounded, so a backlogged
         # topic's records never hold the loop (and the other topics) for seconds.
@@ -106,6 +123,7 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         (tests/integration/test_kafka_guarantees.py). Its committed position is where the
         reset policy starts a new partition (``consumer_auto_offset_reset``, earliest for the
         worker): go there. Changelogs are left alone: recovery positions them itself."""
+        # _ensure_consumer and Consumer._is_changelog_tp: private (faust-streaming 0.15.3).
         consumer = self._ensure_consumer()
         committed: Mapping[TP, int] = await consumer.seek_to_committed()
         if self.app.conf.consumer_auto_offset_reset != "earliest":
@@ -135,7 +153,7 @@ class AgentQueue(ThrowableQueue):  # type: ignore[type-arg]
         super().__init__(maxsize=0, **kwargs)
         self.pause_at = pause_at
 
-    def clear(self) -> None:
+    def clear(self) -> None:  # mode-streaming 0.7.1: called by FlowControlEvent.resume()
         """Keep what was fetched: Faust empties every queue when the flow resumes, and a
         record dropped there is never read again.
 
@@ -151,6 +169,7 @@ class AgentQueue(ThrowableQueue):  # type: ignore[type-arg]
         which the jobs table absorbs.
         """
 
+    # mode-streaming 0.7.1 derives both marks from maxsize with these two ratios.
     @property
     def pressure_high_size(self) -> int:
         return math.floor(self.pause_at / self.pressure_high_ratio)
@@ -172,6 +191,12 @@ class _HeldCommit:
 
 
 class _Consumer(faust_aiokafka.Consumer):
+    """Faust's aiokafka consumer with our commit rule and flow control per topic.
+
+    Overrides private methods and reads private bookkeeping of faust-streaming 0.15.3
+    (``faust/transport/consumer.py``): listed in this module's docstring.
+    """
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._rewinds: dict[TP, int] = {}
@@ -180,6 +205,7 @@ class _Consumer(faust_aiokafka.Consumer):
         self._held: dict[TP, _HeldCommit] = {}
 
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
+        # Private factory (faust-streaming 0.15.3), called once when the consumer starts.
         return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
     def ack(self, message: Any) -> bool:
@@ -233,7 +259,10 @@ class _Consumer(faust_aiokafka.Consumer):
                 await self.seek(tp, offset)
 
     def _filter_committable_offsets(self, tps: Iterable[TP]) -> dict[TP, int]:
-        """Faust's, with :meth:`_committable_offset` for its ``_new_offset``."""
+        """Faust's, with :meth:`_committable_offset` for its ``_new_offset``.
+
+        Private hook (faust-streaming 0.15.3): ``Consumer.commit`` calls it for the offsets
+        it sends; ``_should_commit`` is Faust's own filter, kept."""
         floors = self._in_flight_floors()
         if self._held:
             assigned = self.assignment()
@@ -255,6 +284,7 @@ class _Consumer(faust_aiokafka.Consumer):
         what is in flight (at most ``max_in_flight`` plus the agents' current events).
         """
         floors: dict[TP, int] = {}
+        # _unacked_messages: Faust's private WeakSet (faust-streaming 0.15.3).
         for message in list(self._unacked_messages):
             if message.acked:
                 continue
@@ -273,6 +303,8 @@ class _Consumer(faust_aiokafka.Consumer):
         acknowledged, as in Faust (the interval Faust notes also holds the record after the
         gap, acknowledged or not: the floor keeps the commit from passing it).
         """
+        # Faust's private bookkeeping (faust-streaming 0.15.3): _acked (sorted list per tp),
+        # _gap (IntervalTree), _committed_offset, _acked_index (set per tp).
         acked = self._acked[tp]
         if not acked:
             return None
@@ -349,6 +381,8 @@ class _Consumer(faust_aiokafka.Consumer):
         """The queue ``tp`` feeds is 80% full: stop fetching every partition of its topic."""
         if self.app.in_recovery:  # as Faust: recovery reads changelogs through here
             return
+        # _get_active_partitions, _buffered_partitions, _paused_partitions: private
+        # (faust-streaming 0.15.3), the sets Faust's fetcher reads.
         active = self._get_active_partitions()
         for same in self.assignment():
             if same.topic == tp.topic:

@@ -8,7 +8,7 @@ from faust.types import TP
 from prometheus_client import CollectorRegistry
 
 from streams.app import build_app
-from streams.faust_monitor import LeanPrometheusMonitor, setup_lean_prometheus
+from streams.faust_adapter.monitor import LeanPrometheusMonitor, setup_lean_prometheus
 from streams.kernel.settings import KafkaSettings
 from streams.worker_settings import WorkerSettings
 

@@ -20,6 +20,8 @@ from typing import Any
 from faust.sensors.prometheus import FaustMetrics, PrometheusMonitor, setup_prometheus_sensors
 from prometheus_client import REGISTRY, CollectorRegistry
 
+from streams.faust_adapter.hooks import monitor_metrics
+
 PER_EVENT_SERIES = (
     "messages_received",
     "active_messages",
@@ -30,7 +32,8 @@ PER_EVENT_SERIES = (
     "total_active_events",
     "total_events_per_stream",
 )
-"""Attributes of :class:`FaustMetrics` that only the per-event hooks update."""
+"""Attributes of :class:`FaustMetrics` that only the per-event hooks update (checked
+against faust-streaming 0.15.3, ``faust/sensors/prometheus.py``)."""
 
 
 class LeanPrometheusMonitor(PrometheusMonitor):
@@ -54,7 +57,7 @@ class LeanPrometheusMonitor(PrometheusMonitor):
 def setup_lean_prometheus(app: Any, registry: CollectorRegistry = REGISTRY) -> None:
     """Faust's ``/metrics`` page and collectors, with :class:`LeanPrometheusMonitor`."""
     setup_prometheus_sensors(app, registry=registry)
-    metrics: FaustMetrics = app.monitor._metrics
+    metrics: FaustMetrics = monitor_metrics(app)
     for name in PER_EVENT_SERIES:
         registry.unregister(getattr(metrics, name))
     app.monitor = LeanPrometheusMonitor(metrics=metrics)

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
+from streams.faust_adapter.transport import _ConsumerThread
 from streams.kernel.settings import BrokerFlavor, KafkaSettings
-from streams.transport import _ConsumerThread
 
 
 @pytest.mark.parametrize(
@@ -49,7 +49,7 @@ def test_worker_consumer_gets_the_apps_fetch_wait(
 
 def test_worker_app_hands_faust_our_transport_with_the_settings_wait(tmp_path: Any) -> None:
     from streams.app import build_app
-    from streams.transport import KafkaTransport
+    from streams.faust_adapter.transport import KafkaTransport
     from streams.worker_settings import WorkerSettings
 
     kafka = KafkaSettings(brokers="127.0.0.1:1", flavor=BrokerFlavor.TANSU)
@@ -61,7 +61,7 @@ def test_worker_app_hands_faust_our_transport_with_the_settings_wait(tmp_path: A
 def test_an_agent_queue_pauses_at_its_mark_and_never_blocks_a_put() -> None:
     from mode.utils.queues import FlowControlEvent
 
-    from streams.transport import AgentQueue
+    from streams.faust_adapter.transport import AgentQueue
 
     queue = AgentQueue(pause_at=100, flow_control=FlowControlEvent())
     high: list[int] = []
@@ -143,7 +143,7 @@ class _Commits:
         from intervaltree import IntervalTree
         from mode.utils.queues import FlowControlEvent
 
-        from streams.transport import _Consumer
+        from streams.faust_adapter.transport import _Consumer
 
         self.tp = TP(self.TOPIC, 0)
         consumer = _Consumer.__new__(_Consumer)
@@ -262,7 +262,8 @@ def test_commits_held_a_minute_on_records_never_acknowledged_are_said_once_and_c
 ) -> None:
     """A partition whose commits wait on records dropped unread would only show as lag that
     does not fall: after COMMIT_HELD_WARN_S the worker names it once, and counts it."""
-    from streams import metrics, transport
+    from streams import metrics
+    from streams.faust_adapter import transport
 
     clock = [1000.0]
     monkeypatch.setattr(transport, "monotonic", lambda: clock[0])
@@ -271,7 +272,7 @@ def test_commits_held_a_minute_on_records_never_acknowledged_are_said_once_and_c
     commits = _Commits(committed=10)
     commits.take(13, 14)  # 10, 11 and 12 fetched and never handed over
     commits.ack(13, 14)
-    caplog.set_level("INFO", logger="streams.transport")
+    caplog.set_level("INFO", logger="streams.faust_adapter.transport")
     assert commits.commit() is None
     clock[0] += transport.COMMIT_HELD_WARN_S - 1
     assert commits.commit() is None
@@ -295,7 +296,7 @@ def test_an_agent_queue_keeps_its_records_when_faust_clears_the_queues() -> None
     already past the records: dropped there, they were never read again."""
     from mode.utils.queues import FlowControlEvent
 
-    from streams.transport import AgentQueue
+    from streams.faust_adapter.transport import AgentQueue
 
     flow = FlowControlEvent(initially_suspended=False)
     queue = AgentQueue(pause_at=100, flow_control=flow, clear_on_resume=True)
