@@ -584,7 +584,7 @@ def render_metrics() -> str:
         "Counters are listed with their `_total` suffix; a "
         "histogram also exposes `_bucket`, `_sum` and `_count` series. Not listed: "
         "prometheus_client's own `process_*` and `python_*` series, and on the worker "
-        "Faust's collectors (without the per-event series `streams.faust_monitor` removes).",
+        "Faust's collectors (without the per-event series `streams.faust_adapter.monitor` removes).",
         "",
         "| Metric | Type | Labels | Exposed by | Help |",
         "|---|---|---|---|---|",
@@ -618,7 +618,7 @@ TOPIC_RECORDS = {
     "BULK_INTENTS": ("IntentCaptured",),
     "RESULTS": ("AttemptFinished",),
     "STATE": ("StatusChanged",),
-    "PARKED": (),
+    "PARKED": ("ParkedConversation", "IntentCaptured"),
     "INVALID": ("IntentRejected",),
     "DEAD": ("JobDead",),
     "CONTROLS": ("ControlChanged",),

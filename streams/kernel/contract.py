@@ -33,7 +33,7 @@ RESULTS = "zapstream.results"
 """One :class:`AttemptFinished` per gateway attempt or decision. Append-only.
 
 Produced only when the worker's ``ZAPSTREAM_WORKER_PUBLISH_ATTEMPTS`` is on (off by
-default since issue 17: nothing in zapstream reads it). The topic stays in the contract,
+default: nothing in zapstream reads it). The topic stays in the contract,
 and is still created, because existing deployments have it and may have consumers of
 their own."""
 STATE = "zapstream.state"
@@ -518,8 +518,8 @@ class ParkedConversation(Record):
     instance and the range of its messages (keys and layout: :mod:`streams.parking`).
 
     Positional, unlike the other records: the worker builds one for every park and
-    postpone. Records written before the schema existed (no ``schema`` member, the worker
-    before issue 17) decode as this version; the record is compacted, so they go as their
+    postpone. Records written before the schema existed (no ``schema`` member, written by
+    earlier workers) decode as this version; the record is compacted, so they go as their
     conversations are rewritten.
     """
 
@@ -541,7 +541,7 @@ class ParkedConversation(Record):
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ParkedConversation:
-        # Before issue 17 the record carried no schema: it is this version's layout.
+        # Earlier workers wrote the record without a schema: it is this version's layout.
         schema = data.get("schema", cls.SCHEMA)
         if schema != cls.SCHEMA:
             raise ContractError(f"expected schema {cls.SCHEMA!r}, got {schema!r}")

@@ -718,7 +718,7 @@ def test_group_joins_and_rebalances_on_kafka(stack: Stack, production_broker: Ka
             "the survivor assigned alone",
         )
         # Every message, on the survivor's partitions and on the dead worker's (never
-        # committed on: those were skipped before streams.transport rewound such partitions).
+        # committed on: those were skipped before the worker's transport rewound such partitions).
         report = arrivals.wait_for(keys, timeout_s=120)
         partition_of = _partitions_of_jobs(pipeline, keys)
         on_b = [k for k in keys if partition_of[k] in b_partitions]
