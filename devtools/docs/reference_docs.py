@@ -584,7 +584,8 @@ def render_metrics() -> str:
         "Counters are listed with their `_total` suffix; a "
         "histogram also exposes `_bucket`, `_sum` and `_count` series. Not listed: "
         "prometheus_client's own `process_*` and `python_*` series, and on the worker "
-        "Faust's collectors (without the per-event series `streams.faust_adapter.monitor` removes).",
+        "Faust's collectors (without the per-event series that "
+        "`streams.faust_adapter.monitor` removes).",
         "",
         "| Metric | Type | Labels | Exposed by | Help |",
         "|---|---|---|---|---|",
