@@ -11,9 +11,8 @@ group's committed offsets and the first record it has not consumed. They share:
   no auto-commit (it joins no group, commits nothing, and is assigned partitions
   by hand), and :func:`admin_client` for committed offsets.
 
-Their timers are the runtime's (:class:`streams.kernel.runtime.periodic.Periodic`, and
-:func:`streams.kernel.runtime.periodic.guarded` for a Faust timer): one periodic mechanism,
-one outage log, ``zapstream_timer_errors_total`` counted there.
+Their timers are the runtime's :class:`streams.kernel.runtime.periodic.Periodic`: one
+periodic mechanism, one outage log, ``zapstream_timer_errors_total`` counted there.
 
 Kafka is imported when these are called, never at import time.
 """

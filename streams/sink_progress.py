@@ -21,9 +21,9 @@ forgotten. When the committed offset is the partition's high watermark (from the
 fetch response, which Tansu reports correctly), the sink has everything, and the
 time is when we asked. While the sink lags, the table grows instead of losing the only record.
 
-The worker runs :meth:`SinkProgress.refresh` from a timer wrapped in
-:func:`streams.kernel.runtime.periodic.guarded`: an error (Kafka away included) is counted and
-logged once per outage, what is known stays, and the worker keeps running.
+The worker runs :meth:`SinkProgress.refresh` from a
+:class:`streams.kernel.runtime.periodic.Periodic`: an error (Kafka away included) is counted
+and logged once per outage, what is known stays, and the worker keeps running.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ class SinkProgress(Service):
         if not tps:
             return
         # Kafka away: what is known stays and the horizon waits, nothing is lost. The
-        # error goes to the timer's guard (streams.kernel.runtime.periodic.guarded): logged
+        # error goes to the timer (streams.kernel.runtime.periodic.Periodic): logged
         # once per outage and counted, not a line every dedup_sink_check_s.
         committed = await self._admin.list_consumer_group_offsets(self.group_id, partitions=tps)
         moved = {

@@ -7,6 +7,8 @@ imports ``connectors``.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
@@ -33,7 +35,7 @@ from streams.kernel.contract import (
 from streams.kernel.job_history import JobHistory, LateRedeliveries
 from streams.kernel.kafka_outage import KafkaOutageWatch
 from streams.kernel.ports import Gateway
-from streams.kernel.runtime.periodic import guarded
+from streams.kernel.runtime.periodic import Periodic
 from streams.lag_monitor import LagMonitor
 from streams.pacing import Limit, Pacer
 from streams.parking import ParkingLot
@@ -245,7 +247,11 @@ def build_worker_app(
         await dispatcher.fire_due_retries()
         await bulk.fire_due_retries()
 
-    app.timer(settings.retry_scan_interval_s, name="retries")(fire_due_retries)
+    # A bug in the retry scan or the horizon stops the worker (Faust crashes the app when an
+    # app task raises; the supervisor restarts it); Kafka being away is waited out.
+    timers = [
+        Periodic("retries", settings.retry_scan_interval_s, fire_due_retries, crash_on_bug=True)
+    ]
 
     if late is not None:
         parking = dispatcher.parking
@@ -273,14 +279,30 @@ def build_worker_app(
             async def read_sink_progress() -> None:
                 await sink.refresh(p for p in range(partitions) if owns(p))
 
-            app.timer(settings.dedup_sink_check_s, name="sink_progress")(
-                guarded("sink progress", read_sink_progress)
+            timers.append(
+                Periodic("sink progress", settings.dedup_sink_check_s, read_sink_progress)
             )
 
         async def forget_settled_jobs() -> None:
             await horizon.tick()
 
-        app.timer(settings.dedup_scan_interval_s, name="dedup_horizon")(forget_settled_jobs)
+        timers.append(
+            Periodic(
+                "dedup horizon",
+                settings.dedup_scan_interval_s,
+                forget_settled_jobs,
+                crash_on_bug=True,
+            )
+        )
+
+    async def run_timers() -> None:
+        # An app task starts once table recovery is over, as Faust's own timers do.
+        async with contextlib.AsyncExitStack() as stack:
+            for timer in timers:
+                await stack.enter_async_context(timer)
+            await asyncio.gather(*(timer.run() for timer in timers))
+
+    app.task(run_timers)
     app.after_streams_stopped.append(dispatcher.drain)
     app.after_streams_stopped.append(bulk.drain)
     setup_lean_prometheus(app)

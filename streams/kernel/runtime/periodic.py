@@ -76,29 +76,6 @@ class JobFailures:
         self.outage.recovered()
 
 
-def guarded(
-    job: str,
-    fn: Callable[[], Awaitable[object]],
-    logger: logging.Logger = log,
-    *,
-    clock: Callable[[], float] = time.monotonic,
-) -> Callable[[], Awaitable[None]]:
-    """``fn`` that never raises (cancellation apart), for a timer someone else schedules
-    (a Faust ``app.timer``, whose app crashes when a timer raises)."""
-    failures = JobFailures(job, logger, clock=clock)
-
-    async def run() -> None:
-        try:
-            await fn()
-        except Exception as exc:  # noqa: BLE001 - a timer must never crash its process
-            failures.failed(exc)
-        else:
-            failures.succeeded()
-
-    run.__name__ = run.__qualname__ = job.replace(" ", "_").replace("-", "_")
-    return run
-
-
 class Periodic(Service):
     """Runs ``fn`` now and then every ``interval_s`` in a task of its own, until stopped.
 
@@ -107,6 +84,11 @@ class Periodic(Service):
     runs ``fn`` back to back (``fn`` then waits on its own, e.g. a poll with a timeout).
     ``kafka``: the job reads Kafka (its outage line gives way to the process's Kafka
     outage line, :mod:`streams.kernel.kafka_outage`).
+
+    ``crash_on_bug``: a failure that is not a dependency being away ends the timer, and
+    :meth:`run` raises it, for a job whose bug must stop its process (the worker's retry
+    scan and dedup horizon: Faust crashes the app when an app task raises, and the
+    supervisor restarts it). Without it every failure is told and the timer goes on.
     """
 
     def __init__(
@@ -119,15 +101,18 @@ class Periodic(Service):
         max_retry_s: float = 30.0,
         logger: logging.Logger = log,
         kafka: bool = True,
+        crash_on_bug: bool = False,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__(name=name)
+        self.crash_on_bug = crash_on_bug
         self.interval_s = interval_s
         self.retry_s = retry_s
         self.max_retry_s = max_retry_s
         self.failures = 0
         """Failed runs in a row."""
         self.runs = 0
-        self._told = JobFailures(name, logger, kafka=kafka)
+        self._told = JobFailures(name, logger, kafka=kafka, clock=clock)
         self._fn = fn
         self._task: asyncio.Task[None] | None = None
 
@@ -153,19 +138,31 @@ class Periodic(Service):
     def summary(self) -> str:
         return f"{self.runs} runs, {self.failures} failing in a row"
 
+    async def run(self) -> None:
+        """Wait for the timer's end: never, unless ``crash_on_bug`` and a bug (raised here)."""
+        if self._task is None:
+            raise RuntimeError(f"{self.name}: run() before start()")
+        await asyncio.shield(self._task)
+
+    async def tick(self) -> bool:
+        """Run the job once, its failure told (or raised: ``crash_on_bug``); True if it ran."""
+        try:
+            await self._fn()
+        except Exception as exc:  # noqa: BLE001 - a timer tells its failures, never crashes
+            if self.crash_on_bug and not is_transient(exc):
+                raise
+            self._told.failed(exc)
+            self.failures += 1
+            return False
+        self._told.succeeded()
+        self.failures = 0
+        return True
+
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             started = loop.time()
-            try:
-                await self._fn()
-            except Exception as exc:  # noqa: BLE001 - a timer must never crash its process
-                self._told.failed(exc)
-                self.failures += 1
-                wait = self.retry_delay(self.failures)
-            else:
-                self._told.succeeded()
-                self.failures = 0
-                wait = self.interval_s
+            wait = self.interval_s if await self.tick() else self.retry_delay(self.failures)
             self.runs += 1
+            # Ticks keep their rhythm: a slow run shortens the wait, never stacks up.
             await asyncio.sleep(max(wait - (loop.time() - started), 0.0))

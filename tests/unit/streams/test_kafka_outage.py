@@ -14,7 +14,7 @@ from prometheus_client import REGISTRY
 
 from streams.kernel import kafka_outage
 from streams.kernel.kafka_outage import KafkaOutageWatch, is_unavailability
-from streams.kernel.runtime.periodic import FLAP_WINDOW_S, guarded
+from streams.kernel.runtime.periodic import FLAP_WINDOW_S, Periodic
 
 LOGGER = "zapstream.test.kafka_outage"
 AIOKAFKA = logging.getLogger("aiokafka")
@@ -256,7 +256,9 @@ async def test_a_periodic_reader_says_nothing_more_inside_the_process_outage(
         if outcome is not None:
             raise outcome
 
-    run = guarded("lag monitor", read, logging.getLogger(LOGGER), clock=lambda: 0.0)
+    run = Periodic(
+        "lag monitor", 1.0, read, logger=logging.getLogger(LOGGER), clock=lambda: 0.0
+    ).tick
     watch = KafkaOutageWatch("t-reader", None, logger=logging.getLogger(LOGGER), probe=_refuses)
     with caplog.at_level(logging.INFO):
         async with watch:
@@ -295,7 +297,9 @@ async def test_a_reader_failing_again_right_after_reading_again_is_the_same_outa
             raise outcome
 
     now = [0.0]
-    run = guarded("sink progress", read, logging.getLogger(LOGGER), clock=lambda: now[0])
+    run = Periodic(
+        "sink progress", 1.0, read, logger=logging.getLogger(LOGGER), clock=lambda: now[0]
+    ).tick
     with caplog.at_level(logging.INFO):
         for _ in range(4):
             await run()

@@ -7,7 +7,7 @@ import logging
 import pytest
 from aiokafka.errors import KafkaConnectionError, KafkaError, RequestTimedOutError
 
-from streams.kernel.runtime.periodic import guarded
+from streams.kernel.runtime.periodic import Periodic
 
 LOGGER = "zapstream.test.kafka_reader"
 
@@ -31,7 +31,9 @@ async def test_a_hung_then_unreachable_kafka_is_one_outage_and_one_recovery(
         if face is not None:
             raise face
 
-    run = guarded("lag monitor", read, logging.getLogger(LOGGER), clock=lambda: 0.0)
+    run = Periodic(
+        "lag monitor", 1.0, read, logger=logging.getLogger(LOGGER), clock=lambda: 0.0
+    ).tick
     with caplog.at_level(logging.INFO, logger=LOGGER):
         for _ in range(6):
             await run()
@@ -49,7 +51,7 @@ async def test_a_bug_after_a_kafka_outage_still_gets_its_traceback(
     async def read() -> None:
         raise faces.pop(0)
 
-    run = guarded("lag monitor", read, logging.getLogger(LOGGER))
+    run = Periodic("lag monitor", 1.0, read, logger=logging.getLogger(LOGGER)).tick
     with caplog.at_level(logging.INFO, logger=LOGGER):
         await run()
         await run()

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 from aiokafka.errors import KafkaConnectionError
 
-from streams.kernel.runtime.periodic import Periodic, guarded
+from streams.kernel.runtime.periodic import Periodic
 from streams.kernel.settings import BrokerFlavor, EndOffsetSource, KafkaSettings
 from streams.lag_monitor import GroupLag, partition_lag
 
@@ -155,17 +155,17 @@ async def test_periodic_keeps_running_through_any_error_and_stops_when_asked() -
     assert seen >= 6 and len(calls) == seen  # kept going after three errors; stopped after
 
 
-async def test_guarded_swallows_errors_but_not_cancellation() -> None:
+async def test_a_tick_tells_errors_but_not_cancellation() -> None:
     async def broken() -> None:
         raise KeyError("bug")
 
-    await guarded("broken job", broken)()  # no exception
+    assert not await Periodic("broken job", 1.0, broken).tick()  # told, not raised
 
     async def cancelled() -> None:
         raise asyncio.CancelledError
 
     with pytest.raises(asyncio.CancelledError):
-        await guarded("cancelled job", cancelled)()
+        await Periodic("cancelled job", 1.0, cancelled).tick()
 
 
 def test_failed_runs_back_off_exponentially_up_to_the_cap_never_under_the_interval() -> None:

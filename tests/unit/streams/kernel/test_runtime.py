@@ -257,3 +257,18 @@ async def test_health_endpoint_serves_three_paths_and_closes() -> None:
             assert "zapstream_timer_errors_total" in await reply.text()
     with socket.socket() as sock:
         assert sock.connect_ex(("127.0.0.1", port)) != 0
+
+
+async def test_a_crash_on_bug_timer_waits_out_outages_and_raises_a_bug_from_run() -> None:
+    outcomes: list[Exception | None] = [OSError("refused"), None, ValueError("broken invariant")]
+
+    async def job() -> None:
+        outcome = outcomes.pop(0)
+        if outcome is not None:
+            raise outcome
+
+    timer = Periodic("retries", 0.0, job, retry_s=0.001, max_retry_s=0.001, crash_on_bug=True)
+    async with timer:
+        with pytest.raises(ValueError, match="broken invariant"):
+            await asyncio.wait_for(timer.run(), 5)
+    assert outcomes == [] and timer.runs == 2 and timer.outage.outages == 1
