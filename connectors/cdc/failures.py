@@ -36,6 +36,7 @@ __all__ = [
     "Classified",
     "OutageLog",
     "RelayConfigError",
+    "RelayError",
     "classify_exception",
     "classify_postgres",
 ]
@@ -107,3 +108,7 @@ class RelayConfigError(RuntimeError):
     """A failure no retry will fix: the relay stops and names what to change. Exit status 2."""
 
     retriable = False
+
+
+class RelayError(RuntimeError):
+    """The relay cannot go on safely (Kafka refused or cancelled a record)."""
