@@ -1,13 +1,13 @@
-"""The relay's PostgreSQL and Kafka failures, classified once (shared rules: connectors.failures).
+"""The relay's PostgreSQL and Kafka failures, classified once (rules: kernel.failures).
 
 Every error the relay meets at its edges (provisioning over an ordinary
 connection, the replication connection, the Kafka producer) goes through
 :func:`classify_postgres` or is a Kafka error with aiokafka's ``retriable``:
 
-- **transient** (see :mod:`connectors.failures`): the relay reconnects with
-  :class:`~connectors.failures.Backoff` for as long as it lasts and logs the
+- **transient** (see :mod:`streams.kernel.failures`): the relay reconnects with
+  :class:`~streams.kernel.runtime.backoff.Backoff` for as long as it lasts and logs the
   outage once when it starts and once when it ends
-  (:class:`~connectors.failures.OutageLog`).
+  (:class:`~streams.kernel.runtime.outage.OutageLog`).
 - **permanent**: besides the shared cases (authentication, no database, no
   outbox tables), the relay's own: 42501 no replication privilege, ``wal_level``
   not ``logical`` (55000), a slot with another plugin. The relay raises
@@ -20,15 +20,15 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from connectors.failures import (
+from streams.kernel.failures import (
     DATABASE_SETTING,
     PERMANENT_MESSAGES,
     PERMANENT_SQLSTATES,
     TRANSIENT_SQLSTATE_CLASSES,
-    Backoff,
-    OutageLog,
 )
-from connectors.failures import classify_postgres as _classify
+from streams.kernel.failures import classify_postgres as _classify
+from streams.kernel.runtime.backoff import Backoff
+from streams.kernel.runtime.outage import OutageLog
 
 __all__ = [
     "TRANSIENT_SQLSTATE_CLASSES",
@@ -91,11 +91,11 @@ def classify_postgres(sqlstate: str | None, message: str) -> Classified:
     verdict = _classify(sqlstate, message, hints=_RELAY_SQLSTATES, messages=_RELAY_MESSAGES)
     code = verdict.code if verdict.code != "DSN" else None
     if verdict.hint is not None:
-        return Classified(False, f"{verdict.hint} ({verdict.detail})", code)
+        return Classified(False, f"{verdict.hint} ({verdict.problem})", code)
     if verdict.retriable or code is None:
-        return Classified(verdict.retriable, verdict.detail, code)
+        return Classified(verdict.retriable, verdict.problem, code)
     # Any other server error (syntax, constraint, ...) will recur: a bug or a schema problem.
-    return Classified(False, f"PostgreSQL refused the relay's request: {verdict.detail}", code)
+    return Classified(False, f"PostgreSQL refused the relay's request: {verdict.problem}", code)
 
 
 def classify_exception(exc: BaseException) -> Classified:

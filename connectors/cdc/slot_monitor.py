@@ -44,7 +44,7 @@ from connectors.cdc.metrics import (
     SLOT_METRICS_READ,
     SLOT_RETAINED_WAL,
 )
-from connectors.failures import ReopeningConnection, postgres_deadline
+from streams.kernel.postgres import ReopeningConnection, postgres_deadline
 
 log = logging.getLogger(__name__)
 

@@ -268,14 +268,14 @@ async def _read_postgres(
 
 
 def _unreachable(exc: BaseException) -> StatusUnavailable:
-    from connectors.failures import classify_postgres
+    from streams.kernel.failures import classify_postgres
 
     if isinstance(exc, TimeoutError):
         return StatusUnavailable("PostgreSQL (ZAPSTREAM_DATABASE_URL) did not answer in time")
     if isinstance(exc, psycopg.Error):
         verdict = classify_postgres(exc.sqlstate, str(exc))
         if verdict.hint is not None:
-            detail = mask_secrets(verdict.detail)
+            detail = mask_secrets(verdict.problem)
             return StatusUnavailable(f"PostgreSQL: {verdict.hint} ({detail})")
     detail = error_detail(exc)
     return StatusUnavailable(f"PostgreSQL unreachable (ZAPSTREAM_DATABASE_URL): {detail}")

@@ -21,7 +21,6 @@ from collections.abc import Iterator
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
 
-from connectors.failures import Backoff, OutageLog, classify_kafka_security
 from connectors.ops.config_errors import StartupRefused
 from streams.kernel.contract import (
     BULK_INTENTS,
@@ -33,6 +32,9 @@ from streams.kernel.contract import (
     TopicSpec,
     topic_specs,
 )
+from streams.kernel.failures import classify_kafka_security
+from streams.kernel.runtime.backoff import Backoff
+from streams.kernel.runtime.outage import OutageLog
 from streams.kernel.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -96,7 +98,7 @@ async def kafka_security_problem(kafka: KafkaSettings, timeout_s: float = 10.0) 
     aiokafka's bootstrap logs each broker's error and raises "unable to bootstrap",
     which reads like a broker that is down. One more connection to each bootstrap
     server, with the clients' options, shows the real cause
-    (:func:`~connectors.failures.classify_kafka_security`).
+    (:func:`~streams.kernel.failures.classify_kafka_security`).
     """
     protocol = kafka.security_protocol
     if not (protocol.uses_tls or protocol.uses_sasl):
@@ -195,9 +197,9 @@ async def partition_counts_when_reachable(
     """:func:`partition_counts`, waiting out a broker that cannot be reached yet.
 
     A broker that is down or not up yet is transient for a long-running service:
-    retried with the edges' capped, jittered :class:`~connectors.failures.Backoff`
+    retried with the edges' capped, jittered :class:`~streams.kernel.runtime.backoff.Backoff`
     for as long as it lasts, logged once when the outage starts and once when it
-    ends (:class:`~connectors.failures.OutageLog`).
+    ends (:class:`~streams.kernel.runtime.outage.OutageLog`).
     """
     backoff = Backoff(first_delay_s, max_delay_s)
     outage = OutageLog("Kafka", log)

@@ -1,4 +1,4 @@
-"""The state sink's PostgreSQL and Kafka failures, classified once (shared: connectors.failures).
+"""The state sink's PostgreSQL and Kafka failures, classified once (rules: kernel.failures).
 
 Every error the sink meets at its edges goes through :func:`classify`:
 
@@ -33,17 +33,12 @@ import logging
 import psycopg
 from aiokafka import errors as kafka_errors
 
-from connectors.failures import (
-    DATABASE_SETTING,
-    MIGRATE,
-    PERMANENT_SQLSTATES,
-    Backoff,
-    OutageLog,
-    one_line,
-)
-from connectors.failures import classify_postgres as _classify
 from connectors.ops.config_errors import StartupRefused
 from connectors.sink import metrics
+from streams.kernel.failures import DATABASE_SETTING, MIGRATE, PERMANENT_SQLSTATES, one_line
+from streams.kernel.failures import classify_postgres as _classify
+from streams.kernel.runtime.backoff import Backoff
+from streams.kernel.runtime.outage import OutageLog
 
 __all__ = ["Backoff", "Failure", "Outage", "SinkConfigError", "Verdict", "classify"]
 
@@ -109,14 +104,14 @@ def classify_postgres(sqlstate: str | None, message: str) -> Failure:
     """Transient or permanent, from the SQLSTATE and (without one) libpq's message."""
     verdict = _classify(sqlstate, message, hints=_SINK_SQLSTATES)
     if verdict.hint is not None:
-        return Failure(Verdict.PERMANENT, "postgres", f"{verdict.hint} ({verdict.detail})")
+        return Failure(Verdict.PERMANENT, "postgres", f"{verdict.hint} ({verdict.problem})")
     if verdict.retriable:
         where = f" (SQLSTATE {verdict.code})" if verdict.code else ""
-        return Failure(Verdict.TRANSIENT, "postgres", verdict.detail + where)
+        return Failure(Verdict.TRANSIENT, "postgres", verdict.problem + where)
     return Failure(
         Verdict.PERMANENT,
         "postgres",
-        f"PostgreSQL refused the sink's write: {verdict.detail} ({verdict.code})",
+        f"PostgreSQL refused the sink's write: {verdict.problem} ({verdict.code})",
     )
 
 

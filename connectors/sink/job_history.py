@@ -4,7 +4,7 @@ The worker asks it only about late redeliveries (intents older than the dedup
 horizon for jobs its table forgot), so the connection is opened on first use,
 not at start: a worker never needs PostgreSQL to send new intents. Every failure
 becomes :class:`~streams.kernel.job_history.HistoryUnavailable` (transient or permanent,
-classified by :mod:`connectors.failures`); the caller waits and asks again.
+classified by :mod:`streams.kernel.failures`); the caller waits and asks again.
 It lives beside the state sink: both are the worker side's view of ``outbox_jobs``.
 """
 
@@ -15,8 +15,9 @@ from typing import Any
 
 import psycopg
 
-from connectors.failures import ReopeningConnection, classify_postgres
+from streams.kernel.failures import classify_postgres
 from streams.kernel.job_history import HistoricState, HistoryUnavailable
+from streams.kernel.postgres import ReopeningConnection
 from streams.kernel.settings import PostgresSettings
 
 _STATUS = "SELECT status FROM outbox_jobs WHERE id = %s"
@@ -70,7 +71,7 @@ class PostgresJobHistory:
                 if exc.sqlstate is None and not isinstance(exc, psycopg.OperationalError):
                     raise  # a client-side bug, not an outage
                 verdict = classify_postgres(exc.sqlstate, str(exc))
-                problem = f"{verdict.hint} ({verdict.detail})" if verdict.hint else verdict.detail
+                problem = f"{verdict.hint} ({verdict.problem})" if verdict.hint else verdict.problem
                 raise HistoryUnavailable(
                     f"outbox_jobs: {problem}", permanent=not verdict.retriable
                 ) from exc

@@ -31,10 +31,11 @@ from typing import Any
 
 import psycopg
 
-from connectors.failures import OutageLog, ReopeningConnection, postgres_deadline
 from connectors.ops.config_errors import error_detail
 from connectors.ops.pipeline_sql import job_counts, pending_groups
 from connectors.sink import metrics
+from streams.kernel.postgres import ReopeningConnection, postgres_deadline
+from streams.kernel.runtime.outage import OutageLog
 from streams.kernel.settings import PostgresSettings
 
 __all__ = ["PipelineGauges"]

@@ -44,7 +44,6 @@ import psycopg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
 from aiokafka.errors import KafkaError
 
-from connectors.failures import MIGRATE, Backoff, postgres_deadline
 from connectors.sink import metrics
 from connectors.sink.failures import Outage, SinkConfigError, Verdict, classify
 from connectors.sink.pipeline_metrics import PipelineGauges
@@ -56,7 +55,10 @@ from streams.kernel.contract import (
     JobStatus,
     StatusChanged,
 )
+from streams.kernel.failures import MIGRATE
 from streams.kernel.kafka_outage import KafkaOutageWatch
+from streams.kernel.postgres import postgres_deadline
+from streams.kernel.runtime.backoff import Backoff
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

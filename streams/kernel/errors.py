@@ -1,4 +1,7 @@
-"""The error tree every gateway client maps its failures into, classified once at its edge.
+"""The failure vocabulary: :class:`Failure` (a dependency, retriable or not, the problem, a
+hint), and the gateway tree every gateway client maps its failures into, classified once at
+its edge. PostgreSQL and Kafka failures use the same vocabulary
+(:mod:`streams.kernel.failures` classifies them).
 
 Gateway clients live in ``connectors/gateways``; each failure becomes one of three
 classes carrying a ``retriable`` attribute, so callers never need an except-list
@@ -28,10 +31,43 @@ from __future__ import annotations
 import re
 
 
-class GatewayError(Exception):
+class Failure(Exception):
+    """A classified failure of one dependency: every edge raises or returns these.
+
+    ``retriable``: a later attempt may succeed (transient) or not (permanent: one line for
+    the operator, exit 2 at start). ``dependency`` names the peer (``postgres``, ``kafka``,
+    ``gateway``, ``config``); ``problem`` is one line, masked; ``hint`` what the operator
+    must do (the setting or the command); ``code`` the peer's code (a SQLSTATE, an HTTP
+    status) when there is one.
+    """
+
+    retriable: bool = False
+    dependency: str = "unknown"
+
+    def __init__(
+        self,
+        problem: str,
+        *,
+        dependency: str | None = None,
+        retriable: bool | None = None,
+        hint: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(problem if hint is None else f"{problem}: {hint}")
+        self.problem = problem
+        self.hint = hint
+        self.code = code
+        if dependency is not None:
+            self.dependency = dependency
+        if retriable is not None:
+            self.retriable = retriable
+
+
+class GatewayError(Failure):
     """Base of every classified gateway failure."""
 
     retriable: bool = False
+    dependency = "gateway"
     scope: str = "message"
     """What the failure is about: ``message`` (this request) or ``instance`` (every
     request of the instance fails the same way until an operator fixes it)."""

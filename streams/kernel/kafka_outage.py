@@ -126,7 +126,7 @@ def reported() -> bool:
 
 
 class OutageTarget(Protocol):
-    """A component's own once-each-way outage log (``connectors.failures.OutageLog``)."""
+    """A component's own once-each-way outage log (``streams.kernel.runtime.outage.OutageLog``)."""
 
     @property
     def ongoing(self) -> bool: ...

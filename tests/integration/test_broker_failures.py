@@ -56,7 +56,7 @@ KILL_AFTER = 1_000
 PARTITIONS = 4
 
 START_LINES = {
-    # connectors.failures.OutageLog (relay, sink) and streams.kernel.kafka_outage (worker).
+    # the runtime OutageLog (relay, sink) and streams.kernel.kafka_outage (worker).
     "kafka outage": re.compile(r"\b[Kk]afka unavailable\b"),
     # streams.kernel.kafka_outage: one broker refused a connection while the others answer.
     "broker unreachable": re.compile(r"\ba connection to a Kafka broker failed\b"),

@@ -41,10 +41,10 @@ from pydantic import SecretStr
 from connectors.cdc.lsn import Lsn
 from connectors.cdc.provisioning import ensure_replication
 from connectors.cdc.replication_stream import ReplicationStream, ReplicationStreamClosed
-from connectors.failures import PostgresSilent, postgres_deadline
 from devtools.devstack import ManagedProcess
 from devtools.local_pipeline import LocalPipeline
 from devtools.tcp_proxy import TcpProxy
+from streams.kernel.postgres import PostgresSilent, postgres_deadline
 from streams.kernel.settings import PostgresSettings
 from tests.integration.support import Arrivals, enqueue_conversations, wait_for_status, wait_until
 

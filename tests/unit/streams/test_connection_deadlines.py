@@ -14,8 +14,8 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 from pydantic import SecretStr, ValidationError
 
-from connectors.failures import PostgresSilent, postgres_deadline
 from connectors.sink.failures import Verdict, classify
+from streams.kernel.postgres import PostgresSilent, postgres_deadline
 from streams.kernel.settings import KafkaSettings, PostgresSettings
 from streams.worker_settings import WorkerSettings
 

@@ -16,9 +16,9 @@ from aiokafka.errors import (
 from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
 from pydantic import ValidationError
 
-from connectors.failures import classify_kafka_security
 from connectors.ops.config_errors import render_validation_error
 from streams.app import broker_credentials
+from streams.kernel.failures import classify_kafka_security
 from streams.kernel.settings import KafkaSettings
 
 CA = certifi.where()
