@@ -21,9 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from aiokafka.errors import IllegalOperation, KafkaError, KafkaTimeoutError, ProducerFenced
 
-from connectors.cdc.failures import RelayConfigError, RelayError
+from connectors.cdc.failures import RelayError, kafka_transient, refused
 from connectors.cdc.lsn import Lsn
-from connectors.cdc.publisher import kafka_transient
 from connectors.cdc.settings import RelaySettings
 from connectors.cdc.source import ReplicationSource
 from connectors.cdc.transactions import (
@@ -96,10 +95,11 @@ class KafkaTransactions:
             return None
         except KafkaError as exc:
             if not kafka_transient(exc) and not isinstance(exc, ProducerFenced):
-                raise RelayConfigError(
+                raise refused(
                     f"Kafka refused the relay's transactions as {transactional_id(s)} ({exc!r}): "
                     "with ACLs, allow it Write and Describe on that transactional id and Read "
-                    "on that group; or set ZAPSTREAM_RELAY_EXACTLY_ONCE=false"
+                    "on that group; or set ZAPSTREAM_RELAY_EXACTLY_ONCE=false",
+                    dependency="kafka",
                 ) from exc
             publisher.fail(exc)
             return None

@@ -12,9 +12,10 @@ in the connection's :class:`~connectors.cdc.acks.AckTracker`:
 - **backpressure**: at most ``max_in_flight`` records unacknowledged;
 - **settlement**: an acknowledgement counts towards its transaction; any other
   answer stops confirmation at that record (:meth:`Publisher.fail`);
-- **replacement**: a record Kafka refuses for good (too large, corrupt,
-  :data:`PER_RECORD_ERRORS`) is replaced by its minimal rejection, so one row
-  never blocks the slot; a batch refused as a whole is sent again record by record.
+- **replacement**: a record Kafka refuses for good (too large, corrupt:
+  :data:`~connectors.cdc.failures.PER_RECORD_ERRORS`) is replaced by its minimal
+  rejection, so one row never blocks the slot; a batch refused as a whole is sent
+  again record by record.
 
 A producer without the batch methods (a test's fake) gets one send per record.
 """
@@ -28,17 +29,11 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import (
-    CorruptRecordException,
-    KafkaError,
-    KafkaTimeoutError,
-    MessageSizeTooLargeError,
-    RecordListTooLargeError,
-)
+from aiokafka.errors import KafkaError
 from aiokafka.partitioner import DefaultPartitioner, murmur2
 
 from connectors.cdc.acks import AckOrderError, AckTracker
-from connectors.cdc.failures import RelayError
+from connectors.cdc.failures import PER_RECORD_ERRORS, RelayError, kafka_transient
 from connectors.cdc.metrics import ACKED, RelayStats
 from connectors.cdc.outbox_rows import CapturedIntent
 from connectors.cdc.settings import RelaySettings
@@ -50,22 +45,6 @@ if TYPE_CHECKING:
 
 # The relay's log lines keep the logger name they always had: operators filter on it.
 log = logging.getLogger("connectors.cdc.relay")
-
-PER_RECORD_ERRORS: tuple[type[KafkaError], ...] = (
-    MessageSizeTooLargeError,
-    RecordListTooLargeError,
-    CorruptRecordException,
-)
-"""Kafka refuses this one record, however often it is sent: it becomes a minimal rejection."""
-
-
-def kafka_transient(exc: BaseException) -> bool:
-    """A Kafka failure a later attempt may not meet: brokers away, a batch that expired.
-
-    A batch that expired (``KafkaTimeoutError``) may still have been written:
-    replaying it from the slot makes a duplicate the worker drops by job id.
-    """
-    return isinstance(exc, KafkaTimeoutError) or (isinstance(exc, KafkaError) and exc.retriable)
 
 
 class KeyHashPartitioner:

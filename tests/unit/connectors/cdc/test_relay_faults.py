@@ -15,11 +15,11 @@ import psycopg
 import pytest
 from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError, MessageSizeTooLargeError
 
-from connectors.cdc.failures import RelayConfigError
 from connectors.cdc.lsn import Lsn
 from connectors.cdc.outbox_rows import TRUNCATION_MARKER
 from connectors.cdc.replication_stream import ReplicationError, ReplicationStreamClosed
 from streams.kernel.contract import INTENTS, INVALID
+from streams.kernel.failures import StartRefused
 from tests.unit.connectors.cdc.test_relay_loop import (
     COMMIT_TS,
     DEADLINE_S,
@@ -243,7 +243,7 @@ async def test_a_permanent_postgres_failure_stops_with_a_config_error(
     h = Harness()
     h.sources[0] = FailingStartSource(h.events, error)
     async with h.running() as task:
-        with pytest.raises(RelayConfigError, match=hint):
+        with pytest.raises(StartRefused, match=hint):
             await asyncio.wait_for(task, DEADLINE_S)
 
 
