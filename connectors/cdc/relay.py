@@ -84,9 +84,7 @@ from connectors.cdc.exactly_once import KafkaTransactions
 from connectors.cdc.failures import Backoff, OutageLog, RelayError, refused
 from connectors.cdc.lsn import Lsn
 from connectors.cdc.metrics import LatencyWindow, RelayStats
-from connectors.cdc.provisioning import ensure_replication
 from connectors.cdc.publisher import KeyHashPartitioner, Publisher, build_producer
-from connectors.cdc.replication_stream import ReplicationStream
 from connectors.cdc.settings import RelaySettings
 from connectors.cdc.shaping import RecordShaper
 from connectors.cdc.slot_monitor import SlotMonitor
@@ -152,14 +150,7 @@ class OutboxRelay(Service):
             logger=log,
         )
         if monitor is None and source_factory is None:
-            monitor = SlotMonitor(
-                settings.postgres.service_dsn,
-                settings.slot,
-                query_timeout_s=settings.postgres.query_timeout_s,
-                interval_s=settings.slot_metrics_interval_s,
-                heartbeat_interval_s=settings.heartbeat_interval_s,
-                streaming=self.is_streaming,
-            )
+            monitor = SlotMonitor.of_relay(settings, streaming=self.is_streaming)
         self._monitor = monitor
         self._stats = RelayStats()
         shaper = RecordShaper(settings, self._stats)
@@ -207,8 +198,8 @@ class OutboxRelay(Service):
             self._publisher,
             self._streamer,
             transactions=self._eos,
-            new_source=source_factory or self._replication_stream,
-            provision=provision or self._ensure_replication,
+            new_source=source_factory,
+            provision=provision,
             sleep=self._sleep,
             stopping=stopping,
             kafka_outage=self._kafka_outage,
@@ -323,22 +314,6 @@ class OutboxRelay(Service):
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.wait_stop_requested(), delay_s)
         return self.stop_requested
-
-    def _replication_stream(self) -> ReplicationSource:
-        s = self.settings
-        return ReplicationStream(
-            s.postgres.dsn,
-            slot=s.slot,
-            publication=s.publication,
-            connect_timeout_s=s.postgres.connect_timeout_s,
-            silence_timeout_s=s.replication_timeout_s,
-        )
-
-    async def _ensure_replication(self) -> Lsn:
-        s = self.settings
-        return await asyncio.to_thread(
-            ensure_replication, s.postgres.dsn, slot=s.slot, publication=s.publication
-        )
 
     # --- the main body ------------------------------------------------------------------
 

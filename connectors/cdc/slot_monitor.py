@@ -44,6 +44,7 @@ from connectors.cdc.metrics import (
     SLOT_METRICS_READ,
     SLOT_RETAINED_WAL,
 )
+from connectors.cdc.settings import RelaySettings
 from streams.kernel.postgres import ReopeningConnection, postgres_deadline
 from streams.kernel.runtime.periodic import Periodic
 from streams.kernel.runtime.service import Service
@@ -135,6 +136,18 @@ class SlotMonitor(Service):
             self.add_child(
                 Periodic("relay heartbeat", heartbeat_interval_s, self._beat, logger=log)
             )
+
+    @classmethod
+    def of_relay(cls, settings: RelaySettings, *, streaming: Callable[[], bool]) -> SlotMonitor:
+        """The monitor of the relay configured by ``settings`` (its own ordinary connection)."""
+        return cls(
+            settings.postgres.service_dsn,
+            settings.slot,
+            query_timeout_s=settings.postgres.query_timeout_s,
+            interval_s=settings.slot_metrics_interval_s,
+            heartbeat_interval_s=settings.heartbeat_interval_s,
+            streaming=streaming,
+        )
 
     async def stop(self) -> None:
         """Stop the timers and close the connection (also one opened by a direct read)."""

@@ -2,7 +2,8 @@
 
 :class:`SlotSupervisor` holds the slot for the relay. It provisions the
 publication and slot (retrying while PostgreSQL is away), opens a replication
-connection per attempt and, depending on the answer:
+connection per attempt (a :class:`~connectors.cdc.replication_stream.ReplicationStream`
+unless a source factory is injected) and, depending on the answer:
 
 - the slot is streamed by another relay: :attr:`SlotState.STANDBY`, retrying
   every ``standby_retry_s`` (announced once per standby spell);
@@ -41,10 +42,11 @@ from connectors.cdc.failures import (
 )
 from connectors.cdc.lsn import Lsn
 from connectors.cdc.metrics import ACTIVE
-from connectors.cdc.provisioning import ProvisioningError
+from connectors.cdc.provisioning import ProvisioningError, ensure_replication
 from connectors.cdc.publisher import Publisher
 from connectors.cdc.replication_stream import (
     ReplicationError,
+    ReplicationStream,
     ReplicationStreamClosed,
     SlotInUse,
     SlotNotFound,
@@ -78,8 +80,8 @@ class SlotSupervisor:
         streamer: Streamer,
         *,
         transactions: KafkaTransactions | None,
-        new_source: Callable[[], ReplicationSource],
-        provision: Callable[[], Awaitable[Lsn]],
+        new_source: Callable[[], ReplicationSource] | None = None,
+        provision: Callable[[], Awaitable[Lsn]] | None = None,
         sleep: Callable[[float], Awaitable[bool]],
         stopping: Callable[[], bool],
         kafka_outage: OutageLog,
@@ -88,8 +90,8 @@ class SlotSupervisor:
         self._publisher = publisher
         self._streamer = streamer
         self._eos = transactions
-        self._new_source = new_source
-        self._provision = provision
+        self._new_source = new_source or self._replication_stream
+        self._provision = provision or self._ensure_replication
         self._sleep = sleep
         self._stopping = stopping
         self._pg_outage = OutageLog("PostgreSQL", log)
@@ -101,6 +103,22 @@ class SlotSupervisor:
     def set_state(self, state: SlotState) -> None:
         self.state = state
         ACTIVE.set(1 if state is SlotState.STREAMING else 0)
+
+    def _replication_stream(self) -> ReplicationSource:
+        s = self._settings
+        return ReplicationStream(
+            s.postgres.dsn,
+            slot=s.slot,
+            publication=s.publication,
+            connect_timeout_s=s.postgres.connect_timeout_s,
+            silence_timeout_s=s.replication_timeout_s,
+        )
+
+    async def _ensure_replication(self) -> Lsn:
+        s = self._settings
+        return await asyncio.to_thread(
+            ensure_replication, s.postgres.dsn, slot=s.slot, publication=s.publication
+        )
 
     async def run(self) -> None:
         """Stream the slot until a stop is requested (or a permanent failure raises)."""
