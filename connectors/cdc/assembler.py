@@ -26,7 +26,12 @@ from __future__ import annotations
 import dataclasses
 
 from connectors.cdc.lsn import Lsn
-from connectors.cdc.outbox_rows import INTENT_COLUMNS, CapturedIntent, with_cut_values
+from connectors.cdc.outbox_rows import (
+    INTENT_COLUMNS,
+    CapturedIntent,
+    row_to_intent,
+    with_cut_values,
+)
 from connectors.cdc.pgoutput import Begin, Commit, Insert, Payload, PgOutputDecoder
 from connectors.cdc.provisioning import OUTBOX_TABLE, PUBLISHED_TABLES
 from connectors.cdc.shaping import Converted, RecordShaper, Row
@@ -102,7 +107,13 @@ class TransactionAssembler:
         kind = type(decoded)
         if kind is Insert:
             assert isinstance(decoded, Insert)
-            return None if self._skipping else self._insert(decoded, payload)
+            if self._skipping:
+                return None
+            if decoded.oversized is None and decoded.relation.name == OUTBOX_TABLE:
+                # The common case first, in as few calls as it takes (the relay's hot path).
+                intent = row_to_intent(decoded.new, lsn=self.lsn, committed_at=self.committed_at)
+                return RowCaptured(OUTBOX_TABLE, intent, decoded.new, payload, decoded.complete)
+            return self._insert(decoded, payload)
         if kind is Begin:
             assert isinstance(decoded, Begin)
             self.committed_at = decoded.commit_ts.isoformat()

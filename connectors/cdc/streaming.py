@@ -36,7 +36,6 @@ from connectors.cdc.metrics import (
     LatencyWindow,
     RelayStats,
 )
-from connectors.cdc.pgoutput import Payload
 from connectors.cdc.publisher import Linger, Publisher
 from connectors.cdc.replication_messages import PrimaryKeepalive, XLogData, pg_timestamp_to_unix
 from connectors.cdc.replication_stream import ReplicationError
@@ -113,31 +112,54 @@ class Streamer:
         self._txn = None
         self._rows_counted = self._stats.intents + self._stats.rejected
         log.info("relay streaming slot %s from %s", s.slot, confirmed)
-        next_status = time.monotonic() + s.status_interval_s
-        publisher = self._publisher
-        while not self._stopping() and publisher.failure is None:
-            message = await self._next_message(source)
-            if message is _AGAIN:
-                continue
-            if type(message) is XLogData:
-                await self._apply(message.payload, tracker)
-            elif isinstance(message, PrimaryKeepalive):
-                tracker.keepalive(message.wal_end)
-                if message.reply_requested:
-                    await self.report(source, force=True)
-            now = time.monotonic()
-            if eos is not None and self._txn is None and eos.due(now):
-                # Exactly-once: the interval passed; this is a transaction boundary.
-                await self._commit(source)
-            if now >= next_status:
-                await self.report(source)
-                next_status = now + s.status_interval_s
+        await self._read(source, tracker, self._assembler)
         await self.drain(source, at_boundary=self._txn is None)
         # Exactly-once: only what was confirmed is known to be committed in Kafka.
         return self.reported if eos is not None else tracker.confirmed
 
-    async def _next_message(self, source: ReplicationSource) -> Message | _Again:
-        """The next message, sending the open batches when the source runs dry (policy)."""
+    async def _read(
+        self, source: ReplicationSource, tracker: AckTracker, assembler: TransactionAssembler
+    ) -> None:
+        """The loop: read, assemble, publish, confirm, until a stop or a failure."""
+        status_interval_s = self._settings.status_interval_s
+        next_status = time.monotonic() + status_interval_s
+        publisher = self._publisher
+        feed, try_append = assembler.feed, publisher.try_append
+        message: Message | _Again
+        while not self._stopping() and publisher.failure is None:
+            # Batches fill while WAL is already at hand; the rest is _wait_for_message.
+            message = source.read_nowait() if publisher.batches else None
+            if message is None:
+                message = await self._wait_for_message(source)
+            if type(message) is XLogData:
+                step = feed(message.payload)
+                if isinstance(step, RowCaptured):
+                    # The common case without a coroutine: an intent appended to its batch.
+                    if not try_append(self._txn, step.record):
+                        await self._produce(step)
+                elif step is not None:
+                    self._boundary(step, tracker)
+            elif isinstance(message, PrimaryKeepalive):
+                await self._keepalive(source, message, tracker)
+            elif message is _AGAIN:
+                continue
+            now = time.monotonic()
+            if self._eos is not None and self._txn is None and self._eos.due(now):
+                # Exactly-once: the interval passed; this is a transaction boundary.
+                await self._commit(source)
+            if now >= next_status:
+                await self.report(source)
+                next_status = now + status_interval_s
+
+    async def _keepalive(
+        self, source: ReplicationSource, message: PrimaryKeepalive, tracker: AckTracker
+    ) -> None:
+        tracker.keepalive(message.wal_end)
+        if message.reply_requested:
+            await self.report(source, force=True)
+
+    async def _wait_for_message(self, source: ReplicationSource) -> Message | _Again:
+        """No WAL at hand: wait for some, sending the open batches as the policy says."""
         publisher = self._publisher
         if not publisher.batches:
             self._linger.reset()
@@ -150,51 +172,44 @@ class Streamer:
                     return _AGAIN
                 return message
             return await source.read(timeout_s=self._settings.status_interval_s)
-        # Batches fill while WAL is already at hand; once the source has nothing
-        # buffered they are sent, before waiting for more (after the policy's linger).
-        message = source.read_nowait()
-        if message is None and publisher.batched < publisher.policy.full_records:
+        if publisher.batched < publisher.policy.full_records:
             wait = self._linger.wait(time.monotonic(), kafka_busy=bool(publisher.in_flight))
             if wait is not None:
                 timeout_s, hold = wait
                 message = await source.read(timeout_s=timeout_s)
-                if message is None and hold:
+                if message is not None:
+                    return message
+                if hold:
                     return _AGAIN
-        if message is None:
-            await publisher.send_batches()
-            self._linger.reset()
-            return _AGAIN
-        return message
+        await publisher.send_batches()
+        self._linger.reset()
+        return _AGAIN
 
-    async def _apply(self, payload: Payload, tracker: AckTracker) -> None:
-        """One pgoutput message: a transaction begins or ends, or a row is produced."""
+    async def _produce(self, step: RowCaptured) -> None:
+        """A row the fast path did not take: produced whole, waiting for room if need be."""
         assert self._assembler is not None
-        step = self._assembler.feed(payload)
-        kind = type(step)
-        if kind is RowCaptured:
-            assert isinstance(step, RowCaptured)
-            # The common case without a coroutine: an intent appended to its open batch.
-            if not self._publisher.try_append(self._txn, step.record):
-                step = self._assembler.completed(step)
-                await self._publisher.produce(
-                    self._txn, step.table, step.record, step.row, too_large=step.too_large
-                )
-        elif kind is TxnBegun:
-            assert isinstance(step, TxnBegun)
+        step = self._assembler.completed(step)
+        await self._publisher.produce(
+            self._txn, step.table, step.record, step.row, too_large=step.too_large
+        )
+
+    def _boundary(self, step: TxnBegun | TxnCommitted, tracker: AckTracker) -> None:
+        """A transaction begins (its commit->read latency) or ends (counted, confirmable)."""
+        if type(step) is TxnBegun:
             self._txn = tracker.begin(step.commit_ts_us)
             self.commit_to_read.observe(self._clock() - pg_timestamp_to_unix(step.commit_ts_us))
-        elif kind is TxnCommitted:
-            assert isinstance(step, TxnCommitted)
-            tracker.commit(self._txn, step.end_lsn)
-            self._txn = None
-            stats = self._stats
-            stats.transactions += 1
-            TRANSACTIONS.inc()
-            rows = stats.intents + stats.rejected
-            ROWS.inc(rows - self._rows_counted)
-            self._rows_counted = rows
-            if step.skipped:
-                stats.skipped += 1
+            return
+        assert isinstance(step, TxnCommitted)
+        tracker.commit(self._txn, step.end_lsn)
+        self._txn = None
+        stats = self._stats
+        stats.transactions += 1
+        TRANSACTIONS.inc()
+        rows = stats.intents + stats.rejected
+        ROWS.inc(rows - self._rows_counted)
+        self._rows_counted = rows
+        if step.skipped:
+            stats.skipped += 1
 
     async def _commit(self, source: ReplicationSource, *, draining: bool = False) -> None:
         """Exactly-once: commit the open Kafka transaction, then confirm what it reached."""
