@@ -154,7 +154,7 @@ class OutboxRelay(Service):
         self._monitor = monitor
         self._stats = RelayStats()
         shaper = RecordShaper(settings, self._stats)
-        self._route = shaper.route
+        self._route = shaper.route  # where a record goes (tests of the topic names ask)
         stopping = self._stopping
         # Exactly-once (connectors.cdc.exactly_once): a transactional producer per session.
         self._eos = (

@@ -50,7 +50,7 @@ Message = XLogData | PrimaryKeepalive | None
 
 
 class _Again:
-    """No message, and none to wait for now: go round the loop (see _next_message)."""
+    """No message, and none to wait for now: go round the loop (see _wait_for_message)."""
 
 
 _AGAIN = _Again()
