@@ -54,6 +54,7 @@ from streams.kernel.contract import (
     IntentRejected,
     Record,
     intents_topic,
+    job_state_key,
 )
 
 # The relay's log lines keep the logger name they always had: operators filter on it.
@@ -211,7 +212,7 @@ class RecordShaper:
 
 
 def route_logical(record: Outgoing) -> tuple[str, bytes]:
-    """The logical topic (streams.kernel.contract) and the key."""
+    """The logical topic and the key, by the contract's key functions (streams.kernel.contract)."""
     if isinstance(record, CapturedIntent):
         return record.topic, record.partition_key
     if isinstance(record, IntentCaptured):
@@ -223,7 +224,9 @@ def route_logical(record: Outgoing) -> tuple[str, bytes]:
         # One partition, compacted by "<kind>:<target>": every worker reads every control.
         return CONTROLS, record.partition_key
     assert isinstance(record, IntentRejected)
-    return INVALID, str(record.job_id).encode()
+    if record.job_id is None:
+        return INVALID, b"None"  # a rejection naming no job (a control row): keyed as ever
+    return INVALID, job_state_key(record.job_id)
 
 
 def _reference(record: Record) -> dict[str, str | None] | None:
