@@ -107,7 +107,8 @@ def _ensure_slot(dsn: str, args: argparse.Namespace) -> int:
 
 
 def _cmd_restream(args: argparse.Namespace) -> int:
-    from connectors.cdc.restream import parse_duration, restream
+    from connectors.cdc.restream import restream
+    from connectors.ops.durations import parse_duration
     from streams.kernel.settings import PostgresSettings
 
     try:
@@ -133,7 +134,7 @@ def _cmd_restream(args: argparse.Namespace) -> int:
 
 
 def _cmd_prune(args: argparse.Namespace) -> int:
-    from connectors.cdc.restream import parse_duration
+    from connectors.ops.durations import parse_duration
     from connectors.outbox.retention import prune
     from streams.kernel.settings import PostgresSettings
 

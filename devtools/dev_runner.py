@@ -1,18 +1,25 @@
 """``make dev``: the whole pipeline on embedded defaults, with a demo batch and a summary.
 
 Starts a throwaway PostgreSQL and a broker (Apache Kafka, or Tansu with ``--kafka tansu``),
-the gateway simulator, the state sink,
-a relay and a worker, each its own process; enqueues ``--messages`` intents over
-``--instances`` WhatsApp instances and ``--conversations`` conversations through
-the application API; shows
-progress; and ends with what arrived at the gateway: accepted, duplicates,
-per-conversation order violations, commit-to-gateway latency and throughput.
+the gateway simulator, the state sink, a relay, a worker, the lag monitor and the
+operators' console (reading the lag monitor), each its own process; enqueues
+``--messages`` intents over ``--instances`` WhatsApp instances and ``--conversations``
+conversations through the application API; shows progress; and ends with what arrived
+at the gateway: accepted, duplicates, per-conversation order violations,
+commit-to-gateway latency and throughput.
+
+Then, unless ``--no-mix``, the demo mix (:mod:`devtools.demo_mix`): a few jobs retried,
+one DEAD, one UNCERTAIN, one cancelled, one expired, one INVALID row and a paused
+instance holding two, so the console, ``zapstream status`` and ``zapstream jobs list``
+show what operators meet. It comes after the batch's audit and is reported on its own.
+The summary ends with the console's URL and its demo login.
 Without ``--exit`` it keeps everything running until Ctrl-C so you can poke at it.
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import signal
 import sys
 import time
@@ -26,7 +33,11 @@ import psycopg
 from connectors.outbox.enqueue import enqueue
 from devtools.bench_support import proc_status_mib
 from devtools.delivery_audit import DeliveryReport, audit, demo_key, demo_text
-from devtools.local_pipeline import LocalPipeline
+from devtools.demo_mix import RETRY_SCHEDULE_S, DemoMix, MixReport
+from devtools.devstack import find_free_port
+from devtools.local_pipeline import CONSOLE_DEMO_TOKEN, LocalPipeline
+
+DEMO_PURPOSE = "demo"
 
 
 def demo_recipient(conversation: int) -> str:
@@ -65,7 +76,7 @@ def enqueue_demo(
                         to=demo_recipient(conversation),
                         text=demo_text(key),
                         idempotency_key=key,
-                        purpose="demo",
+                        purpose=DEMO_PURPOSE,
                     )
                     chunk.append(key)
             now = time.time()
@@ -105,12 +116,14 @@ def wait_for_delivery(
 
 
 def wait_for_outbox(dsn: str, count: int, timeout_s: float) -> dict[str, int]:
-    """Wait until the state sink wrote ``count`` jobs back as sent; return counts by status."""
+    """Wait until the state sink wrote ``count`` jobs of the demo batch back as sent; return
+    the batch's counts by status (the demo mix, another purpose, is counted on its own)."""
     deadline = time.monotonic() + timeout_s
     with psycopg.connect(dsn, autocommit=True) as conn:
         while True:
             rows = conn.execute(
-                "SELECT status, count(*) FROM outbox_jobs GROUP BY status"
+                "SELECT status, count(*) FROM outbox_jobs WHERE purpose = %s GROUP BY status",
+                (DEMO_PURPOSE,),
             ).fetchall()
             by_status = {str(s): int(n) for s, n in rows}
             if by_status.get("ACCEPTED", 0) >= count or time.monotonic() > deadline:
@@ -118,7 +131,7 @@ def wait_for_outbox(dsn: str, count: int, timeout_s: float) -> dict[str, int]:
             time.sleep(0.5)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m devtools.dev_runner", description=__doc__.split("\n\n")[0]
     )
@@ -142,7 +155,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the broker: Apache Kafka (default; one KRaft node, the jars `make kafka` fetched) "
         "or Tansu (no JVM)",
     )
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--no-mix",
+        action="store_true",
+        help="only the demo batch: no retried, DEAD, UNCERTAIN, cancelled, expired, INVALID "
+        "or held jobs after it",
+    )
+    return parser
+
+
+def run_mix(mix: DemoMix | None, out: TextIO = sys.stdout) -> MixReport | None:
+    """Make the demo mix's jobs, wait for their states, and report (None without a mix)."""
+    if mix is None:
+        return None
+    print(
+        "adding the demo mix: retried, DEAD, UNCERTAIN, cancelled, expired, INVALID and held "
+        "jobs ...",
+        file=out,
+        flush=True,
+    )
+    try:
+        mix.run_mix()
+    except TimeoutError as exc:
+        # The report below says which jobs did not get there.
+        print(f"  {exc}", file=out, flush=True)
+    return mix.finish()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
 
     broker_name = "Apache Kafka" if args.kafka == "apache" else "Tansu"
     print(
@@ -150,11 +191,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "sink ...",
         flush=True,
     )
+    worker_port = find_free_port()
     pipeline = LocalPipeline(
         args.dir,
         partitions=args.partitions,
         keep=args.dir is not None,
-        worker_env={"ZAPSTREAM_GATEWAY": args.gateway},
+        worker_env={
+            "ZAPSTREAM_GATEWAY": args.gateway,
+            "ZAPSTREAM_WORKER_WEB_PORT": str(worker_port),
+            "ZAPSTREAM_WORKER_RETRY_SCHEDULE_S": RETRY_SCHEDULE_S,
+        },
         broker="kafka" if args.kafka == "apache" else "tansu",
     )
     try:
@@ -165,10 +211,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  logs        {pipeline.dir}")
         if pipeline.sink is not None:
             print(f"  state sink  pid {pipeline.sink.pid} (zapstream sink)")
-        print("starting relay and worker ...", flush=True)
+        print("starting relay, worker, lag monitor and console ...", flush=True)
         pipeline.start_relay()
         pipeline.start_worker()
+        _, lag_url = pipeline.start_lag_monitor()
+        _, console_url = pipeline.start_console(lag_url=lag_url)
         run = uuid.uuid4().hex[:8]
+        mix = None
+        if not args.no_mix:
+            mix = DemoMix(
+                pipeline, run=run, worker_metrics_url=f"http://127.0.0.1:{worker_port}/metrics"
+            )
+            mix.pause()
         print(
             f"enqueueing {args.messages} messages over {args.instances} instances and "
             f"{args.conversations} conversations ...",
@@ -183,13 +237,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         report = wait_for_delivery(pipeline, keys, committed, timeout_s=args.timeout)
         states = wait_for_outbox(pipeline.dsn, len(keys), timeout_s=60)
+        mixed = run_mix(mix)
         print("\nsummary")
         print(report.summary())
         print(
             "processes:                "
             + ", ".join(f"{p.name} (pid {p.pid})" for p in pipeline.processes if p.is_running)
         )
-        print(f"outbox_jobs by status:    {states}")
+        print(f"outbox_jobs by status:    {states} (the batch, purpose {DEMO_PURPOSE})")
+        if mixed is not None:
+            print(mixed.summary())
         print(
             "peak RSS (VmHWM):         "
             + ", ".join(
@@ -198,13 +255,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if p.is_running
             )
         )
-        ok = report.ok and states.get("ACCEPTED", 0) == len(keys)
-        print("result: OK" if ok else "result: PROBLEMS (see above)", flush=True)
+        ok = report.ok and states.get("ACCEPTED", 0) == len(keys) and (mixed is None or mixed.ok)
+        print("result: OK" if ok else "result: PROBLEMS (see above)")
+        print(f"console:                  {console_url}/ (the overview; jobs, history, lag)")
+        print(
+            f"console login:            token {CONSOLE_DEMO_TOKEN} (operator demo; "
+            "a demo value, not a secret)",
+            flush=True,
+        )
         if not args.exit:
             print("\nthe pipeline keeps running; environment to talk to it:")
-            for name, value in {**pipeline.env(), **pipeline.worker_env}.items():
+            env = {
+                **pipeline.env(),
+                **pipeline.worker_env,
+                "ZAPSTREAM_STATUS_LAG_URL": lag_url,
+            }
+            for name, value in env.items():
                 if "KEY" not in name and "TOKEN" not in name:
-                    print(f"  export {name}={value}")
+                    print(f"  export {name}={shlex.quote(value)}")
+            print("then: zapstream status; zapstream jobs list --state DEAD")
             print("Ctrl-C stops everything.", flush=True)
             stop_signals = {signal.SIGINT, signal.SIGTERM}
             signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)

@@ -24,7 +24,9 @@ session, as ``pg_ctl`` starts it).
 
 from __future__ import annotations
 
+import asyncio
 import atexit
+import concurrent.futures
 import importlib.util
 import os
 import pwd
@@ -35,7 +37,6 @@ import shutil
 import signal
 import socket
 import stat
-import struct
 import subprocess
 import tempfile
 import time
@@ -625,49 +626,36 @@ _TANSU_ENV = (
 )
 
 
-def _metadata_brokers(port: int, timeout_s: float = 0.5) -> list[tuple[int, str, int]]:
-    """Send a Kafka Metadata v0 request for no topics and return the brokers it lists.
+def _metadata_brokers(port: int, timeout_s: float = 1.0) -> list[tuple[int, str, int]]:
+    """The brokers (node id, host, port) the broker on ``127.0.0.1:port`` lists, sorted.
 
-    Request:  int32 size | int16 api_key=3 | int16 api_version=0 | int32 correlation_id
-              | string client_id | array[string] topics (int32 count 0: none)
-    Response: int32 size | int32 correlation_id
-              | array brokers: int32 node_id, string host, int32 port
-              | array topics (ignored)
-    Strings are an int16 length then UTF-8 bytes; arrays an int32 count then items.
-    A hand-built request keeps the probe synchronous and free of an event loop.
+    aiokafka's client bootstraps from that one address (a Metadata request for no
+    topics) and we read its cluster metadata: the broker answers the Kafka protocol
+    and names the address it advertises. The client runs on an event loop of its own
+    in a worker thread, so the synchronous start-up here can ask it whether or not
+    its caller is inside a running loop.
     """
-    correlation_id = 0x7A5
-    client_id = b"zapstream-devstack"
-    body = struct.pack(">hhih", 3, 0, correlation_id, len(client_id)) + client_id
-    body += struct.pack(">i", 0)
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
-        sock.sendall(struct.pack(">i", len(body)) + body)
-        (size,) = struct.unpack(">i", _recv_exactly(sock, 4))
-        reply = _recv_exactly(sock, size)
-    (got_id, n_brokers) = struct.unpack_from(">ii", reply, 0)
-    if got_id != correlation_id:
-        raise DevStackError(f"metadata reply for correlation id {got_id}, sent {correlation_id}")
-    brokers = []
-    pos = 8
-    for _ in range(n_brokers):
-        node_id, host_len = struct.unpack_from(">ih", reply, pos)
-        pos += 6
-        host = reply[pos : pos + host_len].decode()
-        pos += host_len
-        (broker_port,) = struct.unpack_from(">i", reply, pos)
-        pos += 4
-        brokers.append((node_id, host, broker_port))
-    return brokers
+    from aiokafka.client import AIOKafkaClient
+    from aiokafka.errors import KafkaError
 
+    async def ask() -> list[tuple[int, str, int]]:
+        client = AIOKafkaClient(
+            bootstrap_servers=f"127.0.0.1:{port}",
+            client_id="zapstream-devstack",
+            request_timeout_ms=round(timeout_s * 1000),
+        )
+        try:
+            async with asyncio.timeout(timeout_s):
+                await client.bootstrap()
+            return sorted((b.nodeId, b.host, b.port) for b in client.cluster.brokers())
+        finally:
+            await client.close()
 
-def _recv_exactly(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            raise ConnectionError("connection closed mid-reply")
-        buf += chunk
-    return bytes(buf)
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="devstack-metadata") as pool:
+        try:
+            return pool.submit(lambda: asyncio.run(ask())).result()
+        except (KafkaError, TimeoutError) as exc:
+            raise DevStackError(f"no metadata from 127.0.0.1:{port}: {exc!r}") from exc
 
 
 class TansuBroker(StartStop):
@@ -794,7 +782,7 @@ class TansuBroker(StartStop):
             if _port_accepts(self._tansu_port):
                 try:
                     brokers = _metadata_brokers(self._tansu_port)
-                except (OSError, struct.error, DevStackError) as e:
+                except (OSError, DevStackError) as e:
                     last_error = f"metadata request failed: {e!r}"
                 else:
                     advertised = ("127.0.0.1", self._advertised_port)

@@ -105,19 +105,29 @@ import hmac
 import logging
 import math
 import random
-import signal
+import re
+import sys
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from types import TracebackType
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import aiohttp
 import orjson
 from aiohttp import web
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+)
 
 from connectors.gateways.classify import mask_secret
 from connectors.webhook.signature import sign, sign_hub
+from streams.kernel.runtime.run import run_until_signalled
+from streams.kernel.runtime.service import Service
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +137,6 @@ META = "meta"
 
 _SENT_LABELS = frozenset({"sent", "delivered", "read", "played", "failed", "error"})
 _CANCELLED = "cancelled"
-_ID_FIELDS = frozenset({"id", "jobId", "job_id", "messageId"})
 _MAX_PAGE_SIZE = 1000
 _CALLBACK_TIMEOUT_S = 5.0
 SIGNATURE_HEADER = "X-Zap-Signature"
@@ -161,226 +170,182 @@ class SimMessage:
     """The message was recorded but the connection was aborted instead of answering."""
 
 
-@dataclasses.dataclass(slots=True)
-class SimConfig:
-    """Fault injection and behaviour, changed at run time through ``POST /_sim/config``."""
+def _http_url(value: str) -> str:
+    if not value.startswith(("http://", "https://")):
+        raise ValueError("must be an http(s) URL or null")
+    return value
+
+
+_Rate = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+"""A fraction of requests: a finite number from 0 to 1."""
+_NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+"""Milliseconds, seconds or epoch seconds: a finite number >= 0."""
+_Count = Annotated[int, Field(ge=0)]
+_HttpUrl = Annotated[str, AfterValidator(_http_url)]
+_ListingKey = Literal[
+    "items",
+    "id",
+    "reference",
+    "to",
+    "text",
+    "status",
+    "created_at",
+    "page",
+    "page_size",
+    "total",
+    "counts",
+    "next_page",
+]
+
+
+class SimConfig(BaseModel):
+    """Fault injection and behaviour, changed at run time through ``POST /_sim/config``.
+
+    Strict: a JSON number is not a boolean nor a string a number, and an unknown key is
+    refused, so a typo in a test's fault set-up fails loudly instead of injecting nothing.
+    """
+
+    model_config = ConfigDict(strict=True, extra="forbid", use_attribute_docstrings=True)
 
     seed: int | None = 0
-    latency_ms: float = 0.0
-    latency_jitter_ms: float = 0.0
-    error_rate: float = 0.0
+    """Seed of the fault generator (``None``: unseeded); setting it re-seeds."""
+    latency_ms: _NonNegative = 0.0
+    """Added before every gateway answer."""
+    latency_jitter_ms: _NonNegative = 0.0
+    """Up to this much more latency, drawn at random."""
+    error_rate: _Rate = 0.0
     """Fraction of faultable requests answered 500."""
-    rate_limit_rate: float = 0.0
+    rate_limit_rate: _Rate = 0.0
     """Fraction of faultable requests answered 429 with ``Retry-After: retry_after_s``."""
-    retry_after_s: float = 1.0
-    outage_until: float | None = None
+    retry_after_s: _NonNegative = 1.0
+    """``Retry-After`` of the 429s the simulator answers."""
+    outage_until: _NonNegative | None = None
     """Epoch seconds until which every gateway request is answered 503."""
-    drop_response_rate: float = 0.0
+    drop_response_rate: _Rate = 0.0
     """Fraction of faultable requests processed (message recorded) and then aborted."""
     hide_references: bool = False
-    initial_status: str = "queued"
-    reject_instances: list[str] = dataclasses.field(default_factory=list)
-    id_field: str = "id"
+    """Listings leave out the ``reference`` of every job."""
+    initial_status: Annotated[str, Field(min_length=1)] = "queued"
+    """The status label a new message gets."""
+    reject_instances: list[str] = Field(default_factory=list)
+    """Instances the gateway does not know: answered 404 (Meta: 400, error 100 subcode 33)."""
+    id_field: Literal["id", "jobId", "job_id", "messageId"] = "id"
     """Key the send answer uses for the id: ``id``, ``jobId``, ``job_id`` or ``messageId``."""
-    fault_scope: str = "send"
+    fault_scope: Literal["send", "all"] = "send"
     """``send``: error/rate-limit/drop only on sends; ``all``: on listing and cancel too."""
-    callback_url: str | None = None
+    callback_url: _HttpUrl | None = None
     """Full URL status callbacks are POSTed to (e.g. ``http://h:p/v1/webhooks/zapapi``)."""
     callback_secret: str = ""
     """HMAC secret of ``X-Zap-Signature``; shown masked by ``/_sim/config``."""
-    callback_statuses: list[str] = dataclasses.field(
+    callback_statuses: list[Annotated[str, Field(min_length=1)]] = Field(
         default_factory=lambda: ["sent", "delivered", "read"]
     )
-    callback_delay_ms: float = 50.0
+    """The labels of the automatic callbacks after each accepted message, in order."""
+    callback_delay_ms: _NonNegative = 50.0
     """Pause before each automatic callback."""
-    fail_recipients: dict[str, int] = dataclasses.field(default_factory=dict)
+    fail_recipients: dict[str, _Count] = Field(default_factory=dict)
     """Recipient (``to`` as received) -> sends still to be answered 503 (transient)."""
-    reject_keys_for_instances: list[str] = dataclasses.field(default_factory=list)
+    reject_keys_for_instances: list[str] = Field(default_factory=list)
     """Instances whose credentials are refused: every gateway request on them answers 401,
     as if the instance's API key were wrong (empty the list to "fix the key")."""
-    invalid_recipients: list[str] = dataclasses.field(default_factory=list)
+    invalid_recipients: list[str] = Field(default_factory=list)
     """Recipients (``to`` as received) every send to which is refused 400 "invalid
     recipient": a permanent, per-message failure."""
-    accept_then_502_rate: float = 0.0
+    accept_then_502_rate: _Rate = 0.0
     """Fraction of sends recorded (accepted) and then answered 502, like a proxy whose
     upstream accepted the message and timed out or broke on the way back."""
-    rate_limited_instances: dict[str, float] = dataclasses.field(default_factory=dict)
+    rate_limited_instances: dict[str, _NonNegative] = Field(default_factory=dict)
     """Instance -> epoch seconds until which every request on it answers 429 with
     ``Retry-After: retry_after_s`` (a rate-limit storm on one number). Set through
     ``/_sim/config`` as ``{"rate_limited_instances": {"inst": seconds}}``; 0 ends it."""
-    disconnected_instances: dict[str, float] = dataclasses.field(default_factory=dict)
+    disconnected_instances: dict[str, _NonNegative] = Field(default_factory=dict)
     """Instance -> epoch seconds until which every request on it answers 503 "instance
     disconnected" (the phone lost its WhatsApp session). Set like ``rate_limited_instances``."""
-    listing_fields: dict[str, str] = dataclasses.field(default_factory=dict)
+    listing_fields: dict[_ListingKey, Annotated[str, Field(min_length=1)]] = Field(
+        default_factory=dict
+    )
     """StackZap listing key -> the name the answer uses instead (``items``, ``id``,
     ``reference``, ``to``, ``text``, ``status``, ``created_at``, ``page``,
     ``page_size``, ``total``, ``counts``, ``next_page``); empty: today's names."""
-    listing_shape: str = "items"
+    listing_shape: Literal["items", "seed", "unknown"] = "items"
     """How the StackZap listing answers: ``items`` (``{"items", "page", "page_size", "total",
     "counts", "next_page"}``), ``seed`` (the seed guide's "jobs and counts": ``{"jobs":
     [{"id", "ref", ...}], "counts"}``, no pagination keys, every job on one page) or
     ``unknown`` (a shape no parser can read: ``{"result": {"encoded": "..."}}``)."""
-    pair_limited_recipients: dict[str, int] = dataclasses.field(default_factory=dict)
+    pair_limited_recipients: dict[str, _Count] = Field(default_factory=dict)
     """Recipient (``to`` as received) -> sends still to be refused for the sender/recipient
     pair's rate (Meta: error 131056, HTTP 400; the other APIs: 429 ``Retry-After: 0``)."""
-    meta_rate_limit_http_status: int = 400
+    meta_rate_limit_http_status: Literal[400, 429] = 400
     """HTTP status of Meta's throughput error 130429 (Meta documents 400; some edges 429)."""
-    meta_callback_url: str | None = None
+    meta_callback_url: _HttpUrl | None = None
     """Where Meta-shaped status notifications go (e.g. ``http://h:p/v1/webhooks/meta``);
     None: ``callback_url``."""
     meta_app_secret: str = ""
     """The app secret of ``X-Hub-Signature-256`` on Meta notifications; shown masked."""
 
 
-_LISTING_SHAPES = frozenset({"items", "seed", "unknown"})
-_LISTING_KEYS = frozenset(
-    {
-        "items",
-        "id",
-        "reference",
-        "to",
-        "text",
-        "status",
-        "created_at",
-        "page",
-        "page_size",
-        "total",
-        "counts",
-        "next_page",
-    }
-)
+_INSTANCE_WINDOWS = ("rate_limited_instances", "disconnected_instances")
+"""Updates give these as seconds from now (0 ends one); the config holds epoch seconds."""
+_SECONDS = TypeAdapter(_NonNegative)
+_WINDOWS = TypeAdapter(dict[str, _NonNegative])
 
 
 class SimConfigError(ValueError):
     """A ``/_sim/config`` update that does not make sense."""
 
 
-def _rate(key: str, value: Any) -> float:
-    number = _non_negative(key, value)
-    if number > 1:
-        raise SimConfigError(f"{key} must be between 0 and 1")
-    return number
+def _problem(exc: ValidationError, key: str | None = None) -> str:
+    """A validation error as one sentence naming the key: ``error_rate must be ...``."""
+    error = exc.errors()[0]
+    loc = [str(part) for part in error["loc"] if part != "[key]"]
+    if key is not None:
+        loc.insert(0, key)
+    where = loc[0] + "".join(f"[{part}]" for part in loc[1:]) if loc else "config"
+    if error["type"] == "extra_forbidden":
+        return f"unknown config key {loc[0]!r}"
+    # pydantic's "Input should be ...", "String should have ..." read as "<key> must ...".
+    message = re.sub(r"^[A-Z][a-z]+ should ", "must ", str(error["msg"]))
+    return f"{where} {message.removeprefix('Value error, ')}"
 
 
-def _non_negative(key: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise SimConfigError(f"{key} must be a number")
-    number = float(value)
-    if not math.isfinite(number) or number < 0:
-        raise SimConfigError(f"{key} must be a finite number >= 0")
-    return number
+def _checked(key: str, adapter: TypeAdapter[Any], value: Any) -> Any:
+    try:
+        return adapter.validate_python(value, strict=True)
+    except ValidationError as exc:
+        raise SimConfigError(_problem(exc, key)) from None
 
 
 def _updated_config(current: SimConfig, changes: Mapping[str, Any]) -> SimConfig:
-    """A copy of ``current`` with ``changes`` validated and applied (all or nothing)."""
-    cfg = dataclasses.replace(
-        current,
-        reject_instances=list(current.reject_instances),
-        callback_statuses=list(current.callback_statuses),
-        fail_recipients=dict(current.fail_recipients),
-        reject_keys_for_instances=list(current.reject_keys_for_instances),
-        invalid_recipients=list(current.invalid_recipients),
-        listing_fields=dict(current.listing_fields),
-        rate_limited_instances=dict(current.rate_limited_instances),
-        disconnected_instances=dict(current.disconnected_instances),
-        pair_limited_recipients=dict(current.pair_limited_recipients),
-    )
+    """A copy of ``current`` with ``changes`` validated and applied (all or nothing).
+
+    Besides the fields, ``outage_s`` sets ``outage_until`` to now + N seconds (0: none),
+    and the instance windows take seconds from now and merge into the current ones.
+    """
+    values = current.model_dump()  # new containers: the running config is never shared
+    now = time.time()
     for key, value in changes.items():
-        if key in ("error_rate", "rate_limit_rate", "drop_response_rate", "accept_then_502_rate"):
-            setattr(cfg, key, _rate(key, value))
-        elif key in ("latency_ms", "latency_jitter_ms", "retry_after_s"):
-            setattr(cfg, key, _non_negative(key, value))
-        elif key == "outage_s":
-            seconds = _non_negative(key, value)
-            cfg.outage_until = time.time() + seconds if seconds > 0 else None
-        elif key == "outage_until":
-            cfg.outage_until = None if value is None else _non_negative(key, value)
-        elif key == "seed":
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-                raise SimConfigError("seed must be an integer or null")
-            cfg.seed = value
-        elif key == "hide_references":
-            if not isinstance(value, bool):
-                raise SimConfigError("hide_references must be a boolean")
-            cfg.hide_references = value
-        elif key == "initial_status":
-            if not isinstance(value, str) or not value:
-                raise SimConfigError("initial_status must be a non-empty string")
-            cfg.initial_status = value
-        elif key == "reject_instances":
-            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                raise SimConfigError("reject_instances must be a list of strings")
-            cfg.reject_instances = list(value)
-        elif key in ("reject_keys_for_instances", "invalid_recipients"):
-            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                raise SimConfigError(f"{key} must be a list of strings")
-            setattr(cfg, key, list(value))
-        elif key in ("rate_limited_instances", "disconnected_instances"):
-            if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-                raise SimConfigError(f"{key} must map instance names to seconds")
-            until = dict(getattr(cfg, key))
-            for instance, seconds in value.items():
-                span = _non_negative(key, seconds)
+        if key == "outage_s":
+            seconds = _checked(key, _SECONDS, value)
+            values["outage_until"] = now + seconds if seconds > 0 else None
+        elif key in _INSTANCE_WINDOWS:
+            until = dict(values[key])
+            for instance, span in _checked(key, _WINDOWS, value).items():
                 if span > 0:
-                    until[instance] = time.time() + span
+                    until[instance] = now + span
                 else:
                     until.pop(instance, None)
-            setattr(cfg, key, until)
-        elif key == "id_field":
-            if value not in _ID_FIELDS:
-                raise SimConfigError(f"id_field must be one of {sorted(_ID_FIELDS)}")
-            cfg.id_field = value
-        elif key == "fault_scope":
-            if value not in ("send", "all"):
-                raise SimConfigError("fault_scope must be 'send' or 'all'")
-            cfg.fault_scope = value
-        elif key == "meta_rate_limit_http_status":
-            if value not in (400, 429):
-                raise SimConfigError("meta_rate_limit_http_status must be 400 or 429")
-            cfg.meta_rate_limit_http_status = value
-        elif key in ("callback_url", "meta_callback_url"):
-            if value is not None and (
-                not isinstance(value, str) or not value.startswith(("http://", "https://"))
-            ):
-                raise SimConfigError(f"{key} must be an http(s) URL or null")
-            setattr(cfg, key, value)
-        elif key in ("callback_secret", "meta_app_secret"):
-            if not isinstance(value, str):
-                raise SimConfigError(f"{key} must be a string")
-            setattr(cfg, key, value)
-        elif key == "callback_statuses":
-            if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-                raise SimConfigError("callback_statuses must be a list of non-empty strings")
-            cfg.callback_statuses = list(value)
-        elif key == "callback_delay_ms":
-            cfg.callback_delay_ms = _non_negative(key, value)
-        elif key in ("fail_recipients", "pair_limited_recipients"):
-            if not isinstance(value, dict) or not all(
-                isinstance(k, str) and isinstance(n, int) and not isinstance(n, bool) and n >= 0
-                for k, n in value.items()
-            ):
-                raise SimConfigError(f"{key} must map recipients to integers >= 0")
-            setattr(cfg, key, dict(value))
-        elif key == "listing_fields":
-            if not isinstance(value, dict) or not all(
-                k in _LISTING_KEYS and isinstance(v, str) and v for k, v in value.items()
-            ):
-                raise SimConfigError(
-                    f"listing_fields must map some of {sorted(_LISTING_KEYS)} to non-empty names"
-                )
-            cfg.listing_fields = dict(value)
-        elif key == "listing_shape":
-            if value not in _LISTING_SHAPES:
-                raise SimConfigError(f"listing_shape must be one of {sorted(_LISTING_SHAPES)}")
-            cfg.listing_shape = value
+            values[key] = until
         else:
-            raise SimConfigError(f"unknown config key {key!r}")
-    return cfg
+            values[key] = value
+    try:
+        return SimConfig.model_validate(values)
+    except ValidationError as exc:
+        raise SimConfigError(_problem(exc)) from None
 
 
 def _shown_config(cfg: SimConfig) -> dict[str, Any]:
     """The config as ``/_sim/config`` answers it: the callback secret masked."""
-    shown = dataclasses.asdict(cfg)
+    shown = cfg.model_dump()
     shown["callback_secret"] = mask_secret(cfg.callback_secret)
     shown["meta_app_secret"] = mask_secret(cfg.meta_app_secret)
     return shown
@@ -430,24 +395,35 @@ class _Decision:
 _NO_FAULT = _Decision(False, False, False)
 
 
-class GatewaySimulator:
+class GatewaySimulator(Service):
     """An in-process (or ``python -m``) aiohttp server imitating both gateways.
 
-    ``start(host, port=0)`` returns the bound port; ``stop()`` is idempotent;
-    ``async with`` starts on 127.0.0.1 and an ephemeral port unless already started.
+    A :class:`~streams.kernel.runtime.service.Service`: ``start()`` binds ``host`` and
+    ``port`` (0: a free one, then :attr:`port`), ``stop()`` lets requests in flight
+    finish, cancels pending callbacks and closes the callbacks' HTTP session; both are
+    idempotent and ``async with`` does both.
     """
 
+    name = "gateway-sim"
+
     def __init__(
-        self, *, api_key: str | None = None, token: str | None = None, seed: int | None = 0
+        self,
+        *,
+        api_key: str | None = None,
+        token: str | None = None,
+        seed: int | None = 0,
+        host: str = "127.0.0.1",
+        port: int = 0,
     ) -> None:
+        super().__init__()
         self._api_key = api_key or None
         self._bearer = f"Bearer {token}" if token else None
         self._default_seed = seed
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self._callback_tasks: set[asyncio.Task[None]] = set()
-        self._host = "127.0.0.1"
-        self._port = 0
+        self._host = host
+        self._port = port
         self._reset_state()
 
     def _reset_state(self) -> None:
@@ -481,9 +457,7 @@ class GatewaySimulator:
         """Base URL to give both clients (``STACKZAP_API_URL`` and ``ZAP_API_URL``)."""
         return f"http://{self._host}:{self._port}"
 
-    async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
-        if self._runner is not None:
-            raise RuntimeError("GatewaySimulator already started")
+    async def on_start(self) -> None:
         app = web.Application(client_max_size=1024 * 1024)
         app.router.add_post("/v1/instances/{instance}/send-queue/text", self._stackzap_send)
         app.router.add_get("/v1/instances/{instance}/send-queue", self._stackzap_list)
@@ -504,7 +478,7 @@ class GatewaySimulator:
         runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0)
         await runner.setup()
         try:
-            site = web.TCPSite(runner, host, port, backlog=1024)
+            site = web.TCPSite(runner, self._host, self._port, backlog=1024)
             await site.start()
         except BaseException:
             await runner.cleanup()
@@ -513,34 +487,29 @@ class GatewaySimulator:
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=_CALLBACK_TIMEOUT_S)
         )
-        self._host = host
         self._port = int(runner.addresses[0][1])
         log.info(
             "gateway simulator listening on http://%s:%d (api key %s, token %s)",
-            host,
+            self._host,
             self._port,
             mask_secret(self._api_key or "") or "off",
             "on" if self._bearer else "off",
         )
-        return self._port
 
-    async def stop(self) -> None:
+    async def on_stop(self) -> None:
         runner, self._runner = self._runner, None
-        if runner is None:
-            return
         try:
-            # Requests in flight finish first; they may still schedule callbacks.
-            await runner.cleanup()
+            if runner is not None:
+                # Requests in flight finish first; they may still schedule callbacks.
+                await runner.cleanup()
         finally:
             await self._cancel_callbacks()
             session, self._session = self._session, None
             if session is not None:
                 await session.close()
-        log.info(
-            "gateway simulator stopped: %d requests, %d messages accepted",
-            self._requests,
-            len(self._messages),
-        )
+
+    def summary(self) -> str:
+        return f"{self._requests} requests, {len(self._messages)} messages accepted"
 
     async def _cancel_callbacks(self) -> None:
         tasks = list(self._callback_tasks)
@@ -548,19 +517,6 @@ class GatewaySimulator:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def __aenter__(self) -> GatewaySimulator:
-        if self._runner is None:
-            await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
 
     # --- in-process control (the /_sim endpoints call these) ---------------------------
 
@@ -1279,19 +1235,17 @@ class GatewaySimulator:
 # --- command line -------------------------------------------------------------------------
 
 
-async def _serve(args: argparse.Namespace) -> None:
-    sim = GatewaySimulator(api_key=args.api_key, token=args.token, seed=args.seed)
+def _build(args: argparse.Namespace) -> GatewaySimulator:
+    sim = GatewaySimulator(
+        api_key=args.api_key, token=args.token, seed=args.seed, host=args.host, port=args.port
+    )
     if args.callback_url:
         sim.configure(callback_url=args.callback_url, callback_secret=args.callback_secret)
-    stopping = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stopping.set)
-    await sim.start(args.host, args.port)
-    try:
-        await stopping.wait()
-    finally:
-        await sim.stop()
+    return sim
+
+
+_DRAIN_S = 5.0
+"""Requests in flight get this long after SIGTERM (aiohttp's own shutdown is 2 s)."""
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -1313,7 +1267,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    asyncio.run(_serve(args))
+    # SIGTERM/SIGINT, the bounded drain and the closing line: the runtime's, as a deployable.
+    sys.exit(run_until_signalled(lambda: _build(args), drain_s=_DRAIN_S))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 :class:`LocalPipeline` starts a private PostgreSQL cluster (wal_level=logical)
 and a broker on free ports in its own directory, applies the schema,
 creates the topics, and runs the gateway simulator, the state sink, relays and
-workers as real ``zapstream`` subprocesses that tests can SIGKILL and restart.
+workers (and, on demand, the lag monitor, the console and the webhook receiver) as
+real ``zapstream`` subprocesses that tests can SIGKILL and restart.
 
 The broker is Apache Kafka by default (:class:`devtools.kafka_broker.KafkaBroker`, one
 KRaft node; or the process's shared one, :mod:`devtools.shared_broker`), or Tansu with
@@ -16,6 +17,7 @@ and short session timeouts keep group joins at a few seconds.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import sys
@@ -41,6 +43,9 @@ SIM_TOKEN = "dev-zap-token"
 WEBHOOK_SECRET = "dev-webhook-secret"
 META_APP_SECRET = "dev-meta-app-secret"
 META_VERIFY_TOKEN = "dev-meta-verify-token"
+CONSOLE_DEMO_TOKEN = "dev-console-demo-token"
+"""The console login of ``make dev`` (operator ``demo``): a fixed demo value, not a secret."""
+CONSOLE_DEMO_TOKENS = {CONSOLE_DEMO_TOKEN: {"operator": "demo", "role": "operator"}}
 BROKERS = ("tansu", "kafka")
 BROKER_ENV = "DEVSTACK_BROKER"
 """Picks the broker of a pipeline that was not given one: ``kafka`` (default) or ``tansu``.
@@ -389,6 +394,34 @@ class LocalPipeline:
         proc.start()
         proc.wait_for_log(r"lag monitor watching", timeout_s=30)
         return proc, f"http://127.0.0.1:{port}/metrics"
+
+    def start_console(
+        self,
+        tokens: dict[str, dict[str, str]] | None = None,
+        *,
+        lag_url: str = "",
+        name: str = "console",
+        port: int | None = None,
+    ) -> tuple[ManagedProcess, str]:
+        """Run ``zapstream console``; return it and its URL once it listens.
+
+        ``tokens``: ``ZAPSTREAM_CONSOLE_TOKENS`` (default :data:`CONSOLE_DEMO_TOKENS`);
+        ``lag_url``: the lag monitor's metrics URL (:meth:`start_lag_monitor`), empty: no
+        lag shown; ``port``: default a free one.
+        """
+        port = port or find_free_port()
+        proc = self.process(
+            name,
+            ["console"],
+            {
+                "ZAPSTREAM_CONSOLE_TOKENS": json.dumps(tokens or CONSOLE_DEMO_TOKENS),
+                "ZAPSTREAM_CONSOLE_PORT": str(port),
+                "ZAPSTREAM_CONSOLE_LAG_URL": lag_url,
+            },
+        )
+        proc.start()
+        proc.wait_for_log(r"console listening", timeout_s=30)
+        return proc, f"http://127.0.0.1:{port}"
 
     def start_webhook(self, name: str = "webhook") -> str:
         """Run ``zapstream webhook`` and point the simulator's callbacks at it; return its URL."""

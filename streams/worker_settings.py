@@ -32,10 +32,13 @@ class WorkerSettings(SettingsBase):
     """The Faust app id, which is also the worker's consumer group and starts the names of
     Faust's own topics; ``ZAPSTREAM_KAFKA_TOPIC_PREFIX`` goes before it (:attr:`group_id`)."""
     data_dir: str = "/tmp/zapstream-worker"
+    """Faust's data directory (its table state on local disk)."""
     web_port: int = Field(default=6066, ge=1)
+    """Port of Faust's web server (``/metrics``, ``/healthz``, ``/readyz``)."""
     web_bind_local: bool = True
     """Bind Faust's web server (metrics) to 127.0.0.1; set false in containers."""
     max_in_flight: int = Field(default=256, ge=1)
+    """Intents being sent at once by one worker (across conversations)."""
     max_in_flight_bulk: int = Field(default=128, ge=1)
     """Bulk intents queued or being sent at once; when reached, the bulk topic waits."""
     """Intents being sent at once by one worker (across conversations)."""
@@ -86,6 +89,7 @@ class WorkerSettings(SettingsBase):
     """A gateway failure class of an instance ends (one INFO line) only at a success this long
     after its last failure; a failure that recurs sooner continues the same outage."""
     commit_interval_s: float = Field(default=1.0, gt=0)
+    """How often the worker commits its consumer offsets (Faust's ``broker_commit_interval``)."""
     dedup_horizon_s: float = Field(default=3600.0, ge=0)
     """A settled job leaves the ``jobs`` table (and, by a tombstone, ``zapstream.state``)
     this long after its last change, once the state sink wrote it (default 1 hour: the
@@ -123,6 +127,7 @@ class WorkerSettings(SettingsBase):
     """At most one message per this many seconds per conversation (business number/user
     pair), with ``recipient_burst``. None: the gateway's default (Meta 6 s, others none)."""
     recipient_burst: float = Field(default=3.0, ge=1)
+    """Messages a conversation may get at once above ``recipient_interval_s``."""
     pacing_wait_operational_s: float = Field(default=1.0, ge=0)
     """An operational send waits this long in its lane for a token; longer, it parks."""
     pacing_wait_bulk_s: float = Field(default=30.0, ge=0)

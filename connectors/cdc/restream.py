@@ -23,25 +23,13 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import re
 
 import psycopg
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)\s*$")
-_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 _SELECT = """
     FROM outbox_jobs j
     WHERE j.status = 'PENDING' AND j.created_at < now() - %(age)s
 """
-
-
-def parse_duration(text: str) -> dt.timedelta:
-    """``90s``, ``10m``, ``2h``, ``1d`` as a timedelta; ValueError otherwise."""
-    match = _DURATION.match(text)
-    if match is None:
-        raise ValueError(f"invalid duration {text!r}: use a number and s, m, h or d (e.g. 10m)")
-    return dt.timedelta(seconds=float(match.group(1)) * _UNIT_S[match.group(2)])
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

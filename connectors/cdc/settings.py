@@ -16,12 +16,15 @@ class RelaySettings(SettingsBase):
     model_config = SettingsConfigDict(env_prefix="ZAPSTREAM_RELAY_", extra="ignore")
 
     slot: str = "zapstream_outbox"
+    """The logical replication slot the relay reads the outbox from."""
     publication: str = "zapstream_outbox"
+    """The publication (the outbox tables) the slot's pgoutput streams."""
     status_interval_s: float = Field(default=1.0, gt=0)
     """How often the confirmed LSN is reported to PostgreSQL."""
     standby_retry_s: float = Field(default=2.0, gt=0)
     """How often a standby relay retries to take the slot."""
     drain_timeout_s: float = Field(default=30.0, gt=0)
+    """On SIGTERM, how long records in flight may take to be acknowledged and confirmed."""
     max_in_flight: int = Field(default=20_000, ge=1)
     """Records sent to Kafka and not yet acknowledged before the relay stops reading WAL."""
     metrics_port: int = Field(default=0, ge=0, le=65535)

@@ -3,15 +3,19 @@
 Routes: ``/login`` (token form, sets an HttpOnly cookie), ``/jobs`` (filters,
 pagination, bulk cancel/reprocess with a count preview), ``/jobs/{id}`` (one
 job's history, cancel, reprocess), ``/lag`` (consumer lag per partition and the
-replication slots' lag). Every other request needs a token, from the cookie or
-an ``Authorization: Bearer`` header; without one the answer is 401.
+replication slots' lag), ``/overview`` (the landing page: jobs by state, oldest
+waiting per instance, pauses, lag at a glance; :mod:`connectors.console.overview`).
+Every other request needs a token, from the cookie or an ``Authorization: Bearer``
+header; without one the answer is 401.
 
 Database calls are sync psycopg run in a thread (:func:`asyncio.to_thread`), a
-connection per request. Commands go through :mod:`connectors.outbox.commands`,
-like ``zapstream jobs cancel|reprocess``, with the operator's name from the token
-as the actor; the worker applies them through Kafka and answers in the job's
-events. aiohttp's access log is off (a query string may hold an idempotency
-key); one line per request says method, path, status and operator.
+connection per request. Actions are planned and requested by
+:mod:`connectors.ops.actions`, the core ``zapstream jobs cancel|reprocess`` calls
+(the same refusals, the same delivered-already warning, the same filter and
+durations), with the operator's name from the token as the actor; the worker
+applies them through Kafka and answers in the job's events. aiohttp's access
+log is off (a query string may hold an idempotency key); one line per request
+says method, path, status and operator.
 """
 
 from __future__ import annotations
@@ -29,25 +33,16 @@ from aiohttp import web
 
 from connectors.console import pages
 from connectors.console.auth import COOKIE, authenticate
-from connectors.console.queries import (
-    BULK_CANCELLABLE,
-    ConsoleFilter,
-    count_matching,
-    fetch_page,
-    fetch_text,
-    matching_ids,
-    slot_lags,
-)
+from connectors.console.overview import overview_page
+from connectors.console.overview_sql import read_overview
+from connectors.console.queries import fetch_text, slot_lags
 from connectors.console.settings import ConsoleSettings, Operator
-from connectors.ops.jobs_cli import parse_duration
-from connectors.ops.jobs_sql import JobHistory, database_now, fetch_history
+from connectors.ops.actions import Action, BulkPlan, plan_many, plan_one, request_many, request_one
+from connectors.ops.durations import parse_duration
+from connectors.ops.job_filter import JobFilter
+from connectors.ops.jobs_sql import JobHistory, database_now, fetch_history, fetch_page
 from connectors.ops.status import read_consumer_lag
-from connectors.outbox.commands import (
-    InvalidCommand,
-    request_cancel_by_id,
-    request_reprocess,
-    request_reprocess_many,
-)
+from connectors.outbox.commands import InvalidCommand
 from streams.kernel.contract import JobStatus
 from streams.kernel.state_machine import REPROCESSABLE
 
@@ -80,7 +75,7 @@ class FilterError(ValueError):
 
 def parse_filter(
     query: Mapping[str, str], *, now: dt.datetime
-) -> tuple[ConsoleFilter, int, dict[str, str]]:
+) -> tuple[JobFilter, int, dict[str, str]]:
     """The filter, the page number and the cleaned form fields of a ``/jobs`` query."""
     form = {name: query.get(name, "").strip() for name in FILTER_FIELDS}
     statuses: list[str] = []
@@ -99,7 +94,7 @@ def parse_filter(
     raw_page = query.get("page", "1").strip() or "1"
     if not raw_page.isdigit() or int(raw_page) < 1:
         raise FilterError(f"page: must be a positive integer, not {raw_page!r}")
-    job_filter = ConsoleFilter(
+    job_filter = JobFilter(
         statuses=statuses,
         instance=form["instance"] or None,
         priority=form["priority"] or None,
@@ -239,7 +234,7 @@ async def _logout(request: web.Request) -> web.StreamResponse:
 
 
 async def _root(request: web.Request) -> web.StreamResponse:
-    raise web.HTTPSeeOther("/jobs")
+    raise web.HTTPSeeOther("/overview")
 
 
 async def _jobs(request: web.Request) -> web.Response:
@@ -292,33 +287,51 @@ def _back_to_job(job_id: int, notice: str) -> web.HTTPSeeOther:
     return web.HTTPSeeOther(f"/jobs/{job_id}?{urlencode({'notice': notice})}")
 
 
+def _act_on_one(
+    conn: psycopg.Connection[Any],
+    action: Action,
+    job_id: int,
+    reason: str,
+    actor: str,
+    *,
+    accepted: bool = False,
+) -> str:
+    """Plan ``action`` on the job, refuse what the core refuses, else request it: the notice."""
+    plan = plan_one(conn, action, job_id)
+    if plan is None:
+        return f"no job {job_id}"
+    if plan.refused:
+        if plan.job.status == JobStatus.INVALID and action is Action.CANCEL:
+            return f"job {job_id} is INVALID: it was never sent; nothing to cancel"
+        allowed = ", ".join(sorted(REPROCESSABLE))
+        return f"not reprocessed: job {job_id} is {plan.job.status}; only {allowed} can be"
+    if plan.risk is not None and not accepted:
+        return (
+            "not reprocessed: " + pages.duplicate_warning(plan.risk) + " Tick the box to accept it."
+        )
+    try:
+        command_id = request_one(conn, action, job_id, reason=reason, actor=actor)
+    except InvalidCommand as exc:
+        return f"cannot {action} job {job_id}: {exc}"
+    log.info("console: %s asked to %s job %d (command %d)", actor, action, job_id, command_id)
+    if action is Action.CANCEL:
+        return (
+            f"cancel requested (command {command_id}) by {actor}; "
+            "the worker's answer appears in the history"
+        )
+    return f"reprocess requested (command {command_id}) by {actor}"
+
+
 async def _cancel(request: web.Request) -> web.StreamResponse:
     if (refused := _may_act(request)) is not None:
         return refused
     operator = _operator(request)
     job_id = _job_id(request)
     reason, _ = await _reason(request)
-
-    def act(conn: psycopg.Connection[Any]) -> str:
-        story = fetch_history(conn, job_id=job_id)
-        if story is None:
-            return f"no job {job_id}"
-        if story.job.status == JobStatus.INVALID:
-            return f"job {job_id} is INVALID: it was never sent; nothing to cancel"
-        try:
-            with conn.transaction():
-                command_id = request_cancel_by_id(conn, job_id, reason, operator.name)
-        except InvalidCommand as exc:
-            return f"cannot cancel job {job_id}: {exc}"
-        log.info(
-            "console: %s asked to cancel job %d (command %d)", operator.name, job_id, command_id
-        )
-        return (
-            f"cancel requested (command {command_id}) by {operator.name}; "
-            "the worker's answer appears in the history"
-        )
-
-    raise _back_to_job(job_id, await _db(request, act))
+    notice = await _db(
+        request, lambda conn: _act_on_one(conn, Action.CANCEL, job_id, reason, operator.name)
+    )
+    raise _back_to_job(job_id, notice)
 
 
 async def _reprocess(request: web.Request) -> web.StreamResponse:
@@ -328,34 +341,13 @@ async def _reprocess(request: web.Request) -> web.StreamResponse:
     job_id = _job_id(request)
     reason, data = await _reason(request)
     accepted = data.get("accept_duplicate") == "yes"
-
-    def act(conn: psycopg.Connection[Any]) -> str:
-        story = fetch_history(conn, job_id=job_id)
-        if story is None:
-            return f"no job {job_id}"
-        if story.job.status not in REPROCESSABLE:
-            allowed = ", ".join(sorted(REPROCESSABLE))
-            return f"not reprocessed: job {job_id} is {story.job.status}; only {allowed} can be"
-        if pages.looks_uncertain(story) and not accepted:
-            return "not reprocessed: " + pages.UNCERTAIN_WARNING + " Tick the box to accept it."
-        try:
-            with conn.transaction():
-                command_id = request_reprocess(conn, job_id, reason, operator.name)
-        except InvalidCommand as exc:
-            return f"cannot reprocess job {job_id}: {exc}"
-        log.info(
-            "console: %s asked to reprocess job %d (command %d)", operator.name, job_id, command_id
-        )
-        return f"reprocess requested (command {command_id}) by {operator.name}"
-
-    raise _back_to_job(job_id, await _db(request, act))
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _BulkOutcome:
-    count: int = 0
-    uncertain: int = 0
-    requested: int = 0
+    notice = await _db(
+        request,
+        lambda conn: _act_on_one(
+            conn, Action.REPROCESS, job_id, reason, operator.name, accepted=accepted
+        ),
+    )
+    raise _back_to_job(job_id, notice)
 
 
 async def _bulk(request: web.Request) -> web.StreamResponse:
@@ -364,8 +356,9 @@ async def _bulk(request: web.Request) -> web.StreamResponse:
     operator = _operator(request)
     settings = request.app[_SETTINGS]
     reason, data = await _reason(request)
-    action = data.get("action", "")
-    if action not in ("cancel", "reprocess"):
+    try:
+        action = Action(data.get("action", ""))
+    except ValueError:
         return _html(pages.message_page("Bad request", "unknown action", operator), 400)
     if not reason:
         return _html(pages.message_page("Bad request", "a reason is required", operator), 400)
@@ -374,45 +367,32 @@ async def _bulk(request: web.Request) -> web.StreamResponse:
         job_filter, _, form = parse_filter(data, now=now)
     except FilterError as exc:
         return _html(pages.message_page("Bad filter", str(exc), operator), status=400)
-    allowed = frozenset(BULK_CANCELLABLE if action == "cancel" else REPROCESSABLE)
-    narrowed = job_filter.with_statuses(allowed)
-    confirmed = data.get("confirm") == "yes"
 
-    def preview(conn: psycopg.Connection[Any]) -> _BulkOutcome:
-        uncertain = 0
-        if action == "reprocess":
-            uncertain = count_matching(
-                conn, narrowed.with_statuses(frozenset({JobStatus.UNCERTAIN}))
-            )
-        return _BulkOutcome(count=count_matching(conn, narrowed), uncertain=uncertain)
+    def plan(conn: psycopg.Connection[Any]) -> BulkPlan:
+        return plan_many(conn, action, job_filter, limit=settings.bulk_limit)
 
-    def act(conn: psycopg.Connection[Any]) -> _BulkOutcome:
-        with conn.transaction():
-            ids = matching_ids(conn, narrowed, limit=settings.bulk_limit)
-            if action == "reprocess":
-                commands = request_reprocess_many(conn, ids, reason, operator.name)
-            else:
-                commands = [request_cancel_by_id(conn, i, reason, operator.name) for i in ids]
-        return _BulkOutcome(requested=len(commands))
-
-    if not confirmed:
-        shown = await _db(request, preview)
-        fields = {**form, "action": action, "reason": reason}
+    if data.get("confirm") != "yes":
+        shown = await _db(request, plan)
+        fields = {**form, "action": action.value, "reason": reason}
         return _html(
             pages.bulk_preview_page(
-                action=action,
-                count=shown.count,
-                uncertain=shown.uncertain,
+                action=action.value,
+                count=shown.total,
+                risky=len(shown.risky),
                 limit=settings.bulk_limit,
                 fields=fields,
                 operator=operator,
             )
         )
-    done = await _db(request, act)
-    log.info("console: %s asked to %s %d jobs in bulk", operator.name, action, done.requested)
+
+    def act(conn: psycopg.Connection[Any]) -> list[int]:
+        return request_many(conn, plan(conn), reason=reason, actor=operator.name)
+
+    requested = len(await _db(request, act))
+    log.info("console: %s asked to %s %d jobs in bulk", operator.name, action, requested)
     from urllib.parse import urlencode
 
-    notice = f"{action} requested for {done.requested} job(s) by {operator.name}"
+    notice = f"{action} requested for {requested} job(s) by {operator.name}"
     query = urlencode({**{k: v for k, v in form.items() if v}, "notice": notice})
     raise web.HTTPSeeOther(f"/jobs?{query}")
 
@@ -421,6 +401,17 @@ async def _lag(request: web.Request) -> web.Response:
     consumer = await read_consumer_lag(request.app[_SETTINGS].lag_url, LAG_TIMEOUT_S)
     slots = await _db(request, slot_lags)
     return _html(pages.lag_page(consumer=consumer, slots=slots, operator=_operator(request)))
+
+
+async def _overview(request: web.Request) -> web.Response:
+    settings = request.app[_SETTINGS]
+    consumer, slots, found = await asyncio.gather(
+        read_consumer_lag(settings.lag_url, LAG_TIMEOUT_S),
+        _db(request, slot_lags),
+        read_overview(settings.postgres.dsn),
+    )
+    page = overview_page(found, consumer=consumer, slots=slots, operator=_operator(request))
+    return _html(page)
 
 
 # --- the app ------------------------------------------------------------------------------------
@@ -443,6 +434,7 @@ def build_app(settings: ConsoleSettings) -> web.Application:
     app.router.add_post("/jobs/{job_id}/cancel", _cancel)
     app.router.add_post("/jobs/{job_id}/reprocess", _reprocess)
     app.router.add_get("/lag", _lag)
+    app.router.add_get("/overview", _overview)
     return app
 
 

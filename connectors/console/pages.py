@@ -13,17 +13,19 @@ import html
 from collections.abc import Iterable, Mapping, Sequence
 from urllib.parse import urlencode
 
-from connectors.console.queries import PageOfJobs, SlotLag
+from connectors.console.queries import SlotLag
 from connectors.console.settings import Operator
+from connectors.ops.actions import Action, offered
+from connectors.ops.delivery_risk import DeliveryRisk, delivery_risk
 from connectors.ops.jobs_render import cut, human_age, masked, when
-from connectors.ops.jobs_sql import JobHistory
+from connectors.ops.jobs_sql import JobHistory, PageOfJobs
 from connectors.ops.status import ConsumerLag, PartitionLag
 from streams.kernel.contract import JobStatus
-from streams.kernel.state_machine import ALLOWED, REPROCESSABLE
 
 __all__ = [
     "PERIODS",
     "bulk_preview_page",
+    "duplicate_warning",
     "jobs_page",
     "job_page",
     "lag_page",
@@ -63,7 +65,7 @@ def _layout(title: str, body: str, operator: Operator | None, notice: str | None
     nav = ""
     if operator is not None:
         nav = (
-            '<a href="/jobs">Jobs</a><a href="/lag">Lag</a>'
+            '<a href="/overview">Overview</a><a href="/jobs">Jobs</a><a href="/lag">Lag</a>'
             f'<span class="who">{e(operator.name)} ({e(operator.role.value)})</span>'
             '<form method="post" action="/logout"><button>Log out</button></form>'
         )
@@ -237,17 +239,46 @@ def _commands(story: JobHistory) -> str:
     )
 
 
-UNCERTAIN_WARNING = (
-    "The outcome of this job's last attempt is UNCERTAIN: the gateway may already have "
-    "delivered it. Reprocessing may send it TWICE to the recipient."
-)
+def duplicate_warning(risk: DeliveryRisk) -> str:
+    """Why a reprocess of this job may send it twice, for the page and a refusal."""
+    because = risk.explanation[0].upper() + risk.explanation[1:]
+    return (
+        f"{because}: the gateway may already have delivered it. "
+        "Reprocessing may send it TWICE to the recipient."
+    )
 
 
-def looks_uncertain(story: JobHistory) -> bool:
-    """Whether the last attempt may have reached the gateway (a resend may duplicate it)."""
-    if story.job.status == JobStatus.UNCERTAIN:
-        return True
-    return any(ev.to_status == JobStatus.UNCERTAIN for ev in story.events)
+def _actions(story: JobHistory, operator: Operator) -> str:
+    """The cancel and reprocess forms the job's status allows, for an operator who may act."""
+    status = story.job.status
+    cancellable = offered(Action.CANCEL, status)
+    reprocessable = offered(Action.REPROCESS, status)
+    if not operator.role.can_act or not (cancellable or reprocessable):
+        return ""
+    job_id = story.job.id
+    actions = '<section class="actions"><h2>Actions</h2>'
+    if cancellable:
+        actions += (
+            f'<form method="post" action="/jobs/{job_id}/cancel" id="cancel">'
+            '<label>Reason <input name="reason" id="cancel-reason" required size="40">'
+            '</label> <button id="cancel-button">Cancel job</button></form>'
+        )
+    if reprocessable:
+        risk = delivery_risk(status, story.events)
+        warning = (
+            f'<p class="warning" id="uncertain-warning">{e(duplicate_warning(risk))}</p>'
+            '<label><input type="checkbox" name="accept_duplicate" value="yes" required> '
+            "I accept that it may be sent twice</label><br>"
+            if risk is not None
+            else ""
+        )
+        actions += (
+            f'<form method="post" action="/jobs/{job_id}/reprocess" id="reprocess">'
+            f"{warning}"
+            '<label>Reason <input name="reason" required size="40"></label> '
+            "<button>Reprocess (send again)</button></form>"
+        )
+    return actions + "</section>"
 
 
 def job_page(
@@ -275,32 +306,7 @@ def job_page(
     if operator.role.sees_text:
         facts = [*facts, ("Text", f'<span id="text">{e(text)}</span>')]
     details = "<dl>" + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts) + "</dl>"
-    actions = ""
-    cancellable = any(job.status == s and JobStatus.CANCELLED in to for s, to in ALLOWED.items())
-    if operator.role.can_act and (cancellable or job.status in REPROCESSABLE):
-        actions = '<section class="actions"><h2>Actions</h2>'
-        if cancellable:
-            actions += (
-                f'<form method="post" action="/jobs/{job.id}/cancel" id="cancel">'
-                '<label>Reason <input name="reason" id="cancel-reason" required size="40">'
-                '</label> <button id="cancel-button">Cancel job</button></form>'
-            )
-        if job.status in REPROCESSABLE:
-            risky = looks_uncertain(story)
-            warning = (
-                f'<p class="warning" id="uncertain-warning">{e(UNCERTAIN_WARNING)}</p>'
-                '<label><input type="checkbox" name="accept_duplicate" value="yes" required> '
-                "I accept that it may be sent twice</label><br>"
-                if risky
-                else ""
-            )
-            actions += (
-                f'<form method="post" action="/jobs/{job.id}/reprocess" id="reprocess">'
-                f"{warning}"
-                '<label>Reason <input name="reason" required size="40"></label> '
-                "<button>Reprocess (send again)</button></form>"
-            )
-        actions += "</section>"
+    actions = _actions(story, operator)
     body = (
         f"{details}{actions}<section><h2>Attempts</h2>{_attempts(story)}</section>"
         f"<section><h2>History</h2>{_events(story)}</section>"
@@ -313,7 +319,7 @@ def bulk_preview_page(
     *,
     action: str,
     count: int,
-    uncertain: int,
+    risky: int,
     limit: int,
     fields: Mapping[str, str],
     operator: Operator,
@@ -324,10 +330,11 @@ def bulk_preview_page(
     if count > limit:
         lines.append(f"Only the oldest {limit} will be, this time.")
     warning = ""
-    if uncertain:
+    if risky:
         warning = (
-            f'<p class="warning" id="uncertain-warning">{uncertain} of them are UNCERTAIN: '
-            "the gateway may already have delivered them. Reprocessing may send them TWICE.</p>"
+            f'<p class="warning" id="uncertain-warning">{risky} of them may already have been '
+            "delivered (UNCERTAIN, or an attempt of unknown outcome): reprocessing may send "
+            "them TWICE.</p>"
         )
     confirm = ""
     if acted:

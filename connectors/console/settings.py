@@ -76,11 +76,13 @@ class ConsoleSettings(SettingsBase):
     tokens: SecretStr = SecretStr("")
     """JSON ``{"<token>": {"operator": "alice", "role": "viewer|operator|admin"}}``; required."""
     port: int = Field(default=6070, ge=0, le=65535)
+    """Port of the console's web server."""
     bind_local: bool = True
     """Listen on 127.0.0.1 only; false listens on every interface (behind a TLS proxy)."""
     lag_url: str = ""
     """The lag monitor's metrics URL (``http://127.0.0.1:6068/metrics``); empty: not shown."""
     page_size: int = Field(default=50, ge=1, le=500)
+    """Jobs per page of the job list."""
     bulk_limit: int = Field(default=1000, ge=1)
     """A bulk cancel or reprocess acts on at most this many jobs, oldest first."""
 

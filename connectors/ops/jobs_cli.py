@@ -27,12 +27,21 @@ rejected its row) is refused here: it was never sent, and its row is malformed.
 ``reprocess`` without an ID reprocesses every job matching the filters (oldest
 first, at most ``--limit``): ``--dry-run`` prints how many and a few masked
 examples and changes nothing; more than :data:`BULK_CONFIRM_ABOVE` jobs, or any
-UNCERTAIN one, need ``--yes``. One command per job is written in one transaction.
+that may already have been delivered, need ``--yes``. One command per job is
+written in one transaction.
+
+What is refused, what needs ``--yes`` and how the worker's answer is read is
+decided by :mod:`connectors.ops.actions`, the core the console calls too; "may
+already have been delivered" is :mod:`connectors.ops.delivery_risk` (UNCERTAIN
+now or in the job's history, a REVIEW or DELIVERED status, or an attempt with no
+recorded outcome). Durations (``--last``, ``--since 2h``) are
+:mod:`connectors.ops.durations`' grammar: ``90s``, ``1h30m``, ``1.5h``, ``2d``, ``1w``.
 
 Exit codes: 0 done (cancelled; reprocessing taken up by the worker; bulk
 requested or dry run), 1 not done (the worker refused, or has not handled the
 command yet), 2 refused here (no such job, a job that may not be cancelled or
-reprocessed, an uncertain job or a large bulk without ``--yes``).
+reprocessed, a job that may already have been delivered or a large bulk without
+``--yes``).
 
 The functions take the DSN and an output stream so they can be tested without
 the argument parser; :func:`add_jobs_parser` wires them into ``zapstream``. The
@@ -45,13 +54,28 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import math
-import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 import psycopg
 
+from connectors.ops.actions import (
+    BULK_CONFIRM_ABOVE,
+    Action,
+    Answer,
+    BulkPlan,
+    Plan,
+    bulk_refused,
+    plan_many,
+    plan_one,
+    request_many,
+    request_one,
+    wait_for_answer,
+)
+from connectors.ops.delivery_risk import DeliveryRisk
+from connectors.ops.durations import parse_duration, parse_instant, parse_since
+from connectors.ops.job_filter import JobFilter
 from connectors.ops.jobs_render import (
     events_table,
     human_age,
@@ -63,25 +87,8 @@ from connectors.ops.jobs_render import (
     page_footer,
     when,
 )
-from connectors.ops.jobs_sql import (
-    Job,
-    JobEvent,
-    JobFilter,
-    count_jobs,
-    database_now,
-    fetch_events,
-    fetch_history,
-    fetch_job,
-    fetch_job_page,
-    matching_job_ids,
-    poll_events,
-)
-from connectors.outbox.commands import (
-    InvalidCommand,
-    request_cancel_by_id,
-    request_reprocess,
-    request_reprocess_many,
-)
+from connectors.ops.jobs_sql import Job, database_now, fetch_history, fetch_page
+from connectors.outbox.commands import InvalidCommand
 from streams.kernel import state_machine
 from streams.kernel.contract import CommandOutcome, JobStatus
 
@@ -94,7 +101,7 @@ __all__ = [
     "cancel_job",
     "human_age",  # lives in jobs_render; still importable from here
     "list_jobs",
-    "parse_duration",
+    "parse_duration",  # the durations live in connectors.ops.durations
     "parse_instant",
     "parse_since",
     "reprocess_job",
@@ -109,60 +116,14 @@ EXIT_REFUSED = 2
 REPROCESSABLE = state_machine.REPROCESSABLE
 """Statuses an operator may reprocess (DEAD, FAILED, UNCERTAIN): the job will not be
 attempted again on its own. The worker applies the same rule."""
-_IN_PROGRESS = frozenset({JobStatus.PENDING, JobStatus.ATTEMPTING, JobStatus.RETRY_WAIT})
 
 DEFAULT_WAIT_S = 30.0
 POLL_INTERVAL_S = 0.5
-BULK_CONFIRM_ABOVE = 10
-"""A bulk reprocess of more jobs than this needs ``--yes``."""
 DEFAULT_BULK_LIMIT = 1000
 BULK_EXAMPLES = 5
 
 
-# --- parsing ------------------------------------------------------------------------
-
-_DURATION_PART = re.compile(r"(\d+)([smhdw])")
-_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-
-
-def parse_duration(text: str) -> dt.timedelta:
-    """``90s``, ``15m``, ``1h``, ``1h30m``, ``2d``, ``1w`` as a timedelta."""
-    compact = text.strip().lower()
-    parts = _DURATION_PART.findall(compact)
-    if not compact or "".join(n + u for n, u in parts) != compact:
-        raise ValueError(f"not a duration: {text!r} (e.g. 90s, 15m, 1h30m, 2d)")
-    return dt.timedelta(seconds=sum(int(n) * _DURATION_UNITS[u] for n, u in parts))
-
-
-def parse_instant(text: str) -> dt.datetime:
-    """An ISO 8601 date or date-time; without an offset it is taken as UTC."""
-    try:
-        value = dt.datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise ValueError(f"not an ISO 8601 date-time: {text!r}") from None
-    return value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)
-
-
-def parse_since(text: str, *, now: dt.datetime | None = None) -> dt.datetime:
-    """A duration back from now (``2h``, ``90m``) or an ISO 8601 date-time."""
-    try:
-        delta = parse_duration(text)
-    except ValueError:
-        try:
-            return parse_instant(text)
-        except ValueError:
-            raise ValueError(
-                f"not a duration or an ISO 8601 date-time: {text!r} (e.g. 2h, 2026-01-31T12:00)"
-            ) from None
-    return (now or dt.datetime.now(dt.UTC)) - delta
-
-
 # --- outcomes --------------------------------------------------------------------------
-
-
-def _answer(events: list[JobEvent], command_id: int) -> JobEvent | None:
-    """The worker's answer to command ``command_id``: the event that carries its id."""
-    return next((e for e in events if e.command_id == command_id), None)
 
 
 def _still_pending(out: TextIO, command_id: int) -> int:
@@ -196,19 +157,12 @@ def list_jobs(
         raise ValueError("limit and page must be positive")
     # Checked before connecting: an unknown status is the caller's error, not the database's.
     statuses = [JobStatus(s.upper()).value for s in states]
+    job_filter = JobFilter(statuses, instance, since, until)
     with psycopg.connect(dsn, autocommit=True) as conn:
         if now is None:
             # The database's clock, the one created_at was written with.
             now = database_now(conn)
-        result = fetch_job_page(
-            conn,
-            statuses=statuses,
-            instance=instance,
-            since=since,
-            until=until,
-            limit=limit,
-            page=page,
-        )
+        result = fetch_page(conn, job_filter, page=page, page_size=limit)
     if as_json:
         print(jobs_json(result.jobs, now=now, page=page, limit=limit, total=result.total), file=out)
         return EXIT_DONE
@@ -242,57 +196,54 @@ def show_job(
     return EXIT_DONE
 
 
-# --- jobs cancel -----------------------------------------------------------------------
+# --- jobs cancel and reprocess: one job ----------------------------------------------------
 
 
-def _refuse_invalid(out: TextIO, job: Job, action: str) -> int:
-    print(
-        f"refusing to {action} job {job.id}: it is INVALID (the relay rejected its row: "
-        f"{job.last_error or 'no reason recorded'}); it was never sent and never will be. "
-        "Fix the data and enqueue a new job.",
-        file=out,
-    )
+def _refused(out: TextIO, plan: Plan) -> int:
+    """Say why the core refused ``plan`` here (nothing was written)."""
+    job = plan.job
+    if job.status == JobStatus.INVALID:
+        print(
+            f"refusing to {plan.action} job {job.id}: it is INVALID (the relay rejected its "
+            f"row: {job.last_error or 'no reason recorded'}); it was never sent and never "
+            "will be. Fix the data and enqueue a new job.",
+            file=out,
+        )
+    else:
+        allowed = ", ".join(sorted(REPROCESSABLE))
+        print(
+            f"refusing to {plan.action} job {job.id}: it is {job.status}; "
+            f"only {allowed} jobs can be reprocessed",
+            file=out,
+        )
     return EXIT_REFUSED
 
 
-def _request_and_poll(
+def _request_and_wait(
     conn: psycopg.Connection[Any],
-    job_id: int,
+    plan: Plan,
     out: TextIO,
     *,
-    verb: str,
     shown: str,
-    request: Callable[[], int],
-    settled: Callable[[list[JobEvent], int], bool],
     reason: str,
     actor: str,
     wait_s: float,
     poll_interval_s: float,
-) -> tuple[int, list[JobEvent]] | None:
-    """Request a command in its own transaction, then poll the job's events for the answer.
+) -> Answer | None:
+    """Request the plan's command in its own transaction, then wait for the worker's answer.
 
-    None (after printing why) when the command is refused before it is written;
-    otherwise the command id and the events seen when ``settled`` said so or
-    ``wait_s`` ran out.
+    None (after printing why) when the database refuses the command.
     """
+    job_id = plan.job.id
     try:
-        with conn.transaction():
-            command_id = request()
+        command_id = request_one(conn, plan.action, job_id, reason=reason, actor=actor)
     except InvalidCommand as exc:
-        print(f"cannot {verb} job {job_id}: {exc}", file=out)
+        print(f"cannot {plan.action} job {job_id}: {exc}", file=out)
         return None
-    print(
-        f"{shown}: command {command_id} by {actor.strip()}: {reason.strip()}",
-        file=out,
+    print(f"{shown}: command {command_id} by {actor.strip()}: {reason.strip()}", file=out)
+    return wait_for_answer(
+        conn, plan.action, job_id, command_id, wait_s=wait_s, poll_interval_s=poll_interval_s
     )
-    events = poll_events(
-        conn,
-        job_id,
-        wait_s=wait_s,
-        poll_interval_s=poll_interval_s,
-        settled=lambda evs: settled(evs, command_id),
-    )
-    return command_id, events
 
 
 def cancel_job(
@@ -308,75 +259,82 @@ def cancel_job(
     """Request the job's cancellation and report the worker's outcome within ``wait_s``."""
     out = out or sys.stdout
     with psycopg.connect(dsn, autocommit=True) as conn:
-        job = fetch_job(conn, job_id)
-        if job is None:
+        plan = plan_one(conn, Action.CANCEL, job_id)
+        if plan is None:
             print(f"no job {job_id}", file=out)
             return EXIT_REFUSED
-        if job.status == JobStatus.INVALID:
-            return _refuse_invalid(out, job, "cancel")
-        requested = _request_and_poll(
+        if plan.refused:
+            return _refused(out, plan)
+        answer = _request_and_wait(
             conn,
-            job_id,
+            plan,
             out,
-            verb="cancel",
-            shown=f"cancel requested for job {job_id} ({job.status})",
-            request=lambda: request_cancel_by_id(conn, job_id, reason, actor),
-            settled=lambda evs, command_id: _answer(evs, command_id) is not None,
+            shown=f"cancel requested for job {job_id} ({plan.job.status})",
             reason=reason,
             actor=actor,
             wait_s=wait_s,
             poll_interval_s=poll_interval_s,
         )
-        if requested is None:
-            return EXIT_REFUSED
-        command_id, events = requested
-    answer = _answer(events, command_id)
     if answer is None:
-        return _still_pending(out, command_id)
-    if answer.outcome == CommandOutcome.CANCELLED:
+        return EXIT_REFUSED
+    event = answer.event
+    if event is None:
+        return _still_pending(out, answer.command_id)
+    if event.outcome == CommandOutcome.CANCELLED:
         print(
-            f"CANCELLED: job {job_id} by {answer.actor} at {when(answer.at)}"
-            f" ({answer.reason or 'no reason given'})",
+            f"CANCELLED: job {job_id} by {event.actor} at {when(event.at)}"
+            f" ({event.reason or 'no reason given'})",
             file=out,
         )
         return EXIT_DONE
     print(
-        f"NOT CANCELLED ({answer.outcome}): job {job_id} is {answer.to_status}: {answer.reason}",
+        f"NOT CANCELLED ({event.outcome}): job {job_id} is {event.to_status}: {event.reason}",
         file=out,
     )
     return EXIT_NOT_DONE
 
 
-# --- jobs reprocess ---------------------------------------------------------------------
+def _warn_one(out: TextIO, risk: DeliveryRisk) -> None:
+    print(
+        "\n"
+        f"!!! WARNING: {risk.explanation}.\n"
+        "!!! The gateway may already have DELIVERED this message.\n"
+        "!!! Reprocessing may send it TWICE to the recipient.\n"
+        "!!! Check with the gateway or the recipient first.\n",
+        file=out,
+    )
 
 
-def _looks_uncertain(job: Job, history: list[JobEvent]) -> bool:
-    """Whether the last attempt may have reached the gateway (so a resend may duplicate it)."""
-    if job.status == JobStatus.UNCERTAIN:
-        return True
-    if not history:
-        return False
-    last = history[-1]
-    return last.to_status == JobStatus.UNCERTAIN or "uncertain" in (last.reason or "").lower()
+def _show_history(out: TextIO, plan: Plan) -> None:
+    print(job_summary(plan.job), file=out)
+    if plan.history:
+        print("history:", file=out)
+        print(events_table(plan.history), file=out)
+    else:
+        print("history: no transitions recorded", file=out)
 
 
-def _since_answer(events: list[JobEvent], command_id: int) -> list[JobEvent]:
-    """The worker's answer to the command and every event after it, in version order."""
-    answer = _answer(events, command_id)
-    if answer is None:
-        return []
-    return [answer, *(e for e in events if e.version > answer.version)]
+def _note_expired(out: TextIO, job: Job) -> None:
+    if job.expires_at is not None and job.expires_at <= dt.datetime.now(dt.UTC):
+        print(
+            f"note: the job expired at {when(job.expires_at)}; "
+            "the worker will expire it again instead of sending it",
+            file=out,
+        )
 
 
-def _reprocess_settled(events: list[JobEvent], command_id: int) -> bool:
-    """Refused, or taken up and moved on to a state that is not in progress."""
-    followed = _since_answer(events, command_id)
+def _reprocess_outcome(out: TextIO, job_id: int, answer: Answer) -> int:
+    followed = answer.followed
     if not followed:
-        return False
-    if followed[0].outcome != CommandOutcome.REPROCESSED:
-        return True
-    moves = [e for e in followed[1:] if not e.is_note]
-    return bool(moves) and moves[-1].to_status not in _IN_PROGRESS
+        return _still_pending(out, answer.command_id)
+    print(events_table(followed), file=out)
+    event = followed[0]
+    if event.outcome != CommandOutcome.REPROCESSED:
+        print(f"NOT REPROCESSED ({event.outcome}): job {job_id}: {event.reason}", file=out)
+        return EXIT_NOT_DONE
+    suffix = " (still in progress)" if answer.in_progress else ""
+    print(f"job {job_id} is now {answer.status}{suffix}", file=out)
+    return EXIT_DONE
 
 
 def reprocess_job(
@@ -392,80 +350,96 @@ def reprocess_job(
 ) -> int:
     """Show the job's history, then request that it be sent again and report the outcome.
 
-    Refused (exit 2) unless the job is DEAD, UNCERTAIN or FAILED, and, when its
-    last attempt may have been delivered, unless ``yes`` confirms that a
-    duplicate is acceptable.
+    Refused (exit 2) unless the job is DEAD, UNCERTAIN or FAILED, and, when it
+    may already have been delivered (:mod:`connectors.ops.delivery_risk`),
+    unless ``yes`` confirms that a duplicate is acceptable.
     """
     out = out or sys.stdout
     with psycopg.connect(dsn, autocommit=True) as conn:
-        job = fetch_job(conn, job_id)
-        if job is None:
+        plan = plan_one(conn, Action.REPROCESS, job_id)
+        if plan is None:
             print(f"no job {job_id}", file=out)
             return EXIT_REFUSED
-        if job.status == JobStatus.INVALID:
-            return _refuse_invalid(out, job, "reprocess")
-        if job.status not in REPROCESSABLE:
-            allowed = ", ".join(sorted(REPROCESSABLE))
-            print(
-                f"refusing to reprocess job {job_id}: it is {job.status}; "
-                f"only {allowed} jobs can be reprocessed",
-                file=out,
-            )
-            return EXIT_REFUSED
-        print(job_summary(job), file=out)
-        history = fetch_events(conn, job_id)
-        if history:
-            print("history:", file=out)
-            print(events_table(history), file=out)
-        else:
-            print("history: no transitions recorded", file=out)
-        if _looks_uncertain(job, history):
-            print(
-                "\n"
-                "!!! WARNING: the outcome of this job's last attempt is UNCERTAIN.\n"
-                "!!! The gateway may already have DELIVERED this message.\n"
-                "!!! Reprocessing may send it TWICE to the recipient.\n"
-                "!!! Check with the gateway or the recipient first.\n",
-                file=out,
-            )
+        if plan.refused:
+            return _refused(out, plan)
+        _show_history(out, plan)
+        if plan.risk is not None:
+            _warn_one(out, plan.risk)
             if not yes:
                 print("not reprocessed: re-run with --yes to reprocess anyway", file=out)
                 return EXIT_REFUSED
-        if job.expires_at is not None and job.expires_at <= dt.datetime.now(dt.UTC):
-            print(
-                f"note: the job expired at {when(job.expires_at)}; "
-                "the worker will expire it again instead of sending it",
-                file=out,
-            )
-        requested = _request_and_poll(
+        _note_expired(out, plan.job)
+        answer = _request_and_wait(
             conn,
-            job_id,
+            plan,
             out,
-            verb="reprocess",
             shown=f"reprocess requested for job {job_id}",
-            request=lambda: request_reprocess(conn, job_id, reason, actor),
-            settled=_reprocess_settled,
             reason=reason,
             actor=actor,
             wait_s=wait_s,
             poll_interval_s=poll_interval_s,
         )
-        if requested is None:
-            return EXIT_REFUSED
-        command_id, events = requested
-    followed = _since_answer(events, command_id)
-    if not followed:
-        return _still_pending(out, command_id)
-    print(events_table(followed), file=out)
-    answer = followed[0]
-    if answer.outcome != CommandOutcome.REPROCESSED:
-        print(f"NOT REPROCESSED ({answer.outcome}): job {job_id}: {answer.reason}", file=out)
-        return EXIT_NOT_DONE
-    moves = [e for e in followed[1:] if not e.is_note]
-    status = moves[-1].to_status if moves else answer.to_status
-    suffix = " (still in progress)" if not moves or status in _IN_PROGRESS else ""
-    print(f"job {job_id} is now {status}{suffix}", file=out)
-    return EXIT_DONE
+    if answer is None:
+        return EXIT_REFUSED
+    return _reprocess_outcome(out, job_id, answer)
+
+
+# --- jobs reprocess: every job matching filters ---------------------------------------------
+
+
+def _bulk_arguments_refused(
+    out: TextIO, statuses: Sequence[JobStatus], reason: str, actor: str
+) -> bool:
+    """Print why a bulk reprocess is refused before connecting; False when it is not."""
+    if not statuses:
+        print("refusing a bulk reprocess without --state", file=out)
+        return True
+    if not reason.strip() or not actor.strip():
+        print("refusing a bulk reprocess without --reason and --by", file=out)
+        return True
+    refused = bulk_refused(Action.REPROCESS, statuses)
+    if refused:
+        allowed = ", ".join(sorted(REPROCESSABLE))
+        print(
+            f"refusing to reprocess {', '.join(refused)} jobs: only {allowed} jobs can be "
+            "reprocessed"
+            + (
+                " (INVALID rows are malformed: fix the data and enqueue new jobs)"
+                if JobStatus.INVALID in refused
+                else ""
+            ),
+            file=out,
+        )
+        return True
+    return False
+
+
+def _show_bulk_plan(
+    conn: psycopg.Connection[Any], out: TextIO, plan: BulkPlan, *, limit: int
+) -> None:
+    """The count, a few masked examples, the limit, and the duplicate warning."""
+    print(f"{plan.total} jobs match ({_describe(plan.job_filter)})", file=out)
+    if plan.total == 0:
+        return
+    now = database_now(conn)
+    examples = fetch_page(conn, plan.job_filter, page=1, page_size=BULK_EXAMPLES)
+    print(f"newest {len(examples.jobs)} of them:", file=out)
+    print(jobs_table(examples.jobs, now=now), file=out)
+    if plan.total > limit:
+        print(
+            f"only the oldest {limit} would be reprocessed now (--limit); run again for the rest",
+            file=out,
+        )
+    if plan.risky:
+        shown = ", ".join(str(job_id) for job_id in plan.risky[:BULK_EXAMPLES])
+        more = ", ..." if len(plan.risky) > BULK_EXAMPLES else ""
+        print(
+            "\n"
+            f"!!! WARNING: {len(plan.risky)} of these jobs (UNCERTAIN, or with an attempt of "
+            f"unknown outcome) may already have been DELIVERED by the gateway: {shown}{more}.\n"
+            "!!! Reprocessing them may send those messages TWICE.\n",
+            file=out,
+        )
 
 
 def reprocess_matching(
@@ -485,82 +459,39 @@ def reprocess_matching(
     """Reprocess every job matching the filters (oldest first, at most ``limit``).
 
     Refused (exit 2) for a state that may not be reprocessed, and without ``yes``
-    for more than :data:`BULK_CONFIRM_ABOVE` jobs or for UNCERTAIN ones. A dry
-    run prints the count and a few masked examples and writes nothing.
+    for more than :data:`BULK_CONFIRM_ABOVE` jobs or for any that may already
+    have been delivered. A dry run prints the count and a few masked examples
+    and writes nothing.
     """
     out = out or sys.stdout
     statuses = sorted({JobStatus(s.strip().upper()) for s in states})
-    if not statuses:
-        print("refusing a bulk reprocess without --state", file=out)
-        return EXIT_REFUSED
-    if not reason.strip() or not actor.strip():
-        print("refusing a bulk reprocess without --reason and --by", file=out)
+    if _bulk_arguments_refused(out, statuses, reason, actor):
         return EXIT_REFUSED
     if limit < 1:
         raise ValueError("limit must be positive")
-    refused = [s for s in statuses if s not in REPROCESSABLE]
-    if refused:
-        allowed = ", ".join(sorted(REPROCESSABLE))
-        print(
-            f"refusing to reprocess {', '.join(refused)} jobs: only {allowed} jobs can be "
-            "reprocessed"
-            + (
-                " (INVALID rows are malformed: fix the data and enqueue new jobs)"
-                if JobStatus.INVALID in refused
-                else ""
-            ),
-            file=out,
-        )
-        return EXIT_REFUSED
     job_filter = JobFilter([s.value for s in statuses], instance, since, until)
     with psycopg.connect(dsn, autocommit=True) as conn:
-        now = database_now(conn)
-        total = count_jobs(conn, job_filter)
-        chosen = min(total, limit)
-        described = _describe(job_filter)
-        print(f"{total} jobs match ({described})", file=out)
-        if total == 0:
+        plan = plan_many(conn, Action.REPROCESS, job_filter, limit=limit)
+        _show_bulk_plan(conn, out, plan, limit=limit)
+        if plan.total == 0:
             print("nothing to reprocess", file=out)
             return EXIT_DONE
-        examples = fetch_job_page(
-            conn,
-            statuses=job_filter.statuses,
-            instance=instance,
-            since=since,
-            until=until,
-            limit=BULK_EXAMPLES,
-            page=1,
-        )
-        print(f"newest {len(examples.jobs)} of them:", file=out)
-        print(jobs_table(examples.jobs, now=now), file=out)
-        if total > limit:
-            print(
-                f"only the oldest {limit} would be reprocessed now (--limit); run again for "
-                "the rest",
-                file=out,
-            )
-        uncertain = JobStatus.UNCERTAIN in statuses
-        if uncertain:
-            print(
-                "\n"
-                "!!! WARNING: UNCERTAIN jobs may already have been DELIVERED by the gateway.\n"
-                "!!! Reprocessing them may send those messages TWICE.\n",
-                file=out,
-            )
         if dry_run:
-            print(f"dry run: {chosen} jobs would be reprocessed; nothing was requested", file=out)
-            return EXIT_DONE
-        if not yes and (chosen > BULK_CONFIRM_ABOVE or uncertain):
-            why = "UNCERTAIN jobs" if uncertain else f"more than {BULK_CONFIRM_ABOVE} jobs"
             print(
-                f"not reprocessed: {chosen} jobs, {why}; re-run with --yes to reprocess them",
+                f"dry run: {len(plan.chosen)} jobs would be reprocessed; nothing was requested",
+                file=out,
+            )
+            return EXIT_DONE
+        if not yes and plan.needs_confirmation:
+            why = "some may be sent twice" if plan.risky else f"more than {BULK_CONFIRM_ABOVE} jobs"
+            print(
+                f"not reprocessed: {len(plan.chosen)} jobs, {why}; "
+                "re-run with --yes to reprocess them",
                 file=out,
             )
             return EXIT_REFUSED
         try:
-            with conn.transaction():
-                job_ids = matching_job_ids(conn, job_filter, limit=limit)
-                command_ids = request_reprocess_many(conn, job_ids, reason, actor)
+            command_ids = request_many(conn, plan, reason=reason, actor=actor)
         except InvalidCommand as exc:
             print(f"cannot reprocess: {exc}", file=out)
             return EXIT_REFUSED
@@ -741,7 +672,7 @@ def add_jobs_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
         "--last",
         type=_arg(parse_duration),
         metavar="DURATION",
-        help="only jobs created in the last DURATION (90s, 15m, 1h, 2d)",
+        help="only jobs created in the last DURATION (90s, 15m, 1h30m, 1.5h, 2d, 1w)",
     )
     ls.add_argument(
         "--until", type=_arg(parse_instant), metavar="ISO", help="only jobs created before this"
@@ -774,7 +705,7 @@ def add_jobs_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
     reprocess.add_argument(
         "--yes",
         action="store_true",
-        help="reprocess even if the last attempt may have been delivered (may send twice), "
+        help="reprocess even if the job may already have been delivered (may send twice), "
         f"or more than {BULK_CONFIRM_ABOVE} jobs at once",
     )
     bulk = reprocess.add_argument_group("many jobs at once (instead of ID)")
@@ -790,7 +721,7 @@ def add_jobs_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
         "--since",
         type=_arg(parse_since),
         metavar="DURATION|ISO",
-        help="only jobs created in the last DURATION (2h, 1d) or since this time",
+        help="only jobs created in the last DURATION (2h, 1.5d) or since this time",
     )
     bulk.add_argument(
         "--until", type=_arg(parse_instant), metavar="ISO", help="only jobs created before this"

@@ -13,10 +13,12 @@ import dataclasses
 import datetime as dt
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import psycopg
 from psycopg import sql
+
+from connectors.ops.job_filter import JobFilter
 
 __all__ = [
     "Attempt",
@@ -26,17 +28,19 @@ __all__ = [
     "JobEvent",
     "JobHistory",
     "JobReplay",
-    "JobFilter",
-    "JobPage",
     "ListedJob",
+    "PageOfJobs",
     "attempts_of",
     "count_jobs",
     "database_now",
-    "fetch_history",
     "fetch_events",
+    "fetch_events_of",
+    "fetch_history",
     "fetch_job",
-    "fetch_job_page",
+    "fetch_page",
+    "fetch_statuses",
     "matching_job_ids",
+    "page_query",
     "poll_events",
 ]
 
@@ -69,11 +73,17 @@ class ListedJob:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class JobPage:
-    """One page of jobs, newest first, and how many jobs match in all."""
+class PageOfJobs:
+    """One page of jobs, newest first, how many jobs match in all, and the page asked for."""
 
     jobs: list[ListedJob]
     total: int
+    page: int
+    page_size: int
+
+    @property
+    def pages(self) -> int:
+        return max(1, -(-self.total // self.page_size))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -98,40 +108,6 @@ class JobEvent:
         return self.from_status == self.to_status
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class JobFilter:
-    """Which jobs ``jobs list`` and a bulk ``jobs reprocess`` mean.
-
-    ``statuses`` are status values (``"DEAD"``); ``since``/``until`` bound the
-    jobs' creation time, ``since`` inclusive. An empty filter matches every job.
-    """
-
-    statuses: Sequence[str] = ()
-    instance: str | None = None
-    since: dt.datetime | None = None
-    until: dt.datetime | None = None
-
-    def where(self) -> tuple[sql.Composable, list[Any]]:
-        """`` WHERE ...`` (or nothing) and its parameters."""
-        conditions: list[sql.Composable] = []
-        params: list[Any] = []
-        if self.statuses:
-            conditions.append(sql.SQL("status = ANY(%s)"))
-            params.append(list(self.statuses))
-        if self.instance is not None:
-            conditions.append(sql.SQL("instance_id = %s"))
-            params.append(self.instance)
-        if self.since is not None:
-            conditions.append(sql.SQL("created_at >= %s"))
-            params.append(self.since)
-        if self.until is not None:
-            conditions.append(sql.SQL("created_at < %s"))
-            params.append(self.until)
-        if not conditions:
-            return sql.SQL(""), params
-        return sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conditions), params
-
-
 # payload ->> 'to' is NULL for a payload that is not an object: no error, no text.
 _JOB = """
     SELECT id, instance_id, payload ->> 'to', status, attempts, last_error, expires_at
@@ -154,35 +130,42 @@ def database_now(conn: psycopg.Connection[Any]) -> dt.datetime:
     return value
 
 
-def fetch_job_page(
-    conn: psycopg.Connection[Any],
-    *,
-    statuses: Sequence[str] = (),
-    instance: str | None = None,
-    since: dt.datetime | None = None,
-    until: dt.datetime | None = None,
-    limit: int,
-    page: int,
-) -> JobPage:
-    """Page ``page`` (from 1) of ``limit`` jobs, newest first, with the count of all that match.
+_LISTED = (
+    "j.id, j.instance_id, j.payload ->> 'to', j.status, j.attempts, j.created_at, "
+    "j.last_error, j.updated_at"
+)
 
-    ``statuses`` are status values (``"DEAD"``); ``since``/``until`` bound the
-    jobs' creation time, ``since`` inclusive.
+
+def page_query(
+    job_filter: JobFilter, *, page: int, page_size: int
+) -> tuple[sql.Composed, list[Any]]:
+    """The one statement for a page: the count of all matches joined to the page's rows.
+
+    The count comes from its own subquery, so a page past the end still says how
+    many jobs match (the row has NULL job columns then).
     """
-    where, params = JobFilter(statuses, instance, since, until).where()
-    count_query = sql.SQL("SELECT count(*) FROM outbox_jobs") + where
-    page_query = (
-        sql.SQL(
-            "SELECT id, instance_id, payload ->> 'to', status, attempts, created_at, "
-            "last_error, updated_at FROM outbox_jobs"
-        )
+    if page < 1 or page_size < 1:
+        raise ValueError("page and page size must be positive")
+    where, params = job_filter.where()
+    query = (
+        sql.SQL("SELECT t.total, " + _LISTED + " FROM (SELECT count(*) AS total FROM outbox_jobs")
         + where
-        + sql.SQL(" ORDER BY id DESC LIMIT %s OFFSET %s")
+        + sql.SQL(") t LEFT JOIN LATERAL (SELECT * FROM outbox_jobs")
+        + where
+        + sql.SQL(" ORDER BY id DESC LIMIT %s OFFSET %s) j ON true ORDER BY j.id DESC")
     )
-    count_row = conn.execute(count_query, params).fetchone()
-    total = int(count_row[0]) if count_row is not None else 0
-    rows = conn.execute(page_query, [*params, limit, (page - 1) * limit]).fetchall()
-    return JobPage(jobs=[ListedJob(*r) for r in rows], total=total)
+    return query, [*params, *params, page_size, (page - 1) * page_size]
+
+
+def fetch_page(
+    conn: psycopg.Connection[Any], job_filter: JobFilter, *, page: int, page_size: int
+) -> PageOfJobs:
+    """Page ``page`` (from 1) of jobs matching ``job_filter``, newest first: one query."""
+    query, params = page_query(job_filter, page=page, page_size=page_size)
+    rows = conn.execute(query, params).fetchall()
+    total = int(rows[0][0]) if rows else 0
+    jobs = [ListedJob(*row[1:]) for row in rows if row[1] is not None]
+    return PageOfJobs(jobs=jobs, total=total, page=page, page_size=page_size)
 
 
 def fetch_job(conn: psycopg.Connection[Any], job_id: int) -> Job | None:
@@ -191,13 +174,7 @@ def fetch_job(conn: psycopg.Connection[Any], job_id: int) -> Job | None:
     return Job(*row) if row is not None else None
 
 
-class SqlFilter(Protocol):
-    """A filter that renders its ``WHERE`` clause (:class:`JobFilter`, the console's)."""
-
-    def where(self) -> tuple[sql.Composable, list[Any]]: ...
-
-
-def count_jobs(conn: psycopg.Connection[Any], job_filter: SqlFilter) -> int:
+def count_jobs(conn: psycopg.Connection[Any], job_filter: JobFilter) -> int:
     """How many jobs match ``job_filter``."""
     where, params = job_filter.where()
     row = conn.execute(sql.SQL("SELECT count(*) FROM outbox_jobs") + where, params).fetchone()
@@ -205,7 +182,7 @@ def count_jobs(conn: psycopg.Connection[Any], job_filter: SqlFilter) -> int:
 
 
 def matching_job_ids(
-    conn: psycopg.Connection[Any], job_filter: SqlFilter, *, limit: int
+    conn: psycopg.Connection[Any], job_filter: JobFilter, *, limit: int
 ) -> list[int]:
     """The ids of the first ``limit`` jobs that match, oldest first."""
     where, params = job_filter.where()
@@ -216,6 +193,29 @@ def matching_job_ids(
 def fetch_events(conn: psycopg.Connection[Any], job_id: int) -> list[JobEvent]:
     """The job's whole history, in version order."""
     return [JobEvent(*r) for r in conn.execute(_HISTORY, (job_id,))]
+
+
+_HISTORIES = """
+    SELECT job_id, id, version, from_status, to_status, actor, reason, at, outcome, command_id
+    FROM outbox_job_events WHERE job_id = ANY(%s)
+    ORDER BY job_id, version, id
+"""
+
+
+def fetch_events_of(
+    conn: psycopg.Connection[Any], job_ids: Sequence[int]
+) -> dict[int, list[JobEvent]]:
+    """The histories of several jobs in one query (a bulk action's plan), in version order."""
+    histories: dict[int, list[JobEvent]] = {job_id: [] for job_id in job_ids}
+    for job_id, *row in conn.execute(_HISTORIES, (list(job_ids),)):
+        histories[int(job_id)].append(JobEvent(*row))
+    return histories
+
+
+def fetch_statuses(conn: psycopg.Connection[Any], job_ids: Sequence[int]) -> dict[int, str]:
+    """The current status of each of ``job_ids`` that exists."""
+    rows = conn.execute("SELECT id, status FROM outbox_jobs WHERE id = ANY(%s)", (list(job_ids),))
+    return {int(job_id): str(status) for job_id, status in rows}
 
 
 def poll_events(

@@ -14,7 +14,9 @@ class WebhookSettings(SettingsBase):
     model_config = SettingsConfigDict(env_prefix="ZAPSTREAM_WEBHOOK_", extra="ignore")
 
     host: str = "127.0.0.1"
+    """Address the callback server listens on."""
     port: int = Field(default=8090, ge=0)
+    """Port the callback server listens on; 0: any free port."""
     secret: SecretStr = SecretStr("")
     """Shared HMAC-SHA256 secret; callbacks without a valid, fresh signature get 401."""
     signature_header: str = "X-Zap-Signature"

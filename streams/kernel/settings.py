@@ -33,7 +33,9 @@ def _secrets_dir() -> str | None:
 
 
 class SettingsBase(BaseSettings):
-    model_config = SettingsConfigDict(extra="ignore", populate_by_name=True)
+    model_config = SettingsConfigDict(
+        extra="ignore", populate_by_name=True, use_attribute_docstrings=True
+    )
 
     def __init__(self, **values: Any) -> None:
         super().__init__(_secrets_dir=_secrets_dir(), **values)
@@ -97,7 +99,10 @@ class KafkaSettings(SettingsBase):
     model_config = SettingsConfigDict(env_prefix="ZAPSTREAM_KAFKA_", extra="ignore")
 
     brokers: str = "127.0.0.1:9092"
+    """Comma-separated ``host:port`` bootstrap brokers."""
     flavor: BrokerFlavor = BrokerFlavor.KAFKA
+    """``kafka`` (Apache Kafka) or ``tansu``: Kafka-only features (transactions, the idempotent
+    producer) follow it."""
     topic_prefix: str = ""
     """Prepended verbatim to every topic name (``staging-`` -> ``staging-zapstream.intents``),
     consumer group id and Faust app id (``staging-zapstream-worker``, and so its internal
@@ -105,9 +110,14 @@ class KafkaSettings(SettingsBase):
     without sharing a topic, group or offset. Kafka topic characters only
     (``[a-zA-Z0-9._-]``). Every deployable of one deployment must have the same."""
     partitions: int = Field(default=12, ge=1)
+    """Partitions of the intent, results, state and parked topics (and Faust's changelogs) that
+    ``zapstream topics ensure`` creates and the worker expects."""
     replication_factor: int = Field(default=1, ge=1)
+    """Replicas of every topic zapstream creates."""
     session_timeout_s: float = Field(default=30.0, gt=0)
+    """Consumer group session timeout: a member silent this long is removed from its group."""
     heartbeat_interval_s: float = Field(default=3.0, gt=0)
+    """How often a group member sends its heartbeat to the group coordinator."""
     request_timeout_s: float = Field(default=40.0, gt=0)
     """How long any request to a broker waits for its answer (aiokafka ``request_timeout_ms``,
     Faust's ``broker_request_timeout``); past it the connection is closed and the request
@@ -366,6 +376,8 @@ class PostgresSettings(SettingsBase):
     model_config = SettingsConfigDict(env_prefix="ZAPSTREAM_DATABASE_", extra="ignore")
 
     url: SecretStr = SecretStr("postgresql://postgres@127.0.0.1:5432/postgres")
+    """The application database's libpq URL (``postgresql://user:password@host:5432/db``); a secret,
+    also read from ``ZAPSTREAM_SECRETS_DIR``."""
     connect_timeout_s: int = Field(default=10, ge=2)
     """libpq ``connect_timeout``: the longest a connection attempt (TCP, TLS, login) waits."""
     keepalives_idle_s: int = Field(default=15, ge=1)
@@ -535,28 +547,35 @@ class GatewaySettings(SettingsBase):
     kind: GatewayKind = Field(
         default=GatewayKind.STACKZAP, validation_alias=AliasChoices("ZAPSTREAM_GATEWAY", "kind")
     )
+    """Which gateway messages are sent through: ``stackzap``, ``zapapi`` or ``meta``."""
     stackzap_api_url: str = Field(
         default="http://127.0.0.1:8088",
         validation_alias=AliasChoices("STACKZAP_API_URL", "stackzap_api_url"),
     )
+    """StackZap's base URL."""
     stackzap_api_key: SecretStr = Field(
         default=SecretStr(""),
         validation_alias=AliasChoices("STACKZAP_API_KEY", "stackzap_api_key"),
     )
+    """StackZap's API key; a secret, also read from ``ZAPSTREAM_SECRETS_DIR``."""
     stackzap_labels: dict[str, str] = Field(
         default_factory=_default_stackzap_labels,
         validation_alias=AliasChoices("ZAPSTREAM_STACKZAP_LABELS", "stackzap_labels"),
     )
+    """StackZap status label -> job status (JSON object; replaces the default map)."""
     zap_api_url: str = Field(
         default="http://127.0.0.1:8088", validation_alias=AliasChoices("ZAP_API_URL", "zap_api_url")
     )
+    """The ZAP API's base URL."""
     zap_token: SecretStr = Field(
         default=SecretStr(""), validation_alias=AliasChoices("ZAP_TOKEN", "zap_token")
     )
+    """The ZAP API's token; a secret, also read from ``ZAPSTREAM_SECRETS_DIR``."""
     zapapi_labels: dict[str, str] = Field(
         default_factory=_default_zapapi_labels,
         validation_alias=AliasChoices("ZAPSTREAM_ZAPAPI_LABELS", "zapapi_labels"),
     )
+    """ZAP API status label -> job status (JSON object; replaces the default map)."""
     meta_graph_url: str = Field(
         default="https://graph.facebook.com",
         validation_alias=AliasChoices("META_GRAPH_URL", "meta_graph_url"),
@@ -567,6 +586,7 @@ class GatewaySettings(SettingsBase):
         pattern=r"^v\d+\.\d+$",
         validation_alias=AliasChoices("META_API_VERSION", "meta_api_version"),
     )
+    """The Graph API version in every request's path (``vNN.N``)."""
     meta_access_token: SecretStr = Field(
         default=SecretStr(""),
         validation_alias=AliasChoices("META_ACCESS_TOKEN", "meta_access_token"),
@@ -588,21 +608,27 @@ class GatewaySettings(SettingsBase):
         default_factory=_default_meta_labels,
         validation_alias=AliasChoices("ZAPSTREAM_META_LABELS", "meta_labels"),
     )
+    """Meta message status -> job status (JSON object; replaces the default map)."""
     connect_timeout_s: float = Field(
         default=5.0,
         gt=0,
         validation_alias=AliasChoices("ZAPSTREAM_GATEWAY_CONNECT_TIMEOUT_S", "connect_timeout_s"),
     )
+    """Longest wait for a TCP (and TLS) connection to the gateway; past it the send is transient."""
     read_timeout_s: float = Field(
         default=15.0,
         gt=0,
         validation_alias=AliasChoices("ZAPSTREAM_GATEWAY_READ_TIMEOUT_S", "read_timeout_s"),
     )
+    """Longest wait for the gateway's answer once the request was written; past it the outcome is
+    uncertain and is reconciled."""
     pool_timeout_s: float = Field(
         default=5.0,
         gt=0,
         validation_alias=AliasChoices("ZAPSTREAM_GATEWAY_POOL_TIMEOUT_S", "pool_timeout_s"),
     )
+    """Longest wait for a free pooled connection (``max_connections``); past it the send is
+    transient."""
     max_connections: int = Field(
         default=256,
         ge=1,

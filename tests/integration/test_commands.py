@@ -797,19 +797,38 @@ def test_jobs_reprocess_warns_and_requires_yes_for_an_uncertain_job(
     assert _commands(outbox_db, job_id) == [("reprocess", "gateway says not delivered", "alice")]
 
 
-def test_jobs_reprocess_warns_when_the_last_reason_mentions_an_uncertain_outcome(
-    outbox_db: str,
-) -> None:
+def test_jobs_reprocess_warns_when_an_earlier_attempt_ended_uncertain(outbox_db: str) -> None:
+    # UNCERTAIN, reprocessed, then DEAD: the first attempt may still have been delivered.
+    job_id = _job(outbox_db, _key("rearlier"))
+    _history_event(
+        outbox_db,
+        job_id,
+        [
+            ("ATTEMPTING", None),
+            ("UNCERTAIN", "outcome unknown (read timeout)"),
+            ("ATTEMPTING", None),
+            ("DEAD", "gave up after 2 attempts: 503"),
+        ],
+    )
+    out = io.StringIO()
+    assert reprocess_job(outbox_db, job_id, reason="r", actor="alice", wait_s=0, out=out) == 2
+    assert "WARNING: an earlier attempt of this job ended UNCERTAIN" in out.getvalue()
+    assert "TWICE" in out.getvalue() and "--yes" in out.getvalue()
+    assert _commands(outbox_db, job_id) == []
+
+
+def test_jobs_reprocess_never_reads_reason_text(outbox_db: str) -> None:
+    # A permanent refusal is definitive whatever words its reason holds.
     job_id = _job(outbox_db, _key("rreason"))
     _history_event(
         outbox_db,
         job_id,
-        [("ATTEMPTING", None), ("FAILED", "gave up: outcome uncertain after reset")],
+        [("ATTEMPTING", None), ("FAILED", "400: recipient uncertain")],
     )
     out = io.StringIO()
-    assert reprocess_job(outbox_db, job_id, reason="r", actor="alice", wait_s=0, out=out) == 2
-    assert "WARNING" in out.getvalue()
-    assert _commands(outbox_db, job_id) == []
+    assert reprocess_job(outbox_db, job_id, reason="r", actor="alice", wait_s=0, out=out) == 1
+    assert "WARNING" not in out.getvalue() and "still pending" in out.getvalue()
+    assert _commands(outbox_db, job_id) == [("reprocess", "r", "alice")]
 
 
 def test_jobs_reprocess_of_a_dead_job_returns_once_it_is_accepted(
@@ -952,6 +971,27 @@ def test_bulk_reprocess_needs_yes_above_the_threshold_and_for_uncertain_jobs(
     )
     assert code == 2 and "TWICE" in out.getvalue() and "--yes" in out.getvalue()
     assert _commands(outbox_db, uncertain) == []
+
+
+def test_bulk_reprocess_needs_yes_for_a_job_whose_history_was_uncertain(outbox_db: str) -> None:
+    instance = _key("bulkhistory")
+    calm = _job(outbox_db, _key("bulk-calm"), instance=instance)
+    _history_event(outbox_db, calm, [("ATTEMPTING", None), ("DEAD", "503")])
+    earlier = _job(outbox_db, _key("bulk-earlier"), instance=instance)
+    _history_event(
+        outbox_db,
+        earlier,
+        [("ATTEMPTING", None), ("UNCERTAIN", None), ("ATTEMPTING", None), ("DEAD", "503")],
+    )
+    out = io.StringIO()
+    code = reprocess_matching(
+        outbox_db, states=["DEAD"], instance=instance, reason="r", actor="a", out=out
+    )
+    text = out.getvalue()
+    assert code == 2, text
+    assert "2 jobs match" in text and "TWICE" in text and "--yes" in text
+    assert f"may already have been DELIVERED by the gateway: {earlier}." in text
+    assert _commands(outbox_db, calm) == [] and _commands(outbox_db, earlier) == []
 
 
 def test_bulk_reprocess_writes_one_command_per_job_and_the_worker_resends_each_once(

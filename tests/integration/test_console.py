@@ -3,12 +3,17 @@
 A :class:`LocalPipeline` (relay, worker, sink, gateway simulator, lag monitor)
 holds jobs in several states: ACCEPTED, FAILED (the simulator refuses their
 recipient), PENDING (their instance is paused), CANCELLED (the application
-cancelled one). The console runs as a ``zapstream console`` subprocess with
+cancelled one), and then ``make dev``'s demo mix (:mod:`devtools.demo_mix`: retried,
+DEAD, UNCERTAIN, EXPIRED, INVALID, cancelled, and a second paused instance holding
+two). The console runs as a ``zapstream console`` subprocess with
 operator tokens; Chromium (Debian's ``chromium`` and ``chromium-driver``, through
 Selenium) logs in, filters by state, opens a job's history and cancels a PENDING
 job with a reason; PostgreSQL then says the job is CANCELLED by that operator.
+The overview page's figures (jobs by state, oldest waiting per instance, paused
+instances, lag) are checked against PostgreSQL and the lag monitor.
 The jobs list is saved as a screenshot (path printed; copied to
-``tests/artifacts/console.png``) for a person to look at.
+``tests/artifacts/console.png``) for a person to look at, like the overview
+(``console-overview.png``).
 """
 
 from __future__ import annotations
@@ -35,8 +40,10 @@ from selenium.webdriver.support.ui import Select, WebDriverWait
 from connectors.outbox.commands import cancel
 from connectors.outbox.controls import pause_instance
 from connectors.outbox.enqueue import enqueue
+from devtools.demo_mix import PAUSE_REASON, PAUSED_INSTANCE, RETRY_SCHEDULE_S, DemoMix, MixReport
 from devtools.devstack import ManagedProcess, find_free_port
 from devtools.local_pipeline import REPO_ROOT, LocalPipeline
+from streams.kernel.contract import JobStatus
 from tests.integration.support import wait_for_status, wait_until
 
 pytestmark = pytest.mark.integration
@@ -62,6 +69,18 @@ class Stage:
         self.console = console
         self.keys: dict[str, list[str]] = {}
         self.phones: list[str] = []
+        self.mix: MixReport | None = None
+        """``make dev``'s demo mix, made after the jobs above settled."""
+
+    @property
+    def job_count(self) -> int:
+        """Every job in the outbox: the ones above (by state) and the mix's."""
+        mine = sum(len(keys) for keys in self.keys.values())
+        return mine + (len(self.mix.results) if self.mix else 0)
+
+    def mix_held(self) -> int:
+        """The mix's jobs held PENDING by its paused instance."""
+        return sum(1 for r in self.mix.results if r.job.expected == "PENDING") if self.mix else 0
 
 
 def _enqueue(dsn: str, instance: str, phones: list[str]) -> list[str]:
@@ -91,11 +110,23 @@ def stage() -> Iterator[Stage]:
     with LocalPipeline(partitions=4) as pipeline:
         web_port = find_free_port()
         pipeline.start_relay()
-        pipeline.start_worker(env={"ZAPSTREAM_WORKER_WEB_PORT": str(web_port)})
+        pipeline.start_worker(
+            env={
+                "ZAPSTREAM_WORKER_WEB_PORT": str(web_port),
+                # The demo mix's retries, due in seconds as under `make dev`.
+                "ZAPSTREAM_WORKER_RETRY_SCHEDULE_S": RETRY_SCHEDULE_S,
+            }
+        )
         _, lag_url = pipeline.start_lag_monitor(env={"ZAPSTREAM_LAG_INTERVAL_S": "1"})
         dsn = pipeline.dsn
         with psycopg.connect(dsn, autocommit=True) as conn:
             pause_instance(conn, HELD, reason="number under review", actor="ana")
+        mix = DemoMix(
+            pipeline,
+            run=uuid.uuid4().hex[:8],
+            worker_metrics_url=f"http://127.0.0.1:{web_port}/metrics",
+        )
+        mix.pause()
         wait_until(
             lambda: _paused(f"http://127.0.0.1:{web_port}/metrics", HELD),
             60,
@@ -126,6 +157,10 @@ def stage() -> Iterator[Stage]:
         s.keys["CANCELLED"] = [s.keys["PENDING"].pop(0)]
         for status in ("ACCEPTED", "FAILED", "CANCELLED"):
             wait_for_status(dsn, s.keys[status], status, 60)
+        # After the jobs above settled: the UNCERTAIN one needs its send to be the only one.
+        mix.run_mix(timeout_s=120)
+        s.mix = mix.finish()
+        s.phones += sorted({r.job.recipient for r in s.mix.results})
         console.wait_for_log(r"console listening", timeout_s=30)
         yield s
 
@@ -233,7 +268,7 @@ def test_an_operator_logs_in_filters_reads_a_history_and_cancels(
     rows = browser.find_elements(By.CSS_SELECTOR, "#jobs tr.job")
     states = {row.get_attribute("data-status") for row in rows}
     assert {"ACCEPTED", "FAILED", "PENDING", "CANCELLED"} <= states, states
-    assert len(rows) == len(stage.phones)
+    assert len(rows) == stage.job_count
     masked = [r.find_element(By.CLASS_NAME, "recipient").text for r in rows]
     assert all("*" in m for m in masked), masked
     _no_full_number(browser.page_source, stage.phones)
@@ -242,7 +277,7 @@ def test_an_operator_logs_in_filters_reads_a_history_and_cancels(
     Select(browser.find_element(By.ID, "f-state")).select_by_value("PENDING")
     _navigate(browser, By.ID, "apply")
     pending = browser.find_elements(By.CSS_SELECTOR, "#jobs tr.job")
-    assert len(pending) == len(stage.keys["PENDING"])
+    assert len(pending) == len(stage.keys["PENDING"]) + stage.mix_held()
     assert {r.get_attribute("data-status") for r in pending} == {"PENDING"}
 
     target = _job_id(stage.pipeline.dsn, stage.keys["PENDING"][0])
@@ -270,6 +305,94 @@ def test_an_operator_logs_in_filters_reads_a_history_and_cancels(
     assert "CANCELLED" in history and "wrong recipient list" in history
     assert "alice" in browser.find_element(By.ID, "commands").text
     _screenshot(browser, stage, "console-job.png")
+
+
+def _db_overview(dsn: str) -> tuple[dict[str, int], dict[str, tuple[int, float]]]:
+    """Jobs per status, and per instance the waiting jobs and the oldest one's age (s)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute("SELECT status, count(*) FROM outbox_jobs GROUP BY status")
+        counts = {str(k): int(n) for k, n in rows}
+        waiting = conn.execute(
+            "SELECT instance_id, count(*), extract(epoch FROM now() - min(created_at))::float"
+            " FROM outbox_jobs WHERE status IN ('PENDING', 'RETRY_WAIT', 'ATTEMPTING')"
+            " GROUP BY instance_id"
+        ).fetchall()
+    return counts, {str(i): (int(n), float(age)) for i, n, age in waiting}
+
+
+def _log_in(browser: WebDriver, stage: Stage) -> None:
+    """Log in through the form unless the browser holds the cookie already."""
+    browser.get(f"{stage.url}/")
+    if browser.find_elements(By.ID, "token"):
+        browser.find_element(By.ID, "token").send_keys(OPERATOR_TOKEN)
+        _navigate(browser, By.ID, "login")
+        browser.get(f"{stage.url}/")
+
+
+def test_the_overview_shows_the_demo_mix_the_waiting_the_pauses_and_the_lag(
+    stage: Stage, browser: WebDriver
+) -> None:
+    assert stage.mix is not None and stage.mix.ok, stage.mix and stage.mix.summary()
+    _log_in(browser, stage)  # the landing page is the overview
+    assert browser.find_element(By.TAG_NAME, "h1").text == "Overview"
+    nav = browser.find_elements(By.CSS_SELECTOR, "header a")
+    assert nav[0].text == "Overview" and nav[0].get_attribute("href") == f"{stage.url}/overview"
+
+    before = _db_overview(stage.pipeline.dsn)
+    browser.refresh()
+    after = _db_overview(stage.pipeline.dsn)
+    counts, waiting = after
+    assert before[0] == counts, "the jobs moved while the page was read"
+    shown = {
+        str(row.get_attribute("data-status")): int(row.find_element(By.CLASS_NAME, "count").text)
+        for row in browser.find_elements(By.CSS_SELECTOR, "#states tr.state")
+    }
+    assert shown == {status: counts.get(status, 0) for status in shown}
+    assert set(shown) == {s.value for s in JobStatus}
+    # The demo mix's states and this module's own: every one an operator meets.
+    for status in ("ACCEPTED", "FAILED", "PENDING", "CANCELLED", "DEAD", "UNCERTAIN", "EXPIRED"):
+        assert shown[status] >= 1, status
+    assert shown["INVALID"] >= 1
+    for status in ("DEAD", "UNCERTAIN"):
+        row = browser.find_element(By.CSS_SELECTOR, f'#states tr[data-status="{status}"]')
+        assert "needs an operator" in row.text
+
+    rows = {
+        row.get_attribute("data-instance"): row
+        for row in browser.find_elements(By.CSS_SELECTOR, "#waiting tr.waiting")
+    }
+    assert {HELD, PAUSED_INSTANCE} <= set(rows), set(rows)
+    for instance in (HELD, PAUSED_INSTANCE):
+        count = int(rows[instance].find_element(By.CLASS_NAME, "count").text)
+        age = float(
+            rows[instance].find_element(By.CLASS_NAME, "oldest").get_attribute("data-age-s") or "-1"
+        )
+        assert count == waiting[instance][0] and count >= 1, instance
+        # The age the page showed lies between the database's two readings around it.
+        assert before[1][instance][1] - 1 <= age <= waiting[instance][1] + 1, (instance, age)
+        assert age > 0 and "paused" in rows[instance].text
+    paused = {
+        row.get_attribute("data-target"): row.text
+        for row in browser.find_elements(By.CSS_SELECTOR, "#paused tr.paused")
+    }
+    assert set(paused) == {HELD, PAUSED_INSTANCE}
+    assert "number under review" in paused[HELD] and "ana" in paused[HELD]
+    assert PAUSE_REASON in paused[PAUSED_INSTANCE]
+    _no_full_number(browser.page_source, stage.phones)
+
+    # Lag at a glance: the worker's group from the lag monitor, the relay's slot.
+    group = stage.pipeline.topics.group("zapstream-worker")
+
+    def glance() -> bool:
+        found = browser.find_elements(By.ID, "lag-glance")
+        if found and group in found[0].text:
+            return True
+        browser.refresh()
+        return False
+
+    wait_until(glance, 60, "the worker's group at a glance", interval_s=1.0)
+    assert "zapstream" in browser.find_element(By.ID, "slot-glance").text.lower()
+    _screenshot(browser, stage, "console-overview.png")
 
 
 def test_a_bulk_reprocess_previews_the_count_then_records_one_command_per_job(

@@ -24,6 +24,7 @@ from devtools.devstack import (
     ManagedProcess,
     PostgresCluster,
     TansuBroker,
+    _metadata_brokers,
     find_free_port,
 )
 
@@ -139,6 +140,25 @@ async def test_tansu_round_trip_on_explicit_four_partition_topic(broker: TansuBr
     finally:
         await consumer.stop()
     assert received == {p: f"value-{p}".encode() for p in range(4)}
+
+
+async def test_tansu_names_itself_in_metadata_even_from_a_running_loop(
+    broker: TansuBroker,
+) -> None:
+    """The readiness probe (aiokafka's bootstrap) sees the broker advertise its address;
+    it runs its own loop, so a caller inside one (an async fixture) can use it."""
+    brokers = _metadata_brokers(broker.port)
+    assert [(host, port) for _, host, port in brokers] == [("127.0.0.1", broker.port)]
+
+
+def test_the_metadata_probe_of_a_silent_listener_fails_within_its_bound() -> None:
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()  # connections complete in the backlog; nothing ever answers
+        started = time.monotonic()
+        with pytest.raises(DevStackError, match="no metadata from"):
+            _metadata_brokers(silent.getsockname()[1], timeout_s=0.5)
+        assert time.monotonic() - started < 5
 
 
 def test_tansu_stop_closes_port_and_is_idempotent() -> None:

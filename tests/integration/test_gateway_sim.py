@@ -28,6 +28,7 @@ from streams.kernel.errors import (
     UncertainGatewayError,
 )
 from streams.kernel.ports import TextMessage
+from streams.kernel.runtime.service import ServiceState
 from streams.kernel.settings import GatewaySettings
 
 pytestmark = pytest.mark.integration
@@ -40,9 +41,9 @@ REPO_ROOT = str(pathlib.Path(__file__).resolve().parents[2])
 
 @pytest.fixture
 async def sim() -> AsyncIterator[GatewaySimulator]:
-    simulator = GatewaySimulator(api_key=API_KEY, token=TOKEN, seed=7)
-    port = await simulator.start("127.0.0.1", 0)
-    assert port > 0
+    simulator = GatewaySimulator(api_key=API_KEY, token=TOKEN, seed=7, host="127.0.0.1", port=0)
+    await simulator.start()
+    assert simulator.port > 0
     try:
         yield simulator
     finally:
@@ -395,6 +396,32 @@ async def test_connect_refused_is_transient() -> None:
             await client.send_text(msg(1))
 
 
+async def test_the_simulator_is_a_runtime_service() -> None:
+    simulator = GatewaySimulator()
+    assert simulator.state is ServiceState.CREATED
+    async with simulator:
+        assert simulator.state is ServiceState.RUNNING
+        port = simulator.port
+        await simulator.start()  # idempotent: the same server
+        assert simulator.port == port
+        assert simulator.readiness() == (True, "running")
+        async with StackZapClient(GatewaySettings(stackzap_api_url=simulator.url)) as client:
+            assert (await client.send_text(msg(1))).status is JobStatus.ACCEPTED
+    assert simulator.state is ServiceState.STOPPED
+    assert simulator.summary() == "1 requests, 1 messages accepted"
+    with pytest.raises(RuntimeError, match="cannot start again"):
+        await simulator.start()
+
+
+async def test_a_port_in_use_fails_the_start_and_leaves_it_stopped() -> None:
+    async with GatewaySimulator() as holder:
+        taken = GatewaySimulator(port=holder.port)
+        with pytest.raises(OSError):
+            await taken.start()
+        assert taken.state is ServiceState.STOPPED
+        await taken.stop()  # idempotent after a failed start
+
+
 async def test_command_line_entry_point() -> None:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -434,7 +461,11 @@ async def test_command_line_entry_point() -> None:
             code = await proc.wait()
     assert code == 0, "".join(log_lines) + rest.decode()
     assert "5511900000001" not in rest.decode()
-    assert "stopped: 1 requests, 1 messages accepted" in rest.decode()
+    # The runtime's one closing line (run_until_signalled), with the simulator's counts.
+    assert re.search(
+        r"zapstream gateway-sim stopped after [\d.]+s: 1 requests, 1 messages accepted",
+        rest.decode(),
+    )
 
 
 async def test_fail_recipients_answer_503_first_then_accept(

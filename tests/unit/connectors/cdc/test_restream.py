@@ -1,28 +1,11 @@
-"""``outbox restream``: its duration argument, and replay rows becoming the job's own intent."""
+"""``outbox restream``: replay rows becoming the job's own intent (durations: test_durations)."""
 
 from __future__ import annotations
 
-import datetime as dt
-
 import orjson
-import pytest
 
 from connectors.cdc.outbox_rows import replay_row_to_record
-from connectors.cdc.restream import parse_duration
 from streams.kernel.contract import IntentCaptured, IntentRejected
-
-
-@pytest.mark.parametrize(
-    ("text", "seconds"), [("0s", 0), ("90s", 90), ("10m", 600), ("2h", 7200), ("1.5d", 129600)]
-)
-def test_durations(text: str, seconds: float) -> None:
-    assert parse_duration(text) == dt.timedelta(seconds=seconds)
-
-
-@pytest.mark.parametrize("text", ["", "10", "ten minutes", "-5m", "5w"])
-def test_bad_durations_say_how_to_write_one(text: str) -> None:
-    with pytest.raises(ValueError, match="e.g. 10m"):
-        parse_duration(text)
 
 
 def _replay_row(payload: dict[str, object]) -> dict[str, str | None]:

@@ -7,10 +7,17 @@ import datetime as dt
 import pytest
 
 from connectors.console.app import FilterError, parse_filter
-from connectors.console.pages import job_page, jobs_page, lag_page
-from connectors.console.queries import PageOfJobs, SlotLag
+from connectors.console.pages import bulk_preview_page, job_page, jobs_page, lag_page
+from connectors.console.queries import SlotLag
 from connectors.console.settings import Operator, Role
-from connectors.ops.jobs_sql import JobCommand, JobDetail, JobEvent, JobHistory, ListedJob
+from connectors.ops.jobs_sql import (
+    JobCommand,
+    JobDetail,
+    JobEvent,
+    JobHistory,
+    ListedJob,
+    PageOfJobs,
+)
 from connectors.ops.status import ConsumerLag, PartitionLag
 
 NOW = dt.datetime(2026, 1, 31, 12, tzinfo=dt.UTC)
@@ -107,6 +114,37 @@ def test_an_uncertain_job_warns_that_it_may_be_sent_twice() -> None:
     assert 'name="accept_duplicate"' in html
     calm = job_page(_story("FAILED"), Operator("alice", Role.OPERATOR), text=None)
     assert 'id="uncertain-warning"' not in calm and 'id="reprocess"' in calm
+
+
+def test_the_warning_follows_the_history_not_the_reason_text() -> None:
+    operator = Operator("alice", Role.OPERATOR)
+    story = _story("DEAD")
+    # An earlier attempt ended UNCERTAIN, a reprocess then died: it may still be delivered.
+    story.events[1:] = [
+        JobEvent(2, 2, "ATTEMPTING", "UNCERTAIN", "worker", None, NOW),
+        JobEvent(3, 3, "UNCERTAIN", "ATTEMPTING", "alice", None, NOW),
+        JobEvent(4, 4, "ATTEMPTING", "DEAD", "worker", "503", NOW),
+    ]
+    html = job_page(story, operator, text=None)
+    assert 'id="uncertain-warning"' in html and "ended UNCERTAIN" in html
+    assert 'name="accept_duplicate"' in html
+    worded = _story("FAILED")
+    worded.events[1] = JobEvent(2, 2, "ATTEMPTING", "FAILED", "worker", "uncertain?", NOW)
+    assert 'id="uncertain-warning"' not in job_page(worded, operator, text=None)
+
+
+def test_the_bulk_preview_counts_the_jobs_that_may_be_sent_twice() -> None:
+    operator = Operator("alice", Role.OPERATOR)
+    fields = {"action": "reprocess", "reason": "fixed"}
+    html = bulk_preview_page(
+        action="reprocess", count=3, risky=2, limit=10, fields=fields, operator=operator
+    )
+    assert 'id="uncertain-warning"' in html and "2 of them may already have been" in html
+    assert "TWICE" in html and "Reprocess 3 job(s)" in html
+    calm = bulk_preview_page(
+        action="reprocess", count=3, risky=0, limit=10, fields=fields, operator=operator
+    )
+    assert 'id="uncertain-warning"' not in calm
 
 
 def test_only_what_the_state_allows_is_offered() -> None:

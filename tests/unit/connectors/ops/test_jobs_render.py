@@ -1,10 +1,9 @@
-"""What ``zapstream jobs`` prints, and how it reads durations and instants."""
+"""What ``zapstream jobs`` prints."""
 
 import datetime as dt
 
 import pytest
 
-from connectors.ops.jobs_cli import parse_duration, parse_instant
 from connectors.ops.jobs_render import (
     cut,
     events_table,
@@ -54,29 +53,6 @@ def _listed(
 )
 def test_human_age_shows_two_units_at_most(seconds: int, expected: str) -> None:
     assert human_age(dt.timedelta(seconds=seconds)) == expected
-
-
-@pytest.mark.parametrize(
-    ("text", "seconds"),
-    [("90s", 90), ("15m", 900), ("1h30m", 5400), (" 2D ", 172800), ("1w", 604800)],
-)
-def test_parse_duration(text: str, seconds: int) -> None:
-    assert parse_duration(text) == dt.timedelta(seconds=seconds)
-
-
-@pytest.mark.parametrize("text", ["", "soon", "1h 30m", "1x", "h1", "1.5h", "-1h"])
-def test_parse_duration_rejects(text: str) -> None:
-    with pytest.raises(ValueError, match="not a duration"):
-        parse_duration(text)
-
-
-def test_parse_instant_takes_utc_unless_an_offset_is_given() -> None:
-    assert parse_instant("2026-01-01") == dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
-    assert parse_instant("2026-01-01T10:30") == dt.datetime(2026, 1, 1, 10, 30, tzinfo=dt.UTC)
-    with_offset = parse_instant("2026-01-01T10:30-03:00")
-    assert with_offset == dt.datetime(2026, 1, 1, 13, 30, tzinfo=dt.UTC)
-    with pytest.raises(ValueError, match="not an ISO 8601 date-time"):
-        parse_instant("yesterday")
 
 
 def test_jobs_table_masks_recipients_and_never_shows_them_whole() -> None:

@@ -1,4 +1,5 @@
-"""The console's filters become SQL and parameters: checked without a database."""
+"""The one job filter (``jobs list``, bulk reprocess, the console) becomes SQL and parameters,
+checked without a database."""
 
 from __future__ import annotations
 
@@ -6,23 +7,26 @@ import datetime as dt
 
 import pytest
 
-from connectors.console.queries import BULK_CANCELLABLE, ConsoleFilter, PageOfJobs, page_query
+from connectors.ops.actions import BULK_TARGETS, Action
+from connectors.ops.job_filter import JobFilter
+from connectors.ops.jobs_sql import PageOfJobs, page_query
 
 T0 = dt.datetime(2026, 1, 31, 12, tzinfo=dt.UTC)
+BULK_CANCELLABLE = BULK_TARGETS[Action.CANCEL]
 
 
-def _where(job_filter: ConsoleFilter) -> tuple[str, list[object]]:
+def _where(job_filter: JobFilter) -> tuple[str, list[object]]:
     clause, params = job_filter.where()
     return clause.as_string(None), params
 
 
 def test_an_empty_filter_matches_every_job() -> None:
-    assert _where(ConsoleFilter()) == ("", [])
+    assert _where(JobFilter()) == ("", [])
 
 
 def test_every_field_is_a_parameter_in_order() -> None:
     clause, params = _where(
-        ConsoleFilter(
+        JobFilter(
             statuses=["PENDING"],
             instance="shop-1",
             priority="marketing",
@@ -48,7 +52,7 @@ def test_every_field_is_a_parameter_in_order() -> None:
 
 
 def test_a_number_searches_the_id_and_the_key() -> None:
-    assert _where(ConsoleFilter(search=" 42 ")) == (
+    assert _where(JobFilter(search=" 42 ")) == (
         " WHERE (id = %s OR idempotency_key = %s)",
         [42, "42"],
     )
@@ -56,16 +60,16 @@ def test_a_number_searches_the_id_and_the_key() -> None:
 
 def test_a_number_too_long_for_an_id_only_searches_keys() -> None:
     digits = "9" * 25
-    assert _where(ConsoleFilter(search=digits)) == (" WHERE idempotency_key = %s", [digits])
+    assert _where(JobFilter(search=digits)) == (" WHERE idempotency_key = %s", [digits])
 
 
 def test_a_value_never_lands_in_the_sql_text() -> None:
-    clause, params = _where(ConsoleFilter(instance="x'; DROP TABLE outbox_jobs; --"))
+    clause, params = _where(JobFilter(instance="x'; DROP TABLE outbox_jobs; --"))
     assert "DROP" not in clause and params == ["x'; DROP TABLE outbox_jobs; --"]
 
 
 def test_the_page_query_is_one_statement_with_the_filter_twice_then_limit_and_offset() -> None:
-    query, params = page_query(ConsoleFilter(instance="shop-1"), page=3, page_size=20)
+    query, params = page_query(JobFilter(instance="shop-1"), page=3, page_size=20)
     text = query.as_string(None)
     assert text.count("SELECT") == 3  # outer, count, page: one round trip
     assert text.count('"instance_id" = %s') == 2
@@ -74,14 +78,14 @@ def test_the_page_query_is_one_statement_with_the_filter_twice_then_limit_and_of
 
 
 def test_the_first_page_has_no_offset() -> None:
-    _, params = page_query(ConsoleFilter(), page=1, page_size=50)
+    _, params = page_query(JobFilter(), page=1, page_size=50)
     assert params == [50, 0]
 
 
 @pytest.mark.parametrize(("page", "size"), [(0, 50), (1, 0), (-1, 10)])
 def test_a_page_or_size_below_one_is_refused(page: int, size: int) -> None:
     with pytest.raises(ValueError, match="positive"):
-        page_query(ConsoleFilter(), page=page, page_size=size)
+        page_query(JobFilter(), page=page, page_size=size)
 
 
 @pytest.mark.parametrize(("total", "size", "pages"), [(0, 50, 1), (50, 50, 1), (51, 50, 2)])
@@ -90,16 +94,24 @@ def test_pages_round_up_and_an_empty_result_is_one_page(total: int, size: int, p
 
 
 def test_a_bulk_action_keeps_only_the_states_it_may_act_on() -> None:
-    narrowed = ConsoleFilter(statuses=["PENDING", "ACCEPTED"], instance="i").with_statuses(
+    narrowed = JobFilter(statuses=["PENDING", "ACCEPTED"], instance="i").with_statuses(
         BULK_CANCELLABLE
     )
     assert list(narrowed.statuses) == ["PENDING"] and narrowed.instance == "i"
-    assert sorted(ConsoleFilter().with_statuses(BULK_CANCELLABLE).statuses) == [
+    assert sorted(JobFilter().with_statuses(BULK_CANCELLABLE).statuses) == [
         "PENDING",
         "RETRY_WAIT",
     ]
 
 
 def test_a_bulk_action_on_states_it_may_not_act_on_matches_nothing() -> None:
-    narrowed = ConsoleFilter(statuses=["ACCEPTED"]).with_statuses(BULK_CANCELLABLE)
+    narrowed = JobFilter(statuses=["ACCEPTED"]).with_statuses(BULK_CANCELLABLE)
     assert list(narrowed.statuses) == ["-none-"]
+
+
+def test_the_cli_filter_builds_its_where_clause() -> None:
+    # `jobs list` and a bulk `jobs reprocess` pass statuses, instance, since, until in order.
+    where, params = JobFilter(["DEAD"], "shop", T0, None).where()
+    assert "status = ANY" in repr(where) and "instance_id" in repr(where)
+    assert params == [["DEAD"], "shop", T0]
+    assert JobFilter().where()[1] == []
