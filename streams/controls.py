@@ -26,7 +26,8 @@ from typing import Any, Protocol
 
 from prometheus_client import Gauge
 
-from streams.kafka_reader import Every, group_less_consumer
+from streams.kafka_reader import group_less_consumer
+from streams.kernel.runtime.periodic import Periodic
 from streams.kernel.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -127,7 +128,7 @@ class _Decode(Protocol):
 class ControlsReader:
     """Reads ``zapstream.controls`` from its start, outside any consumer group, forever.
 
-    The reading loop is an :class:`~streams.kafka_reader.Every`: while Kafka is away
+    The reading loop is an :class:`~streams.kernel.runtime.periodic.Periodic`: while Kafka is away
     the controls we know stay in force (one log line per outage), and no error of a
     read ever reaches the worker.
     """
@@ -150,7 +151,7 @@ class ControlsReader:
         self.client_id = client_id
         self._consumer: Any = None
         self._tp: Any = None
-        self._every = Every(
+        self._every = Periodic(
             "controls reader", 0.0, self._read_once, retry_s=1.0, max_retry_s=5.0, logger=log
         )
         self.caught_up = asyncio.Event()

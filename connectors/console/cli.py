@@ -8,27 +8,17 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import sys
 
 __all__ = ["add_console_parser"]
 
 
 def _cmd_console(args: argparse.Namespace) -> int:
-    from connectors.console.app import serve
+    from connectors.console.app import ConsoleServer
     from connectors.console.settings import ConsoleSettings
+    from streams.kernel.runtime.run import run_until_signalled
 
     settings = ConsoleSettings()
-    try:
-        asyncio.run(serve(settings))
-    except OSError as exc:
-        print(
-            f"zapstream: console cannot listen on port {settings.port} ({exc.strerror}): "
-            "set ZAPSTREAM_CONSOLE_PORT to a free port",
-            file=sys.stderr,
-        )
-        return 2
-    return 0
+    return run_until_signalled(lambda: ConsoleServer(settings))
 
 
 def add_console_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -3,7 +3,7 @@
 One async connection, three reads, each the one another tool already trusts, so the
 overview and ``zapstream status`` never disagree:
 
-- jobs per status: :func:`connectors.ops.pipeline_sql.job_counts` (the sink's
+- jobs per status: :func:`connectors.sink.pipeline_sql.job_counts` (the sink's
   ``zapstream_jobs`` gauge and ``status``'s numbers; every status, 0 included);
 - what waits: ``zapstream_backlog()`` through
   :func:`connectors.outbox.controls.backlog_async` (PENDING, RETRY_WAIT and ATTEMPTING,
@@ -24,8 +24,8 @@ from typing import Any
 
 import psycopg
 
-from connectors.ops.pipeline_sql import job_counts
 from connectors.outbox.controls import Backlog, Control, backlog_async
+from connectors.sink.pipeline_sql import job_counts
 
 __all__ = [
     "InstanceWaiting",

@@ -1,9 +1,9 @@
 """What every HTTP gateway client shares: one ``aiohttp.ClientSession``, owned from start to stop.
 
-The session is created in :meth:`HttpGatewayClient.start` (never at import or
-construction) with the timeouts and pool size of :class:`GatewaySettings`, and
-closed by the idempotent :meth:`stop`. Subclasses give the base URL and their
-authentication header.
+A client is a :class:`~streams.kernel.runtime.service.Service`: the session is created
+when it starts (never at import or construction) with the timeouts and pool size of
+:class:`GatewaySettings`, and closed when it stops (idempotent). Subclasses give the
+base URL and their authentication header.
 
 aiohttp rather than httpx: on this workload httpx/httpcore spent 1-3 ms of CPU
 per request in pool bookkeeping that grows with the pool (encode/httpcore#928,
@@ -27,8 +27,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Mapping, Sequence
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import aiohttp
 import yarl
@@ -38,6 +37,7 @@ from connectors.gateways.labels import map_label
 from streams.kernel.contract import JobStatus
 from streams.kernel.errors import PermanentGatewayError
 from streams.kernel.ports import SendAccepted
+from streams.kernel.runtime.service import Service
 from streams.kernel.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
@@ -76,8 +76,9 @@ def normalise_base_url(url: str, added_path: re.Pattern[str] | None) -> tuple[st
     return stripped, (" and ".join(dropped) if dropped else None)
 
 
-class HttpGatewayClient:
-    """Lifecycle of a gateway client's connection pool."""
+class HttpGatewayClient(Service):
+    """Lifecycle of a gateway client's connection pool (the session: open on start, closed
+    on stop)."""
 
     name = "http"
     url_setting = ""
@@ -95,14 +96,13 @@ class HttpGatewayClient:
         base_url: str,
         auth_headers: Mapping[str, str],
     ) -> None:
+        super().__init__()
         self._settings = settings
         self._base_url, self._normalised = normalise_base_url(base_url, self.added_path)
         self._auth_headers = dict(auth_headers)
         self._session: aiohttp.ClientSession | None = None
 
-    async def start(self) -> None:
-        if self._session is not None:
-            return
+    async def on_start(self) -> None:
         s = self._settings
         self._session = aiohttp.ClientSession(
             headers={"Accept": "application/json", **self._auth_headers},
@@ -142,22 +142,10 @@ class HttpGatewayClient:
                 self.url_setting,
             )
 
-    async def stop(self) -> None:
+    async def on_stop(self) -> None:
         session, self._session = self._session, None
         if session is not None:
             await session.close()
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
 
     @property
     def _http(self) -> aiohttp.ClientSession:

@@ -31,15 +31,15 @@ import psycopg
 
 from connectors.cdc.provisioning import COMMANDS_TABLE, OUTBOX_TABLE, WAL_LEVEL_HINT
 from connectors.cdc.settings import RelaySettings
-from connectors.ops.config_errors import error_detail
-from connectors.ops.topics import (
+from connectors.outbox.migrate import shipped_migrations
+from connectors.startup import error_detail
+from streams.kernel.settings import GatewayKind, GatewaySettings
+from streams.kernel.topics_check import (
     KafkaSecurityRefused,
     partition_counts,
     topic_problems,
     worker_topic_specs,
 )
-from connectors.outbox.migrate import shipped_migrations
-from streams.kernel.settings import GatewayKind, GatewaySettings
 
 MIGRATE_HINT = "run `zapstream db migrate`"
 

@@ -9,7 +9,7 @@ What it reads, all on one PostgreSQL connection except the last:
 - the relay's replication slot (``ZAPSTREAM_RELAY_SLOT``): active (and the
   walsender's pid) or not, lag in bytes since the relay's last confirmation, WAL
   retained on disk (the query is :data:`connectors.ops.doctor.SLOT_QUERY`);
-- jobs per status, every status (:mod:`connectors.ops.pipeline_sql`, the same
+- jobs per status, every status (:mod:`connectors.sink.pipeline_sql`, the same
   numbers as the sink's ``zapstream_jobs`` gauge);
 - the oldest PENDING job per instance, the ten oldest instances;
 - paused instances and campaigns (the ``zapstream_controls`` view);
@@ -38,9 +38,9 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import psycopg
 
-from connectors.ops.config_errors import error_detail, mask_secrets
-from connectors.ops.pipeline_sql import PendingGroup, job_counts, pending_groups
 from connectors.outbox.controls import Control
+from connectors.sink.pipeline_sql import PendingGroup, job_counts, pending_groups
+from connectors.startup import error_detail, mask_secrets
 
 if TYPE_CHECKING:
     # Imported when used: `zapstream` itself must load on the base install (no

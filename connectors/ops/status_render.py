@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from connectors.ops.jobs_render import cut, human_age, table, when
-from connectors.ops.pipeline_sql import PendingGroup
+from connectors.sink.pipeline_sql import PendingGroup
 
 if TYPE_CHECKING:
     from connectors.ops.status import ConsumerLag, Snapshot

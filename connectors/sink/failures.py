@@ -1,6 +1,8 @@
 """The state sink's PostgreSQL and Kafka failures, classified once (rules: kernel.failures).
 
-Every error the sink meets at its edges goes through :func:`classify`:
+Every error the sink meets at its edges goes through :func:`classify`, into the kernel's
+one vocabulary (:class:`~streams.kernel.errors.Failure`: ``dependency``, ``retriable``,
+``problem``; the sink adds its own hints):
 
 - **transient**: the dependency is away or busy. PostgreSQL: SQLSTATE classes
   08 (connection exception), 40 (serialization failure, deadlock), 53
@@ -10,15 +12,16 @@ Every error the sink meets at its edges goes through :func:`classify`:
   Kafka: aiokafka errors whose ``retriable`` is true, and request timeouts.
   The sink retries the *same* batch with :class:`Backoff` for as long as it
   lasts, commits no offset meanwhile, and logs the outage once when it starts
-  and once when it ends (:class:`Outage`).
+  and once when it ends (:func:`sink_outage`).
 - **permanent**: a retry fails the same way: class 28 (authentication), 3D000
   (the database does not exist), 42P01/42703 (the schema is missing or older
   than this sink), 42501 (privilege), Kafka authorization. The sink raises
-  :class:`SinkConfigError`, whose one line names the setting or the command
-  that fixes it; ``zapstream sink`` prints it and exits 2.
-- **rebalanced**: Kafka took the partitions away before the offsets were
-  committed. The batch is already in PostgreSQL and its replay is harmless
-  (version guard, unique events), so this is neither an outage nor fatal.
+  :class:`SinkConfigError` (a :class:`~streams.kernel.failures.StartRefused`), whose
+  one line names the setting or the command that fixes it; ``zapstream sink`` prints
+  it and exits 2.
+- **rebalanced** (:class:`Rebalanced`): Kafka took the partitions away before the
+  offsets were committed. The batch is already in PostgreSQL and its replay is
+  harmless (version guard, unique events), so this is neither an outage nor fatal.
 
 Anything else (a constraint violation, a syntax error) is a bug: it is raised
 as it is, loudly, and the supervisor restarts the sink.
@@ -26,21 +29,25 @@ as it is, loudly, and the supervisor restarts the sink.
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 import logging
 
 import psycopg
 from aiokafka import errors as kafka_errors
 
-from connectors.ops.config_errors import StartupRefused
 from connectors.sink import metrics
-from streams.kernel.failures import DATABASE_SETTING, MIGRATE, PERMANENT_SQLSTATES, one_line
+from streams.kernel.errors import Failure
+from streams.kernel.failures import (
+    DATABASE_SETTING,
+    MIGRATE,
+    PERMANENT_SQLSTATES,
+    StartRefused,
+    classify_kafka,
+    one_line,
+)
 from streams.kernel.failures import classify_postgres as _classify
-from streams.kernel.runtime.backoff import Backoff
 from streams.kernel.runtime.outage import OutageLog
 
-__all__ = ["Backoff", "Failure", "Outage", "SinkConfigError", "Verdict", "classify"]
+__all__ = ["Rebalanced", "SinkConfigError", "classify", "classify_postgres", "sink_outage"]
 
 KAFKA_SETTING = "ZAPSTREAM_KAFKA_BROKERS"
 
@@ -65,58 +72,40 @@ _KAFKA_PERMANENT = (
 )
 
 
-class Verdict(enum.Enum):
-    TRANSIENT = "transient"
-    PERMANENT = "permanent"
-    REBALANCED = "rebalanced"
+class Rebalanced(Failure):
+    """Kafka took the partitions away before the offsets were committed: the group rejoins
+    by itself and the next owner replays the batch harmlessly; neither an outage nor fatal."""
 
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Failure:
-    """The verdict on one error: what to do, and one line for the operator."""
-
-    verdict: Verdict
-    dependency: str
-    """``postgres`` or ``kafka``."""
-    problem: str
-
-    @property
-    def retriable(self) -> bool:
-        return self.verdict is Verdict.TRANSIENT
-
-
-class SinkConfigError(StartupRefused):
-    """A failure no retry will fix; the message is one line naming the setting or command.
-
-    A :class:`~connectors.ops.config_errors.StartupRefused`: ``zapstream`` prints
-    it as one line on stderr and exits 2, at start or later (a password rotated
-    under a running sink).
-    """
-
+    dependency = "kafka"
     retriable = False
 
-    def __init__(self, problem: str) -> None:
-        super().__init__(problem)
-        self.problem = problem
+
+class SinkConfigError(StartRefused):
+    """A failure no retry will fix; the message is one line naming the setting or command.
+
+    A :class:`~streams.kernel.failures.StartRefused`: ``zapstream`` prints it as one line
+    on stderr and exits 2, at start or later (a password rotated under a running sink).
+    """
 
 
 def classify_postgres(sqlstate: str | None, message: str) -> Failure:
     """Transient or permanent, from the SQLSTATE and (without one) libpq's message."""
-    verdict = _classify(sqlstate, message, hints=_SINK_SQLSTATES)
-    if verdict.hint is not None:
-        return Failure(Verdict.PERMANENT, "postgres", f"{verdict.hint} ({verdict.problem})")
-    if verdict.retriable:
-        where = f" (SQLSTATE {verdict.code})" if verdict.code else ""
-        return Failure(Verdict.TRANSIENT, "postgres", verdict.problem + where)
-    return Failure(
-        Verdict.PERMANENT,
-        "postgres",
-        f"PostgreSQL refused the sink's write: {verdict.problem} ({verdict.code})",
-    )
+    found = _classify(sqlstate, message, hints=_SINK_SQLSTATES)
+    if found.hint is not None:
+        problem = f"{found.hint} ({found.problem})"
+    elif found.retriable:
+        problem = found.problem + (f" (SQLSTATE {found.code})" if found.code else "")
+    else:
+        problem = f"PostgreSQL refused the sink's write: {found.problem} ({found.code})"
+    return Failure(problem, dependency="postgres", retriable=found.retriable, code=found.code)
 
 
 def classify(exc: BaseException) -> Failure | None:
-    """The verdict on ``exc``, or None when it is not a PostgreSQL or Kafka failure (a bug)."""
+    """``exc`` classified, or None when it is not a PostgreSQL or Kafka failure (a bug).
+
+    Kafka's errors are the kernel's (:func:`~streams.kernel.failures.classify_kafka`),
+    with the sink's two cases on top: a rebalance, and an authorization the sink needs.
+    """
     if isinstance(exc, psycopg.Error):
         sqlstate = exc.sqlstate
         if sqlstate is None and not isinstance(exc, psycopg.OperationalError):
@@ -124,39 +113,48 @@ def classify(exc: BaseException) -> Failure | None:
             return None
         return classify_postgres(sqlstate, str(exc))
     if isinstance(exc, _REBALANCED):
-        return Failure(Verdict.REBALANCED, "kafka", one_line(str(exc)) or type(exc).__name__)
-    if isinstance(exc, kafka_errors.KafkaError):
+        return Rebalanced(one_line(str(exc)) or type(exc).__name__)
+    if isinstance(exc, _KAFKA_PERMANENT):
         detail = one_line(str(exc)) or type(exc).__name__
-        if isinstance(exc, _KAFKA_PERMANENT):
-            return Failure(
-                Verdict.PERMANENT,
-                "kafka",
-                f"Kafka refused access: grant the sink's user its topics and group ({detail})",
-            )
-        if exc.retriable or isinstance(exc, kafka_errors.KafkaTimeoutError):
-            return Failure(Verdict.TRANSIENT, "kafka", detail)
-        return Failure(Verdict.PERMANENT, "kafka", f"Kafka error: {detail} (check {KAFKA_SETTING})")
-    if isinstance(exc, ConnectionError | TimeoutError):
-        return Failure(Verdict.TRANSIENT, "kafka", one_line(str(exc)) or type(exc).__name__)
+        return Failure(
+            f"Kafka refused access: grant the sink's user its topics and group ({detail})",
+            dependency="kafka",
+            retriable=False,
+        )
+    if isinstance(exc, kafka_errors.KafkaError | ConnectionError | TimeoutError):
+        failure = classify_kafka(exc)
+        if failure.retriable and _retriable_kafka(exc):
+            return failure
+        return Failure(
+            f"Kafka error: {failure.problem} (check {KAFKA_SETTING})",
+            dependency="kafka",
+            retriable=False,
+        )
     return None
 
 
-class Outage(OutageLog):
+def _retriable_kafka(exc: BaseException) -> bool:
+    """aiokafka says which of its errors a retry may cure (``retriable``); a timeout and a
+    dropped connection are that too. Others (an unsupported version) are permanent."""
+    if isinstance(exc, kafka_errors.KafkaError):
+        return bool(exc.retriable) or isinstance(exc, kafka_errors.KafkaTimeoutError)
+    return True
+
+
+def sink_outage(dependency: str, logger: logging.Logger) -> OutageLog:
     """One dependency's outage, logged once each way, with the sink's metrics kept between."""
 
-    def __init__(self, dependency: str, logger: logging.Logger) -> None:
-        super().__init__(
-            dependency,
-            logger,
-            retrying="retrying the same batch with backoff (offsets not committed)",
-            on_failed=metrics.RETRIES.labels(dependency).inc,
-            on_start=lambda: metrics.OUTAGE.labels(dependency).set(1),
-            on_end=lambda took: self._ended(took),
-        )
-        self.dependency = dependency
-        # A series from the start (0), so dashboards and alerts see "no outage", not nothing.
+    def ended(took: float) -> None:
         metrics.OUTAGE.labels(dependency).set(0)
+        metrics.OUTAGE_SECONDS.labels(dependency).inc(took)
 
-    def _ended(self, took: float) -> None:
-        metrics.OUTAGE.labels(self.dependency).set(0)
-        metrics.OUTAGE_SECONDS.labels(self.dependency).inc(took)
+    # A series from the start (0), so dashboards and alerts see "no outage", not nothing.
+    metrics.OUTAGE.labels(dependency).set(0)
+    return OutageLog(
+        dependency,
+        logger,
+        retrying="retrying the same batch with backoff (offsets not committed)",
+        on_failed=metrics.RETRIES.labels(dependency).inc,
+        on_start=lambda: metrics.OUTAGE.labels(dependency).set(1),
+        on_end=ended,
+    )

@@ -14,15 +14,16 @@ The ages are computed when Prometheus scrapes, from the last read plus the time
 since, so they keep growing while PostgreSQL cannot be read (the oldest job may
 have left meanwhile: an age is an upper bound for at most one interval).
 
-A failed read never stops the sink: it is counted, logged once when the outage
-starts and once when it ends, and tried again at the next tick; the gauges keep
-their last values and ``zapstream_pipeline_metrics_last_success_timestamp_seconds``
-tells how old they are. The queries are in :mod:`connectors.ops.pipeline_sql`.
+A failed read never stops the sink: the timer is the runtime's
+(:class:`~streams.kernel.runtime.periodic.Periodic`): PostgreSQL away is counted, logged
+once when the outage starts and once when it ends, and tried again at the next tick
+(anything else is a bug, logged with its traceback); the gauges keep their last values
+and ``zapstream_pipeline_metrics_last_success_timestamp_seconds`` tells how old they are.
+The queries are in :mod:`connectors.sink.pipeline_sql`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
@@ -31,26 +32,27 @@ from typing import Any
 
 import psycopg
 
-from connectors.ops.config_errors import error_detail
-from connectors.ops.pipeline_sql import job_counts, pending_groups
 from connectors.sink import metrics
+from connectors.sink.pipeline_sql import job_counts, pending_groups
+from streams.kernel.failures import classify_postgres
 from streams.kernel.postgres import ReopeningConnection, postgres_deadline
-from streams.kernel.runtime.outage import OutageLog
+from streams.kernel.runtime.periodic import Periodic
+from streams.kernel.runtime.service import Service
 from streams.kernel.settings import PostgresSettings
 
 __all__ = ["PipelineGauges"]
 
 log = logging.getLogger(__name__)
 
-_EXPECTED = (psycopg.Error, OSError, TimeoutError)
 
-
-class PipelineGauges:
+class PipelineGauges(Service):
     """Reads the pipeline gauges every ``interval_s`` until :meth:`stop`.
 
     :meth:`refresh` is one read (it raises when PostgreSQL cannot answer);
-    :meth:`start` runs it on a timer that survives every failure.
+    :meth:`start` runs it on a timer (a child) that survives every failure.
     """
+
+    name = "pipeline gauges"
 
     def __init__(
         self,
@@ -60,46 +62,38 @@ class PipelineGauges:
         connect_timeout_s: int = 5,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        super().__init__()
         self._postgres = postgres
         self._interval_s = interval_s
         self._connect_timeout_s = connect_timeout_s
         self._clock = clock
         self._conn = ReopeningConnection(self._open)
-        self._task: asyncio.Task[None] | None = None
-        self._stopping = asyncio.Event()
         self._ages: dict[tuple[str, str], float] = {}
         self._read_at = clock()
-        self._outage = OutageLog(
-            "pipeline gauges (PostgreSQL)",
-            log,
-            retrying=f"reading again every {interval_s:g}s, the gauges keep their last values",
-        )
         self.reads = 0
+        # Every interval, failed or not (no backoff): a read is one small query.
+        self.add_child(
+            Periodic(
+                "pipeline gauges (PostgreSQL)",
+                interval_s,
+                self._read,
+                retry_s=interval_s,
+                max_retry_s=interval_s,
+                logger=log,
+                kafka=False,
+            )
+        )
 
-    async def __aenter__(self) -> PipelineGauges:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
-
-    async def start(self) -> None:
-        """Start the timer (the first read happens at once)."""
-        if self._task is not None:
-            return
-        self._stopping.clear()
+    async def on_start(self) -> None:
+        """Before the timer's first read (at once): the max age is computed at scrape time."""
         metrics.OLDEST_PENDING_MAX.set_function(self._max_age)
-        self._task = asyncio.create_task(self._run(), name="zapstream-pipeline-gauges")
 
-    async def stop(self) -> None:
-        """Stop the timer and close the connection; idempotent."""
-        self._stopping.set()
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+    async def on_stop(self) -> None:
+        # The timer (a child) stopped first: nothing reads on the connection any more.
         await self._conn.drop()
+
+    def summary(self) -> str:
+        return f"{self.reads} reads"
 
     async def refresh(self) -> None:
         """Read the gauges once; raises what PostgreSQL raised (the gauges keep their values)."""
@@ -129,21 +123,16 @@ class PipelineGauges:
 
     # --- the timer -------------------------------------------------------------------------
 
-    async def _run(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                await self.refresh()
-            except Exception as exc:  # noqa: BLE001 - a gauge must never stop the sink
-                metrics.PIPELINE_READ_FAILURES.inc()
-                await self._conn.drop()
-                starting = not self._outage.ongoing
-                self._outage.failed(error_detail(exc))
-                if starting and not isinstance(exc, _EXPECTED):
-                    log.error("pipeline gauges: unexpected failure (a bug?)", exc_info=exc)
-            else:
-                self._outage.recovered()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), self._interval_s)
+    async def _read(self) -> None:
+        """One read for the timer: PostgreSQL's failures classified (away: an outage, once)."""
+        try:
+            await self.refresh()
+        except Exception as exc:
+            metrics.PIPELINE_READ_FAILURES.inc()
+            await self._conn.drop()
+            if isinstance(exc, psycopg.Error):
+                raise classify_postgres(exc.sqlstate, str(exc)) from exc
+            raise
 
     def _age_of(self, key: tuple[str, str]) -> Callable[[], float]:
         def age() -> float:

@@ -36,7 +36,6 @@ import dataclasses
 import datetime as dt
 import functools
 import logging
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -45,7 +44,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
 from aiokafka.errors import KafkaError
 
 from connectors.sink import metrics
-from connectors.sink.failures import Outage, SinkConfigError, Verdict, classify
+from connectors.sink.failures import Rebalanced, SinkConfigError, classify, sink_outage
 from connectors.sink.pipeline_metrics import PipelineGauges
 from connectors.sink.settings import SinkSettings
 from streams.kernel.contract import (
@@ -59,6 +58,8 @@ from streams.kernel.failures import MIGRATE
 from streams.kernel.kafka_outage import KafkaOutageWatch
 from streams.kernel.postgres import postgres_deadline
 from streams.kernel.runtime.backoff import Backoff
+from streams.kernel.runtime.health import HealthEndpoint
+from streams.kernel.runtime.service import Service
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -229,96 +230,74 @@ def _check_state(state: StatusChanged) -> StatusChanged:
     return state
 
 
-class StateSink:
+class StateSink(Service):
     """Consumes ``zapstream.state`` and ``zapstream.invalid`` into ``outbox_jobs``/``_events``.
 
-    :meth:`run` works until :meth:`request_stop`; the batch in hand is written and
-    its offsets committed before it returns, so a SIGTERM loses and replays nothing.
-    During an outage a stop request ends the wait: the batch is not written, its
-    offsets are not committed, and it is replayed on the next start.
+    A :class:`~streams.kernel.runtime.service.Service`: starting serves ``/metrics``,
+    ``/healthz`` and ``/readyz`` (a :class:`~streams.kernel.runtime.health.HealthEndpoint`)
+    and the pipeline gauges (children); :meth:`run` connects to PostgreSQL (schema
+    checked) and Kafka, retrying while they are away, then works until
+    :meth:`request_stop`. The batch in hand is written and its offsets committed before
+    it returns, so a SIGTERM loses and replays nothing. During an outage a stop request
+    ends the wait: the batch is not written, its offsets are not committed, and it is
+    replayed on the next start.
     """
 
+    name = "state sink"
+
     def __init__(self, settings: SinkSettings) -> None:
+        super().__init__()
         self._settings = settings
         self._names = settings.kafka.names
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
         self._conn: psycopg.AsyncConnection[Any] | None = None
-        self._metrics_server: Any = None
-        self._metrics_url: str | None = None
-        self._gauges: PipelineGauges | None = None
-        self._stopping = asyncio.Event()
-        self._started = False
-        self._started_at = time.monotonic()
         self._outages = {
-            "postgres": Outage("postgres", log),
-            "kafka": Outage("kafka", log),
+            "postgres": sink_outage("postgres", log),
+            "kafka": sink_outage("kafka", log),
         }
         # aiokafka's own errors (a broker away, a leader moving): one kafka outage above.
         self._kafka_watch = KafkaOutageWatch("sink", settings.kafka, target=self._outages["kafka"])
+        # Served from the start, so probes see "starting" while the dependencies are away.
+        self._health = HealthEndpoint(
+            settings.metrics_port,
+            bind_local=settings.metrics_bind_local,
+            readiness=self.readiness,
+            name="state sink",
+            logger=log,
+            port_setting="ZAPSTREAM_SINK_METRICS_PORT",
+        )
+        self.add_child(self._health)
+        if settings.metrics_port:
+            # The pipeline gauges, on a timer and a connection of their own (only with metrics).
+            self.add_child(
+                PipelineGauges(
+                    settings.postgres,
+                    interval_s=settings.pipeline_metrics_interval_s,
+                    connect_timeout_s=settings.connect_timeout_s,
+                )
+            )
         self.applied = 0
         self.poisoned = 0
         self.invalid = 0
         self.rejections_ignored = 0
-
-    async def __aenter__(self) -> StateSink:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
 
     @property
     def outages(self) -> dict[str, int]:
         """How many outages each dependency had since the start."""
         return {name: o.outages for name, o in self._outages.items()}
 
-    async def start(self) -> None:
-        """Start metrics, connect to PostgreSQL (schema checked) and Kafka, retrying while away."""
-        if self._started:
-            return
-        self._started = True
-        try:
-            self._start_metrics()
-            await self._kafka_watch.start()
-            await self._start_gauges()
-            await self._retry(self._connect_postgres)
-            await self._retry(self._start_kafka)
-        except _Stopped:
-            log.info("state sink stopped before it could start")
-            await self.stop()
-            return
-        except BaseException:
-            # __aexit__ does not run when __aenter__ raises: close what was opened.
-            await self.stop()
-            raise
-        log.info(
-            "state sink consuming %s, %s as group %s%s",
-            self._names.state,
-            self._names.invalid,
-            self._settings.consumer_group,
-            f"; metrics on {self._metrics_url}" if self._metrics_url else "",
-        )
+    async def on_start(self) -> None:
+        await self._kafka_watch.start()
 
-    def request_stop(self) -> None:
-        """Ask :meth:`run` to finish the batch in hand and return (signal handlers call this)."""
-        self._stopping.set()
-
-    async def stop(self) -> None:
-        self._stopping.set()
-        gauges, self._gauges = self._gauges, None
-        if gauges is not None:
-            await gauges.stop()
+    async def on_stop(self) -> None:
         await self._stop_kafka()
         await self._kafka_watch.stop()
         await self._drop_postgres()
-        if self._metrics_server is not None:
-            server, self._metrics_server = self._metrics_server, None
-            await asyncio.to_thread(server.stop)  # waits for its serving thread's poll
 
-    def _readiness(self) -> tuple[bool, str]:
-        """``/readyz``: consuming and writing, or why not (read from the HTTP thread)."""
-        if self._stopping.is_set():
+    def readiness(self) -> tuple[bool, str]:
+        """``/readyz``: consuming and writing, or why not."""
+        if self.stop_requested:
             return False, "stopping"
         if self._consumer is None:
             return False, "starting"
@@ -327,15 +306,36 @@ class StateSink:
                 return False, f"{dependency} unavailable"
         return True, "consuming"
 
+    def summary(self) -> str:
+        return (
+            f"{self.applied} states applied, {self.invalid} jobs INVALID, "
+            f"{self.rejections_ignored} rejections ignored, {self.poisoned} poison records, "
+            f"outages {self.outages}"
+        )
+
     async def run(self) -> None:
-        """Write batches until :meth:`request_stop`; then log one summary line."""
-        if self._consumer is None:
-            return  # stopped while starting
-        consumer = self._consumer
+        """Connect, then write batches until :meth:`request_stop`."""
+        try:
+            await self._retry(self._connect_postgres)
+            await self._retry(self._start_kafka)
+        except _Stopped:
+            log.info("state sink stopped before it could start")
+            return
+        log.info(
+            "state sink consuming %s, %s as group %s%s",
+            self._names.state,
+            self._names.invalid,
+            self._settings.consumer_group,
+            f"; metrics on {self._health.url}" if self._health.url else "",
+        )
+        assert self._consumer is not None
+        await self._consume(self._consumer)
+
+    async def _consume(self, consumer: AIOKafkaConsumer) -> None:
         poll_ms = int(self._settings.within_s * 1000)
         pending = 0
         try:
-            while not self._stopping.is_set():
+            while not self.stop_requested:
                 try:
                     batches = await self._retry(
                         lambda: consumer.getmany(
@@ -359,16 +359,6 @@ class StateSink:
                 "committed; they are replayed on the next start",
                 pending,
             )
-        log.info(
-            "state sink stopped: %d states applied, %d jobs INVALID, %d rejections ignored, "
-            "%d poison records, outages %s, %.1fs",
-            self.applied,
-            self.invalid,
-            self.rejections_ignored,
-            self.poisoned,
-            self.outages,
-            time.monotonic() - self._started_at,
-        )
 
     # --- one batch ------------------------------------------------------------------------
 
@@ -462,7 +452,7 @@ class StateSink:
     def _rebalanced(self, exc: KafkaError) -> None:
         """Log a rebalance (the consumer rejoins by itself); re-raise anything else."""
         failure = classify(exc)
-        if failure is None or failure.verdict is not Verdict.REBALANCED:
+        if not isinstance(failure, Rebalanced):
             raise exc
         log.info(
             "the group rebalanced (%s): uncommitted records are replayed, harmlessly",
@@ -500,9 +490,9 @@ class StateSink:
                 result = await step()
             except (psycopg.Error, KafkaError, OSError) as exc:
                 failure = classify(exc)
-                if failure is None or failure.verdict is Verdict.REBALANCED:
+                if failure is None or isinstance(failure, Rebalanced):
                     raise
-                if failure.verdict is Verdict.PERMANENT:
+                if not failure.retriable:
                     raise self._fatal(failure.problem) from exc
                 delay = backoff.next_delay_s()
                 self._outages[failure.dependency].failed(failure.problem, delay)
@@ -510,7 +500,7 @@ class StateSink:
                 if failure.dependency == "postgres":
                     await self._drop_postgres()
                 try:
-                    await asyncio.wait_for(self._stopping.wait(), delay)
+                    await asyncio.wait_for(self.wait_stop_requested(), delay)
                 except TimeoutError:
                     continue
                 raise _Stopped from exc
@@ -519,8 +509,8 @@ class StateSink:
             return result
 
     def _fatal(self, problem: str) -> SinkConfigError:
-        # Not logged here: `zapstream sink` prints the one line (and exits 2).
-        return SinkConfigError(f"state sink: {problem}")
+        # Not logged here: `zapstream sink` prints the one line naming the sink (exit 2).
+        return SinkConfigError(problem)
 
     # --- connections ---------------------------------------------------------------------------
 
@@ -590,38 +580,3 @@ class StateSink:
             await consumer.stop()
         if producer is not None:
             await producer.stop()
-
-    async def _start_gauges(self) -> None:
-        """Read the pipeline gauges on a timer, on their own connection (only with metrics)."""
-        if self._metrics_server is None:
-            return
-        self._gauges = PipelineGauges(
-            self._settings.postgres,
-            interval_s=self._settings.pipeline_metrics_interval_s,
-            connect_timeout_s=self._settings.connect_timeout_s,
-        )
-        await self._gauges.start()
-
-    def _start_metrics(self) -> None:
-        port = self._settings.metrics_port
-        if port == 0:
-            return
-        from connectors.http_endpoints import MetricsServer
-
-        host = "127.0.0.1" if self._settings.metrics_bind_local else "0.0.0.0"  # noqa: S104
-        server = MetricsServer(
-            port,
-            bind_local=self._settings.metrics_bind_local,
-            log=log,
-            ready=self._readiness,
-            name="state sink",
-        )
-        try:
-            server.start()
-        except OSError as exc:
-            raise self._fatal(
-                f"cannot serve metrics on {host}:{port} ({exc}): set ZAPSTREAM_SINK_METRICS_PORT "
-                "to a free port, or 0 to switch metrics off"
-            ) from exc
-        self._metrics_server = server
-        self._metrics_url = f"http://{host}:{port}/metrics"

@@ -9,7 +9,9 @@ Every gateway calls us back when a message is sent, delivered, read or fails:
 - ``GET /v1/webhooks/meta`` (the Cloud API's subscription handshake) and ``POST
   /v1/webhooks/meta`` (its notifications, signed ``X-Hub-Signature-256``): see
   "Meta" below.
-- ``GET /v1/webhooks/health``: liveness, no auth.
+- ``GET /v1/webhooks/health``: liveness, no auth; and the runtime's ``/metrics``,
+  ``/healthz`` and ``/readyz`` (:func:`streams.kernel.runtime.health.add_health_routes`,
+  readiness: the Kafka producer runs).
 
 Every callback must be signed (the scheme gateways must implement; see
 :mod:`connectors.webhook.signature`)::
@@ -78,9 +80,7 @@ import dataclasses
 import datetime
 import hashlib
 import logging
-import signal
 from collections.abc import Awaitable, Callable, Mapping
-from types import TracebackType
 from typing import Any
 
 import orjson
@@ -109,7 +109,10 @@ from streams.kernel.contract import (
     ReceiptReceived,
     Record,
 )
+from streams.kernel.failures import StartRefused
 from streams.kernel.producer_stop import stop_producer
+from streams.kernel.runtime.health import add_health_routes
+from streams.kernel.runtime.service import Service
 from streams.kernel.settings import GatewayKind
 
 log = logging.getLogger(__name__)
@@ -215,17 +218,20 @@ class _Unavailable(Exception):
 # --- the service ------------------------------------------------------------------------
 
 
-class WebhookIntake:
+class WebhookIntake(Service):
     """Verifies gateway status callbacks, looks their jobs up and publishes them to Kafka.
 
-    ``start()`` opens the PostgreSQL pool and the Kafka producer, then listens, and
-    returns the bound port (``settings.port`` may be 0). ``stop()`` stops listening,
-    lets requests in flight finish, flushes the producer and closes the pool; it
-    is idempotent. ``publish_timeout_s`` bounds the wait for Kafka's acknowledgement
-    before answering 503.
+    A :class:`~streams.kernel.runtime.service.Service`: ``start()`` opens the PostgreSQL
+    pool and the Kafka producer, then listens (:attr:`port` is the bound port;
+    ``settings.port`` may be 0). ``stop()`` stops listening, lets requests in flight
+    finish, flushes the producer and closes the pool; it is idempotent.
+    ``publish_timeout_s`` bounds the wait for Kafka's acknowledgement before answering 503.
     """
 
+    name = "webhook"
+
     def __init__(self, settings: WebhookSettings, *, publish_timeout_s: float = 10.0) -> None:
+        super().__init__()
         self.settings = settings
         self._names = settings.kafka.names
         self._publish_timeout_s = publish_timeout_s
@@ -253,22 +259,7 @@ class WebhookIntake:
         """Base URL; callbacks go to ``{url}/v1/webhooks/{gateway}``."""
         return f"http://{self.settings.host}:{self._port}"
 
-    async def __aenter__(self) -> WebhookIntake:
-        if self._runner is None:
-            await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
-
-    async def start(self) -> int:
-        if self._runner is not None:
-            raise RuntimeError("WebhookIntake already started")
+    async def on_start(self) -> None:
         if not self.settings.secret.get_secret_value():
             # Still start (health checks pass) but say loudly why every callback gets 401.
             log.warning("webhook secret is empty: every callback will be rejected with 401")
@@ -278,29 +269,31 @@ class WebhookIntake:
             and not gateway_settings.meta_app_secret.get_secret_value()
         ):
             log.warning("META_APP_SECRET is empty: every Meta callback will be rejected with 401")
+        await self._open_clients()
+        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        for gateway in GatewayKind:
+            if gateway is GatewayKind.META:
+                app.router.add_get("/v1/webhooks/meta", self._meta_handshake)
+                app.router.add_post("/v1/webhooks/meta", self._meta_callback)
+            else:
+                app.router.add_post(f"/v1/webhooks/{gateway.value}", self._handler(gateway))
+        app.router.add_get("/v1/webhooks/health", self._health)
+        add_health_routes(app, self.readiness)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5)
+        await runner.setup()
+        # Kept before listening: a failed start (the port taken) is closed by on_stop.
+        self._runner = runner
+        site = web.TCPSite(runner, self.settings.host, self.settings.port)
         try:
-            await self._open_clients()
-            app = web.Application(client_max_size=MAX_BODY_BYTES)
-            for gateway in GatewayKind:
-                if gateway is GatewayKind.META:
-                    app.router.add_get("/v1/webhooks/meta", self._meta_handshake)
-                    app.router.add_post("/v1/webhooks/meta", self._meta_callback)
-                else:
-                    app.router.add_post(f"/v1/webhooks/{gateway.value}", self._handler(gateway))
-            app.router.add_get("/v1/webhooks/health", self._health)
-            app.router.add_get("/healthz", self._healthz)
-            app.router.add_get("/readyz", self._readyz)
-            runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5)
-            await runner.setup()
-            self._runner = runner
-            site = web.TCPSite(runner, self.settings.host, self.settings.port)
             await site.start()
-        except BaseException:
-            await self.stop()
-            raise
+        except OSError as exc:
+            raise StartRefused(
+                f"cannot listen on {self.settings.host}:{self.settings.port} "
+                f"({exc.strerror or exc})",
+                hint="set ZAPSTREAM_WEBHOOK_PORT to a free port",
+            ) from exc
         self._port = int(runner.addresses[0][1])
         log.info("webhook intake listening on http://%s:%d", self.settings.host, self._port)
-        return self._port
 
     async def _open_clients(self) -> None:
         kafka = self.settings.kafka
@@ -325,7 +318,7 @@ class WebhookIntake:
         )
         await self._pool.open(wait=True, timeout=self._publish_timeout_s)
 
-    async def stop(self) -> None:
+    async def on_stop(self) -> None:
         runner, self._runner = self._runner, None
         try:
             if runner is not None:
@@ -343,11 +336,15 @@ class WebhookIntake:
             finally:
                 if pool is not None:
                     await pool.close()
-        if runner is not None:
-            log.info(
-                "webhook intake stopped: %s",
-                ", ".join(f"{k} {v}" for k, v in self.stats.items()),
-            )
+
+    def summary(self) -> str:
+        return ", ".join(f"{k} {v}" for k, v in self.stats.items())
+
+    def readiness(self) -> tuple[bool, str]:
+        """Callbacks can be published to Kafka: the producer runs."""
+        if self._producer is None or not self.running:
+            return False, "not ready: starting or stopping"
+        return True, "ready"
 
     # --- request path -------------------------------------------------------------------
 
@@ -359,16 +356,6 @@ class WebhookIntake:
 
     async def _health(self, request: web.Request) -> web.Response:
         return _json({"ok": True}, 200)
-
-    async def _healthz(self, request: web.Request) -> web.Response:
-        """Liveness: the process serves HTTP."""
-        return web.Response(text="ok\n")
-
-    async def _readyz(self, request: web.Request) -> web.Response:
-        """Readiness: callbacks can be published to Kafka (the producer runs)."""
-        if self._producer is None:
-            return web.Response(text="not ready: starting or stopping\n", status=503)
-        return web.Response(text="ready\n")
 
     def _labels(self, gateway: GatewayKind) -> Mapping[str, str]:
         g = self.settings.gateway
@@ -587,13 +574,3 @@ class WebhookIntake:
             # Maybe written, maybe not: the gateway retries with the same event id and the
             # worker drops whichever copy comes second.
             raise _Unavailable(f"Kafka: {type(exc).__name__}") from exc
-
-
-async def serve(settings: WebhookSettings) -> None:
-    """Run an intake until SIGINT/SIGTERM (what ``zapstream webhook`` calls)."""
-    stopping = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stopping.set)
-    async with WebhookIntake(settings):
-        await stopping.wait()

@@ -10,7 +10,7 @@ nothing reached the services' own failure handling).
 
 :class:`KafkaOutageWatch` turns that into one outage per process:
 
-- a :class:`logging.Filter` on aiokafka's loggers recognises the records that mean
+- a filter (:meth:`KafkaOutageWatch.filter`) on aiokafka's loggers recognises the records that mean
   "a broker or a partition leader cannot be reached" (:data:`UNAVAILABLE`: refused
   or closed connections, nodes not ready, request timeouts, no leader, no
   coordinator). The first one starts the outage: one WARNING with its text (or,
@@ -28,7 +28,7 @@ nothing reached the services' own failure handling).
   ``probe_interval_s``; the quiet period keeps a failover (some partitions led
   elsewhere within seconds, others still without a leader) one outage, not a
   line per flap;
-- a periodic reader of the process (:mod:`streams.kafka_reader`: lag monitor, sink
+- a periodic reader of the process (:mod:`streams.kernel.runtime.periodic`: lag monitor, sink
   progress, controls) failing inside the outage counts its failure without a line of
   its own (:func:`reported`).
 
@@ -53,6 +53,8 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import Counter, Gauge
+
+from streams.kernel.runtime.service import Service
 
 if TYPE_CHECKING:
     from streams.kernel.settings import KafkaSettings
@@ -121,7 +123,8 @@ _WATCHING: list[KafkaOutageWatch] = []
 
 def reported() -> bool:
     """A Kafka outage of this process is ongoing and its line written: a periodic reader
-    (:mod:`streams.kafka_reader`) failing meanwhile counts its failure without a line."""
+    (:mod:`streams.kernel.runtime.periodic`) failing meanwhile counts its failure without a
+    line."""
     return any(watch.ongoing for watch in _WATCHING)
 
 
@@ -148,8 +151,12 @@ def is_unavailability(record: logging.LogRecord) -> bool:
     return UNAVAILABLE.search(record.getMessage()) is not None
 
 
-class KafkaOutageWatch(logging.Filter):
+class KafkaOutageWatch(Service):
     """One process's Kafka outage, from its aiokafka clients' own errors (see the module).
+
+    A :class:`~streams.kernel.runtime.service.Service`: starting installs it as a filter on
+    aiokafka's loggers (any object with ``filter(record)`` is one) and its recovery probe;
+    stopping removes both.
 
     ``target``: the component's outage log, which then writes the start and end
     lines (the relay's and the sink's ``OutageLog``, whose readiness and metrics
@@ -169,7 +176,7 @@ class KafkaOutageWatch(logging.Filter):
         probe: Callable[[], Awaitable[bool]] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        super().__init__()
+        super().__init__(name=f"kafka outage watch ({component})")
         self.component = component
         self._kafka = kafka
         self._target = target
@@ -196,10 +203,8 @@ class KafkaOutageWatch(logging.Filter):
 
     # --- lifecycle ---------------------------------------------------------------------
 
-    async def start(self) -> None:
+    async def on_start(self) -> None:
         """Install the filter on aiokafka's loggers and the recovery probe's task."""
-        if self._installed:
-            return
         UNAVAILABLE_NOW.labels(self.component).set(0)
         OUTAGES.labels(self.component)  # a series from the start: 0, not absent
         OUTAGE_SECONDS.labels(self.component)
@@ -214,7 +219,7 @@ class KafkaOutageWatch(logging.Filter):
             self._watch(), name=f"kafka outage watch ({self.component})"
         )
 
-    async def stop(self) -> None:
+    async def on_stop(self) -> None:
         """Remove the filter (aiokafka logs as it likes again) and stop the probe."""
         if self._installed:
             for name in AIOKAFKA_LOGGERS:
@@ -225,13 +230,6 @@ class KafkaOutageWatch(logging.Filter):
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-
-    async def __aenter__(self) -> KafkaOutageWatch:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
 
     @property
     def ongoing(self) -> bool:

@@ -1,7 +1,7 @@
 """Fixtures that start real processes: PostgreSQL, Kafka, the simulator, relays and workers.
 
 Each test module gets its own PostgreSQL cluster. Apache Kafka is started once per test
-process (:mod:`devtools.shared_broker`): each pipeline works in its own topic namespace
+process (:mod:`devtools.stack.shared_broker`): each pipeline works in its own topic namespace
 (``ZAPSTREAM_KAFKA_TOPIC_PREFIX``, :attr:`LocalPipeline.topics`), and a test that kills or
 restarts its broker gets its own (``own_broker=True``). A missing binary fails the run
 with the reason, never a silent skip.
@@ -14,9 +14,9 @@ from collections.abc import Iterator
 import pytest
 
 from connectors.outbox.migrate import migrate
-from devtools import shared_broker
-from devtools.devstack import PostgresCluster
-from devtools.local_pipeline import LocalPipeline
+from devtools.stack import shared_broker
+from devtools.stack.devstack import PostgresCluster
+from devtools.stack.local_pipeline import LocalPipeline
 
 LOG_TAIL_LINES = 40
 """Lines of each process's log a failed test's report carries."""

@@ -19,9 +19,9 @@ import httpx
 import psycopg
 from aiokafka import AIOKafkaProducer
 
-from devtools.delivery_audit import DeliveryReport, audit
-from devtools.dev_runner import enqueue_demo
-from devtools.local_pipeline import LocalPipeline
+from devtools.stack.delivery_audit import DeliveryReport, audit
+from devtools.stack.dev_runner import enqueue_demo
+from devtools.stack.local_pipeline import LocalPipeline
 from streams.kernel.contract import ContractError, IntentCaptured
 from tests.integration.topic_reader import TopicRecord, read_topic
 

@@ -11,7 +11,7 @@ while the broker goes:
   while the other two carry the traffic, then restarted.
 
 Each checks at the gateway simulator that nothing is lost, nothing sent twice and
-every conversation in order (:mod:`devtools.delivery_audit`), that every job ends
+every conversation in order (:mod:`devtools.stack.delivery_audit`), that every job ends
 ACCEPTED in ``outbox_jobs``, that no relay, worker or sink process exits, that each
 of them logs the outage once (:mod:`streams.kernel.kafka_outage`; aiokafka's own retry
 lines are counted, not logged) and ends it once, and that ``/metrics`` shows it
@@ -37,10 +37,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from devtools.delivery_audit import KEY_IN_TEXT, DeliveryReport, audit
-from devtools.devstack import ManagedProcess, find_free_port
-from devtools.kafka_broker import KafkaBroker, KafkaCluster
-from devtools.local_pipeline import LocalPipeline
+from devtools.stack.delivery_audit import KEY_IN_TEXT, DeliveryReport, audit
+from devtools.stack.devstack import ManagedProcess, find_free_port
+from devtools.stack.kafka_broker import KafkaBroker, KafkaCluster
+from devtools.stack.local_pipeline import LocalPipeline
 from streams.kernel.kafka_outage import UNAVAILABLE
 from tests.integration.support import Arrivals, enqueue_conversations, wait_for_status
 

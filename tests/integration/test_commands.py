@@ -48,7 +48,7 @@ from connectors.outbox.commands import (
 )
 from connectors.outbox.enqueue import enqueue
 from connectors.sink.state_sink import apply_batch, apply_states
-from devtools.local_pipeline import LocalPipeline
+from devtools.stack.local_pipeline import LocalPipeline
 from streams.job_processor import JobProcessor, Park, RetryPolicy
 from streams.kernel.contract import (
     AttemptFinished,

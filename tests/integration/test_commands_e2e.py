@@ -14,7 +14,7 @@ import pytest
 
 from connectors.outbox.commands import cancel
 from connectors.outbox.enqueue import enqueue
-from devtools.local_pipeline import LocalPipeline
+from devtools.stack.local_pipeline import LocalPipeline
 from tests.integration.support import Arrivals, wait_for_status
 
 pytestmark = pytest.mark.integration

@@ -3,7 +3,7 @@
 A :class:`LocalPipeline` (relay, worker, sink, gateway simulator, lag monitor)
 holds jobs in several states: ACCEPTED, FAILED (the simulator refuses their
 recipient), PENDING (their instance is paused), CANCELLED (the application
-cancelled one), and then ``make dev``'s demo mix (:mod:`devtools.demo_mix`: retried,
+cancelled one), and then ``make dev``'s demo mix (:mod:`devtools.stack.demo_mix`: retried,
 DEAD, UNCERTAIN, EXPIRED, INVALID, cancelled, and a second paused instance holding
 two). The console runs as a ``zapstream console`` subprocess with
 operator tokens; Chromium (Debian's ``chromium`` and ``chromium-driver``, through
@@ -40,9 +40,15 @@ from selenium.webdriver.support.ui import Select, WebDriverWait
 from connectors.outbox.commands import cancel
 from connectors.outbox.controls import pause_instance
 from connectors.outbox.enqueue import enqueue
-from devtools.demo_mix import PAUSE_REASON, PAUSED_INSTANCE, RETRY_SCHEDULE_S, DemoMix, MixReport
-from devtools.devstack import ManagedProcess, find_free_port
-from devtools.local_pipeline import REPO_ROOT, LocalPipeline
+from devtools.stack.demo_mix import (
+    PAUSE_REASON,
+    PAUSED_INSTANCE,
+    RETRY_SCHEDULE_S,
+    DemoMix,
+    MixReport,
+)
+from devtools.stack.devstack import ManagedProcess, find_free_port
+from devtools.stack.local_pipeline import REPO_ROOT, LocalPipeline
 from streams.kernel.contract import JobStatus
 from tests.integration.support import wait_for_status, wait_until
 

@@ -37,7 +37,7 @@ from connectors.outbox.controls import (
     resume_instance,
     should_hold,
 )
-from devtools.local_pipeline import LocalPipeline
+from devtools.stack.local_pipeline import LocalPipeline
 from streams.kernel.contract import (
     ControlAction,
     ControlChanged,

@@ -21,9 +21,9 @@ from pydantic import SecretStr
 
 from connectors.outbox.enqueue import enqueue
 from connectors.sink.job_history import PostgresJobHistory
-from devtools.delivery_audit import audit
-from devtools.devstack import ManagedProcess, find_free_port
-from devtools.local_pipeline import LocalPipeline
+from devtools.stack.delivery_audit import audit
+from devtools.stack.devstack import ManagedProcess, find_free_port
+from devtools.stack.local_pipeline import LocalPipeline
 from streams.kernel.job_history import HistoryUnavailable
 from streams.kernel.settings import PostgresSettings
 from tests.integration.support import (

@@ -21,7 +21,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 
 from connectors.outbox.enqueue import enqueue
-from devtools.local_pipeline import LocalPipeline
+from devtools.stack.local_pipeline import LocalPipeline
 from streams.kernel.contract import JobDead
 from tests.integration.support import (
     Arrivals,
@@ -104,7 +104,7 @@ def test_hidden_references_and_non_authoritative_listing_never_send_twice(
         400,
         "every job ACCEPTED or UNCERTAIN",
     )
-    from devtools.delivery_audit import audit
+    from devtools.stack.delivery_audit import audit
 
     report = audit(keys, arrivals.refresh())
     assert report.duplicate_count == 0, f"sent twice: {list(report.duplicates)[:5]}"

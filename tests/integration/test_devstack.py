@@ -19,7 +19,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from devtools.devstack import (
+from devtools.stack.devstack import (
     DevStackError,
     ManagedProcess,
     PostgresCluster,

@@ -27,8 +27,8 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from connectors.cdc.provisioning import ensure_replication
 from connectors.cdc.settings import RelaySettings
-from devtools.devstack import ManagedProcess
-from devtools.local_pipeline import LocalPipeline
+from devtools.stack.devstack import ManagedProcess
+from devtools.stack.local_pipeline import LocalPipeline
 from streams.kernel.contract import BULK_INTENTS, HEADER_JOB_ID, INTENTS
 from streams.lag_monitor import GroupLag, LagMonitor
 from tests.integration.support import Arrivals, enqueue_conversations, wait_until

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from devtools.delivery_audit import audit
-from devtools.local_pipeline import SIM_API_KEY, LocalPipeline
+from devtools.stack.delivery_audit import audit
+from devtools.stack.local_pipeline import SIM_API_KEY, LocalPipeline
 from tests.integration.support import (
     Arrivals,
     enqueue_conversations,
@@ -144,7 +144,7 @@ async def test_sim_refuses_one_instances_key_until_fixed_and_502s_after_acceptin
     from pydantic import SecretStr
 
     from connectors.gateways.stackzap import StackZapClient
-    from devtools.gateway_sim import GatewaySimulator
+    from devtools.simulator.gateway_sim import GatewaySimulator
     from streams.kernel.errors import (
         InstanceUnavailableError,
         PermanentGatewayError,

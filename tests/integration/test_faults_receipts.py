@@ -25,8 +25,8 @@ import pytest
 from connectors.outbox.commands import request_reprocess
 from connectors.outbox.enqueue import enqueue
 from connectors.webhook.signature import sign
-from devtools.devstack import ManagedProcess, find_free_port
-from devtools.local_pipeline import WEBHOOK_SECRET, LocalPipeline
+from devtools.stack.devstack import ManagedProcess, find_free_port
+from devtools.stack.local_pipeline import WEBHOOK_SECRET, LocalPipeline
 from tests.integration.support import (
     Arrivals,
     count_rows,

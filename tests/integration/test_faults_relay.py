@@ -28,9 +28,9 @@ import psycopg
 import pytest
 
 from connectors.outbox.migrate import migrate
-from devtools.delivery_audit import DeliveryReport
-from devtools.devstack import ManagedProcess, PostgresCluster, find_free_port
-from devtools.local_pipeline import REPO_ROOT, LocalPipeline
+from devtools.stack.delivery_audit import DeliveryReport
+from devtools.stack.devstack import ManagedProcess, PostgresCluster, find_free_port
+from devtools.stack.local_pipeline import REPO_ROOT, LocalPipeline
 from tests.integration.support import (
     Arrivals,
     count_rows,

@@ -1,7 +1,7 @@
 """The state sink under faults, on real processes (issue 7, items 4 and 10).
 
 The relay and the worker reach PostgreSQL directly; the sink reaches it through
-a :class:`~devtools.tcp_proxy.TcpProxy` the tests cut, so only the write-back
+a :class:`~devtools.simulator.tcp_proxy.TcpProxy` the tests cut, so only the write-back
 loses the database while jobs keep flowing to the gateway.
 """
 
@@ -16,9 +16,9 @@ import httpx
 import psycopg
 import pytest
 
-from devtools.devstack import ManagedProcess, find_free_port
-from devtools.local_pipeline import LocalPipeline
-from devtools.tcp_proxy import TcpProxy
+from devtools.simulator.tcp_proxy import TcpProxy
+from devtools.stack.devstack import ManagedProcess, find_free_port
+from devtools.stack.local_pipeline import LocalPipeline
 from tests.integration.support import (
     Arrivals,
     count_rows,
@@ -190,5 +190,5 @@ def test_the_sink_without_the_schema_exits_2_naming_db_migrate(stack: _Stack) ->
         lines = [line for line in log.splitlines() if expected in line]
         print(f"{name}: exit {code}: {lines}")
         assert code == 2, log
-        assert len(lines) == 1 and lines[0].startswith("zapstream: state sink: "), log
+        assert len(lines) == 1 and lines[0].startswith("zapstream: state sink cannot start: "), log
         assert "Traceback" not in log

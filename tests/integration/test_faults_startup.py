@@ -2,7 +2,7 @@
 
 Real processes only: PostgreSQL clusters (one with ``wal_level=replica``), a fresh
 topic namespace per test where topics matter (a topic prefix of its own on the process's
-shared Apache Kafka broker, :mod:`devtools.shared_broker`; a fresh Tansu with
+shared Apache Kafka broker, :mod:`devtools.stack.shared_broker`; a fresh Tansu with
 ``DEVSTACK_BROKER=tansu``), the gateway simulator as a subprocess, and
 ``python -m connectors.cli`` run as a subprocess with the environment an
 operator would set. A healthy baseline (doctor exits 0 with every line OK) keeps
@@ -24,14 +24,15 @@ import psycopg
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from connectors.ops.topics import ensure_topics, partition_counts
+from connectors.ops.topics import ensure_topics
 from connectors.outbox.migrate import shipped_migrations
-from devtools import shared_broker
-from devtools.devstack import ManagedProcess, PostgresCluster, TansuBroker, find_free_port
-from devtools.kafka_broker import KafkaBroker
-from devtools.local_pipeline import default_broker
+from devtools.stack import shared_broker
+from devtools.stack.devstack import ManagedProcess, PostgresCluster, TansuBroker, find_free_port
+from devtools.stack.kafka_broker import KafkaBroker
+from devtools.stack.local_pipeline import default_broker
 from streams.kernel.contract import TopicNames
 from streams.kernel.settings import KafkaSettings
+from streams.kernel.topics_check import partition_counts
 from tests.integration.support import wait_until, zapstream
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -46,7 +47,15 @@ def sim_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = find_free_port()
     log_path = tmp_path_factory.mktemp("sim") / "sim.log"
     proc = ManagedProcess(
-        [sys.executable, "-m", "devtools.gateway_sim", "--port", str(port), "--api-key", API_KEY],
+        [
+            sys.executable,
+            "-m",
+            "devtools.simulator.gateway_sim",
+            "--port",
+            str(port),
+            "--api-key",
+            API_KEY,
+        ],
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
         log_path=log_path,
         name="gateway-sim",

@@ -23,10 +23,10 @@ import psycopg
 import pytest
 
 from connectors.outbox.controls import pause_instance, resume_instance
-from devtools.bench_support import slot_confirmed
-from devtools.delivery_audit import KEY_IN_TEXT, audit, demo_key, demo_text
-from devtools.devstack import ManagedProcess, find_free_port
-from devtools.local_pipeline import LocalPipeline
+from devtools.bench.support import slot_confirmed
+from devtools.stack.delivery_audit import KEY_IN_TEXT, audit, demo_key, demo_text
+from devtools.stack.devstack import ManagedProcess, find_free_port
+from devtools.stack.local_pipeline import LocalPipeline
 from streams.kernel.contract import ContractError, IntentCaptured
 from tests.integration.support import count_rows, wait_until
 from tests.integration.topic_reader import read_topic

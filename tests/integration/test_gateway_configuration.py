@@ -22,9 +22,9 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from devtools.delivery_audit import audit
-from devtools.devstack import ManagedProcess
-from devtools.local_pipeline import LocalPipeline
+from devtools.stack.delivery_audit import audit
+from devtools.stack.devstack import ManagedProcess
+from devtools.stack.local_pipeline import LocalPipeline
 from tests.integration.support import (
     Arrivals,
     enqueue_conversations,

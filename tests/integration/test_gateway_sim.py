@@ -20,7 +20,7 @@ from pydantic import SecretStr
 from connectors.gateways.stackzap import StackZapClient
 from connectors.gateways.zapapi import ZapApiClient
 from connectors.webhook.signature import verify_signature
-from devtools.gateway_sim import GatewaySimulator, SimConfigError
+from devtools.simulator.gateway_sim import GatewaySimulator, SimConfigError
 from streams.kernel.contract import JobStatus
 from streams.kernel.errors import (
     PermanentGatewayError,
@@ -426,7 +426,7 @@ async def test_command_line_entry_point() -> None:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "devtools.gateway_sim",
+        "devtools.simulator.gateway_sim",
         "--port",
         "0",
         "--api-key",

@@ -1,6 +1,6 @@
 """Hung peers: a connection that stays open and goes silent is noticed, logged once, recovered.
 
-A :class:`~devtools.tcp_proxy.TcpProxy` blackhole (nothing forwarded, nothing
+A :class:`~devtools.simulator.tcp_proxy.TcpProxy` blackhole (nothing forwarded, nothing
 closed: a NAT or load balancer that dropped the connection's state, a frozen VM)
 sits on each edge in turn, for 30 s mid-stream, on real processes:
 
@@ -10,9 +10,9 @@ sits on each edge in turn, for 30 s mid-stream, on real processes:
   (relay, sink, worker) is behind it, as it would be behind one broken NAT;
 - (d) the worker and the gateway simulator.
 
-Each hang must be detected within the bound the README states for that edge (with
+Each hang must be detected within the bound docs/concepts/failures.md states for that edge (with
 the short settings below; the gateway's read deadline counted from the first request
-written into the blackhole, as the README states it), by the process's own log line,
+written into the blackhole, as that page states it), by the process's own log line,
 written once per edge;
 afterwards every message reaches the gateway exactly once, in order per
 conversation. The first tests check the two client-side mechanisms alone (the
@@ -41,9 +41,9 @@ from pydantic import SecretStr
 from connectors.cdc.lsn import Lsn
 from connectors.cdc.provisioning import ensure_replication
 from connectors.cdc.replication_stream import ReplicationStream, ReplicationStreamClosed
-from devtools.devstack import ManagedProcess
-from devtools.local_pipeline import LocalPipeline
-from devtools.tcp_proxy import TcpProxy
+from devtools.simulator.tcp_proxy import TcpProxy
+from devtools.stack.devstack import ManagedProcess
+from devtools.stack.local_pipeline import LocalPipeline
 from streams.kernel.postgres import PostgresSilent, postgres_deadline
 from streams.kernel.settings import PostgresSettings
 from tests.integration.support import Arrivals, enqueue_conversations, wait_for_status, wait_until
@@ -55,8 +55,9 @@ BLACKHOLE_S = 30.0
 MESSAGES = 7_500
 """Enqueued at ~50 rows/s: enough for the stream to outlast the four blackholes."""
 
-# The short bounds this test runs with, and the detection bound each implies (the README's
-# table with these values): the deadline plus scheduling slack.
+# The short bounds this test runs with, and the detection bound each implies (the table of
+# docs/concepts/failures.md, "Hung connections", with these values): the deadline plus
+# scheduling slack.
 REPLICATION_TIMEOUT_S = 6.0
 QUERY_TIMEOUT_S = 4.0
 KAFKA_REQUEST_TIMEOUT_S = 8.0

@@ -1,4 +1,4 @@
-"""The Apache Kafka dev/test broker (devtools/kafka_broker.py) on real JVMs, and what it costs.
+"""The Apache Kafka dev/test broker (devtools.stack.kafka_broker) on real JVMs, and its cost.
 
 One KRaft node: ``zapstream topics ensure`` creates the topics on it, records go round
 trip, a SIGKILL and a restart on the same log dirs keep records and committed offsets,
@@ -24,13 +24,13 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError
 
-from connectors.ops.topics import partition_counts
-from devtools.bench_support import cpu_seconds, proc_status_mib
-from devtools.delivery_audit import audit
-from devtools.kafka_broker import KafkaBroker, KafkaCluster, kafka_metadata, kafka_version
-from devtools.local_pipeline import LocalPipeline
+from devtools.bench.support import cpu_seconds, proc_status_mib
+from devtools.stack.delivery_audit import audit
+from devtools.stack.kafka_broker import KafkaBroker, KafkaCluster, kafka_metadata, kafka_version
+from devtools.stack.local_pipeline import LocalPipeline
 from streams.kernel.contract import INTENTS, topic_specs
 from streams.kernel.settings import BrokerFlavor, KafkaSettings
+from streams.kernel.topics_check import partition_counts
 from tests.integration.support import (
     Arrivals,
     enqueue_conversations,

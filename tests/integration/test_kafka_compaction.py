@@ -51,9 +51,9 @@ from connectors.outbox.controls import (
     resume_instance,
 )
 from connectors.outbox.enqueue import enqueue
-from devtools.devstack import ManagedProcess, find_free_port
-from devtools.kafka_broker import KafkaBroker
-from devtools.local_pipeline import LocalPipeline
+from devtools.stack.devstack import ManagedProcess, find_free_port
+from devtools.stack.kafka_broker import KafkaBroker
+from devtools.stack.local_pipeline import LocalPipeline
 from streams.kernel.contract import (
     CONTROLS,
     PARKED,

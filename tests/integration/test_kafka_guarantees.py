@@ -42,13 +42,14 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError
 
-from connectors.ops.topics import deployable_topic_specs, ensure_topics
-from devtools.delivery_audit import KEY_IN_TEXT, audit
-from devtools.devstack import ManagedProcess
-from devtools.kafka_broker import KafkaBroker, kafka_metadata
-from devtools.local_pipeline import REPO_ROOT, LocalPipeline
+from connectors.ops.topics import ensure_topics
+from devtools.stack.delivery_audit import KEY_IN_TEXT, audit
+from devtools.stack.devstack import ManagedProcess
+from devtools.stack.kafka_broker import KafkaBroker, kafka_metadata
+from devtools.stack.local_pipeline import REPO_ROOT, LocalPipeline
 from streams.kernel.contract import HEADER_JOB_ID, INTENTS
 from streams.kernel.settings import KafkaSettings
+from streams.kernel.topics_check import deployable_topic_specs
 from tests.integration.support import Arrivals, enqueue_conversations, wait_until, zapstream
 from tests.integration.topic_reader import read_topic
 

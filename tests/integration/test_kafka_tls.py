@@ -1,9 +1,9 @@
 """Kafka over TLS on real processes: a throwaway CA, a TLS broker, zapstream's clients.
 
-The broker is the integration tests' (:func:`devtools.local_pipeline.default_broker`:
+The broker is the integration tests' (:func:`devtools.stack.local_pipeline.default_broker`:
 Apache Kafka, or Tansu with ``DEVSTACK_BROKER=tansu``). The broker's side of TLS is
-:class:`devtools.tls.TlsTerminator` in front of its plaintext listener (the ``tls`` of
-:class:`devtools.kafka_broker.KafkaBroker` and :class:`devtools.devstack.TansuBroker`;
+:class:`devtools.stack.tls.TlsTerminator` in front of its plaintext listener (the ``tls`` of
+:class:`devtools.stack.kafka_broker.KafkaBroker` and :class:`devtools.stack.devstack.TansuBroker`;
 Tansu 0.6.0 ignores ``--cert``/``--key``); the clients' side is the real one: aiokafka
 and Faust with the ``ssl.SSLContext`` built from the settings.
 
@@ -32,10 +32,10 @@ from aiokafka import TopicPartition
 from connectors.cdc.relay import build_producer
 from connectors.cdc.settings import RelaySettings
 from connectors.outbox.enqueue import enqueue
-from devtools.devstack import TansuBroker
-from devtools.kafka_broker import KafkaBroker
-from devtools.local_pipeline import LocalPipeline, default_broker
-from devtools.tls import Pki, ServerTls, make_pki
+from devtools.stack.devstack import TansuBroker
+from devtools.stack.kafka_broker import KafkaBroker
+from devtools.stack.local_pipeline import LocalPipeline, default_broker
+from devtools.stack.tls import Pki, ServerTls, make_pki
 from streams.kafka_reader import group_less_consumer
 from streams.kernel.contract import INTENTS
 from streams.kernel.settings import KafkaSettings

@@ -25,7 +25,12 @@ import pytest
 
 from connectors.outbox.enqueue import enqueue
 from connectors.webhook.signature import sign_hub
-from devtools.local_pipeline import META_APP_SECRET, META_VERIFY_TOKEN, SIM_TOKEN, LocalPipeline
+from devtools.stack.local_pipeline import (
+    META_APP_SECRET,
+    META_VERIFY_TOKEN,
+    SIM_TOKEN,
+    LocalPipeline,
+)
 from tests.integration.support import Arrivals, count_rows, wait_for_status, wait_until
 from tests.integration.topic_reader import read_topic
 
@@ -338,7 +343,7 @@ async def test_sim_speaks_the_cloud_api_to_the_client() -> None:
     from pydantic import SecretStr
 
     from connectors.gateways.meta import MetaCloudClient
-    from devtools.gateway_sim import GatewaySimulator
+    from devtools.simulator.gateway_sim import GatewaySimulator
     from streams.kernel.errors import (
         InstanceUnavailableError,
         PermanentGatewayError,

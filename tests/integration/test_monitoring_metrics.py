@@ -23,9 +23,9 @@ from aiokafka import AIOKafkaProducer
 
 from connectors.outbox.controls import pause_instance
 from connectors.outbox.enqueue import enqueue
-from devtools import monitoring_check as mc
-from devtools.devstack import find_free_port
-from devtools.local_pipeline import LocalPipeline
+from devtools.deploy import monitoring_check as mc
+from devtools.stack.devstack import find_free_port
+from devtools.stack.local_pipeline import LocalPipeline
 from tests.integration.support import wait_until
 
 pytestmark = pytest.mark.integration

@@ -21,7 +21,7 @@ from connectors.ops.status import EXIT_ATTENTION, EXIT_HEALTHY, EXIT_UNREACHABLE
 from connectors.ops.status_settings import StatusSettings
 from connectors.outbox.controls import pause_instance
 from connectors.outbox.enqueue import enqueue
-from devtools.devstack import find_free_port, postgres_bin_dir
+from devtools.stack.devstack import find_free_port, postgres_bin_dir
 from streams.kernel.settings import PostgresSettings
 from tests.integration.support import wait_until
 
@@ -256,7 +256,7 @@ def test_the_command_line_reads_its_settings(
 def test_the_real_pipeline_relay_and_lag_monitor(tmp_path: Path) -> None:
     """`zapstream status` as a process, against a streaming relay and `zapstream lag-monitor`."""
     from connectors.ops.status import parse_lag_metrics
-    from devtools.local_pipeline import LocalPipeline
+    from devtools.stack.local_pipeline import LocalPipeline
 
     with LocalPipeline(tmp_path / "pipeline", partitions=2, with_sink=False) as pipeline:
         pipeline.start_relay()

@@ -26,7 +26,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.partitioner import DefaultPartitioner
 
-from devtools.local_pipeline import LocalPipeline
+from devtools.stack.local_pipeline import LocalPipeline
 from streams.kernel.contract import (
     HEADER_JOB_ID,
     IntentCaptured,

@@ -12,8 +12,8 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 
 from connectors.outbox.enqueue import enqueue
-from devtools.delivery_audit import demo_key, demo_text
-from devtools.local_pipeline import LocalPipeline
+from devtools.stack.delivery_audit import demo_key, demo_text
+from devtools.stack.local_pipeline import LocalPipeline
 from streams.kernel.contract import IntentRejected
 from tests.integration.support import Arrivals, count_rows, wait_for_status, wait_until
 
@@ -166,7 +166,9 @@ def test_sending_goes_on_while_the_state_sink_is_down(pipeline: LocalPipeline) -
     assert sink.pid not in {p.pid for p in pipeline.processes if p.name == "worker"}
     since = sink.log_offset()
     assert sink.terminate(timeout_s=30) == 0, sink.log_tail()
-    assert sink.wait_for_log(r"state sink stopped: \d+ states applied", since=since, timeout_s=1)
+    assert sink.wait_for_log(
+        r"zapstream state sink stopped after [\d.]+s: \d+ states applied", since=since, timeout_s=1
+    )
 
     run = uuid.uuid4().hex[:8]
     keys = [demo_key(f"nosink-{run}", "shop-4", 0, seq) for seq in range(20)]

@@ -17,12 +17,12 @@ import pytest
 from prometheus_client import REGISTRY
 from psycopg import sql
 
-from connectors.ops.pipeline_sql import STATUSES
 from connectors.outbox.enqueue import enqueue
 from connectors.sink import pipeline_metrics
 from connectors.sink.pipeline_metrics import PipelineGauges
-from devtools.devstack import find_free_port
-from devtools.local_pipeline import LocalPipeline
+from connectors.sink.pipeline_sql import STATUSES
+from devtools.stack.devstack import find_free_port
+from devtools.stack.local_pipeline import LocalPipeline
 from streams.kernel.settings import PostgresSettings
 from tests.integration.support import wait_until
 
@@ -139,7 +139,7 @@ async def test_an_unreachable_database_is_logged_once_and_never_stops_the_timer(
 
 async def test_the_queries_use_indexes(outbox_db: str) -> None:
     # With sequential scans priced out, a plan without an index would still be a Seq Scan.
-    from connectors.ops.pipeline_sql import _COUNTS, _PENDING
+    from connectors.sink.pipeline_sql import _COUNTS, _PENDING
 
     async with await psycopg.AsyncConnection.connect(outbox_db, autocommit=True) as conn:
         await conn.execute("SET enable_seqscan = off")

@@ -25,7 +25,7 @@ from aiokafka.partitioner import DefaultPartitioner
 
 from connectors.outbox.enqueue import enqueue
 from connectors.webhook.signature import sign
-from devtools.local_pipeline import WEBHOOK_SECRET, LocalPipeline
+from devtools.stack.local_pipeline import WEBHOOK_SECRET, LocalPipeline
 from streams.kernel.contract import conversation_partition_key
 from tests.integration.support import Arrivals, count_rows, wait_for_status, wait_until
 from tests.integration.topic_reader import read_topic

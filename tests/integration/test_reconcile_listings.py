@@ -23,7 +23,7 @@ import httpx
 import psycopg
 import pytest
 
-from devtools.local_pipeline import LocalPipeline
+from devtools.stack.local_pipeline import LocalPipeline
 from tests.integration.support import (
     Arrivals,
     count_rows,

@@ -18,8 +18,8 @@ from collections.abc import Iterator
 import pytest
 
 from connectors.cdc.lsn import Lsn
-from devtools.devstack import ManagedProcess, find_free_port
-from devtools.local_pipeline import LocalPipeline
+from devtools.stack.devstack import ManagedProcess, find_free_port
+from devtools.stack.local_pipeline import LocalPipeline
 from streams.kernel.contract import HEADER_JOB_ID, HEADER_LSN
 from tests.integration.support import (
     Arrivals,

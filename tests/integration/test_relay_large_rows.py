@@ -20,7 +20,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from devtools.local_pipeline import LocalPipeline
+from devtools.stack.local_pipeline import LocalPipeline
 from tests.integration.support import (
     Arrivals,
     count_rows,

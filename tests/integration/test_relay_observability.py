@@ -20,8 +20,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from devtools.devstack import ManagedProcess, find_free_port
-from devtools.local_pipeline import LocalPipeline
+from devtools.stack.devstack import ManagedProcess, find_free_port
+from devtools.stack.local_pipeline import LocalPipeline
 from tests.integration.support import count_rows, enqueue_conversations, wait_until
 
 pytestmark = pytest.mark.integration

@@ -41,7 +41,7 @@ def _as_postgres(*args: str | Path) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def postgres_dsn() -> Iterator[str]:
-    """A throwaway wal_level=logical cluster (to be replaced by devtools.devstack)."""
+    """A throwaway wal_level=logical cluster (to be replaced by devtools.stack.devstack)."""
     root = Path(tempfile.mkdtemp(prefix="zapstream-replication-test-"))
     shutil.chown(root, "postgres")
     with socket.socket() as probe:

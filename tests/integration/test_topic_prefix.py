@@ -24,9 +24,9 @@ from aiokafka.admin import AIOKafkaAdminClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from connectors.outbox.migrate import migrate
-from devtools.delivery_audit import audit
-from devtools.devstack import find_free_port
-from devtools.local_pipeline import REPO_ROOT, LocalPipeline
+from devtools.stack.delivery_audit import audit
+from devtools.stack.devstack import find_free_port
+from devtools.stack.local_pipeline import REPO_ROOT, LocalPipeline
 from streams.kernel.contract import LOGICAL_TOPICS
 from tests.integration.support import (
     Arrivals,

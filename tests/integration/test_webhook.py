@@ -1,7 +1,7 @@
 """The webhook intake on real PostgreSQL and Kafka, fed by hand and by the gateway simulator.
 
 On Apache Kafka (the default) the module's topics live under a prefix of their own on the
-process's shared broker (:mod:`devtools.shared_broker`); the test that kills its broker
+process's shared broker (:mod:`devtools.stack.shared_broker`); the test that kills its broker
 starts one of its own. ``DEVSTACK_BROKER=tansu`` runs it on Tansu.
 """
 
@@ -29,11 +29,11 @@ from connectors.outbox.enqueue import enqueue
 from connectors.webhook.intake import WebhookIntake, receipt_event_id
 from connectors.webhook.settings import WebhookSettings
 from connectors.webhook.signature import sign
-from devtools import shared_broker
-from devtools.devstack import TansuBroker
-from devtools.gateway_sim import CALLBACK_STATUS_HEADER, GatewaySimulator
-from devtools.kafka_broker import KafkaBroker
-from devtools.local_pipeline import default_broker
+from devtools.simulator.gateway_sim import CALLBACK_STATUS_HEADER, GatewaySimulator
+from devtools.stack import shared_broker
+from devtools.stack.devstack import TansuBroker
+from devtools.stack.kafka_broker import KafkaBroker
+from devtools.stack.local_pipeline import default_broker
 from streams.kernel.contract import (
     HEADER_JOB_ID,
     HEADER_SCHEMA,
@@ -102,8 +102,8 @@ def webhook_settings(dsn: str, broker: Broker, *, secret: str = SECRET) -> Webho
 @pytest.fixture
 async def intake(outbox_db: str, broker: Broker) -> AsyncIterator[WebhookIntake]:
     service = WebhookIntake(webhook_settings(outbox_db, broker))
-    port = await service.start()
-    assert port > 0
+    await service.start()
+    assert service.port > 0
     try:
         yield service
     finally:
@@ -356,6 +356,9 @@ async def test_an_empty_configured_secret_rejects_everything(
             assert (await http.get("/healthz")).status_code == 200
             ready = await http.get("/readyz")
             assert ready.status_code == 200 and ready.text == "ready\n"
+            # The runtime's /metrics, mounted on the intake's own server.
+            scraped = await http.get("/metrics")
+            assert scraped.status_code == 200 and "python_info" in scraped.text
         assert intake.stats["unauthorized"] == 2
         assert intake.stats["accepted"] == 0
 

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from devtools.local_pipeline import LocalPipeline
+from devtools.stack.local_pipeline import LocalPipeline
 from tests.integration.support import Arrivals, enqueue_conversations, wait_for_status, wait_until
 
 pytestmark = pytest.mark.integration

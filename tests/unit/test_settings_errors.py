@@ -7,7 +7,8 @@ from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
 from connectors.cdc.settings import RelaySettings
-from connectors.ops.config_errors import (
+from connectors.sink.settings import SinkSettings
+from connectors.startup import (
     NOT_SETTINGS,
     describe_connection_failure,
     env_names,
@@ -18,7 +19,6 @@ from connectors.ops.config_errors import (
     settings_classes,
     unknown_env_lines,
 )
-from connectors.sink.settings import SinkSettings
 from connectors.webhook.settings import WebhookSettings
 from streams.kernel.settings import GatewaySettings, KafkaSettings, PostgresSettings
 from streams.worker_settings import WorkerSettings

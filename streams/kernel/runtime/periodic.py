@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 from prometheus_client import Counter
@@ -39,7 +40,14 @@ outage: counted, no new line."""
 class JobFailures:
     """How one periodic job's failures are told: an outage once, a bug once per kind."""
 
-    def __init__(self, job: str, logger: logging.Logger) -> None:
+    def __init__(
+        self,
+        job: str,
+        logger: logging.Logger,
+        *,
+        kafka: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.job = job
         self._log = logger
         self._bug: type[BaseException] | None = None
@@ -47,8 +55,11 @@ class JobFailures:
             job,
             logger,
             retrying="retrying at the next tick",
-            quiet=kafka_outage.reported,
+            # A job reading Kafka says nothing within the process's Kafka outage (its own
+            # line says it); a job of another dependency (PostgreSQL) still speaks then.
+            quiet=kafka_outage.reported if kafka else None,
             flap_window_s=FLAP_WINDOW_S,
+            clock=clock,
         )
 
     def failed(self, exc: Exception) -> None:
@@ -66,11 +77,15 @@ class JobFailures:
 
 
 def guarded(
-    job: str, fn: Callable[[], Awaitable[object]], logger: logging.Logger = log
+    job: str,
+    fn: Callable[[], Awaitable[object]],
+    logger: logging.Logger = log,
+    *,
+    clock: Callable[[], float] = time.monotonic,
 ) -> Callable[[], Awaitable[None]]:
     """``fn`` that never raises (cancellation apart), for a timer someone else schedules
     (a Faust ``app.timer``, whose app crashes when a timer raises)."""
-    failures = JobFailures(job, logger)
+    failures = JobFailures(job, logger, clock=clock)
 
     async def run() -> None:
         try:
@@ -90,6 +105,8 @@ class Periodic(Service):
     After a failure the next run waits ``max(interval_s, retry_s)``, doubling with each
     failure in a row up to ``max_retry_s`` (never under ``interval_s``). An interval of 0
     runs ``fn`` back to back (``fn`` then waits on its own, e.g. a poll with a timeout).
+    ``kafka``: the job reads Kafka (its outage line gives way to the process's Kafka
+    outage line, :mod:`streams.kernel.kafka_outage`).
     """
 
     def __init__(
@@ -101,6 +118,7 @@ class Periodic(Service):
         retry_s: float = 1.0,
         max_retry_s: float = 30.0,
         logger: logging.Logger = log,
+        kafka: bool = True,
     ) -> None:
         super().__init__(name=name)
         self.interval_s = interval_s
@@ -109,7 +127,7 @@ class Periodic(Service):
         self.failures = 0
         """Failed runs in a row."""
         self.runs = 0
-        self._told = JobFailures(name, logger)
+        self._told = JobFailures(name, logger, kafka=kafka)
         self._fn = fn
         self._task: asyncio.Task[None] | None = None
 

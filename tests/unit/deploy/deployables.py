@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[3]
 TOOLS_BIN = ROOT / ".venv-deploy-tools" / "bin"
 
 SETTINGS_PREFIXES = ("ZAPSTREAM_", "STACKZAP_", "ZAP_", "META_")
-"""Every variable a zapstream settings class may read (README "Settings")."""
+"""Every variable a zapstream settings class may read (docs/reference/settings.md)."""
 
 
 def settings_of(argv: list[str]) -> Any:
@@ -67,7 +67,7 @@ def deploy_tool_path(name: str) -> str:
     path = TOOLS_BIN / name
     if not path.exists():
         pytest.fail(
-            f"{path} is missing: run `make setup` (it installs devtools/deploy-tools.txt "
+            f"{path} is missing: run `make setup` (it installs devtools/deploy/deploy-tools.txt "
             "into .venv-deploy-tools)",
             pytrace=False,
         )

@@ -2,7 +2,7 @@
 
 Two layers, each shown to fail on a broken copy: the compose specification's JSON schema
 (check-jsonschema's vendored ``compose-spec``: field names and types) and
-:mod:`devtools.compose_check` (cross-references the schema cannot see: secrets, configs,
+:mod:`devtools.deploy.compose_check` (cross-references the schema cannot see: secrets, configs,
 ``depends_on``, zapstream commands and variables, Prometheus targets). Prometheus's own
 configuration is checked by promtool, and the demo secrets in ``.env.example`` by what the
 services do with them. No Docker engine is needed.
@@ -22,8 +22,8 @@ import pytest
 import yaml
 
 from connectors.console.settings import parse_tokens
-from devtools import compose_check as cc
-from devtools import monitoring_check as mc
+from devtools.deploy import compose_check as cc
+from devtools.deploy import monitoring_check as mc
 from tests.unit.deploy.deployables import settings_of
 
 ROOT = cc.ROOT
@@ -364,7 +364,7 @@ def test_each_service_starts_from_its_environment_and_secret_files(
 ) -> None:
     """The variables compose sets and the files it mounts in /run/secrets (here a temp dir
     holding .env.example's values) give valid settings, and no variable is refused."""
-    from connectors.ops.config_errors import unknown_env_lines
+    from connectors.startup import unknown_env_lines
 
     svc = compose["services"][service]
     demo = _dotenv(ENV_EXAMPLE)

@@ -13,14 +13,14 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from devtools import lock_constraints as lc
+from devtools.deploy import lock_constraints as lc
 
 PINS = lc.parse(lc.CONSTRAINTS.read_text())
 
 
 def test_constraints_txt_is_the_installed_closure() -> None:
     expected = lc.closure(lc.top_requirements())
-    assert PINS == expected, "run `.venv/bin/python -m devtools.lock_constraints`"
+    assert PINS == expected, "run `.venv/bin/python -m devtools.deploy.lock_constraints`"
     assert lc.CONSTRAINTS.read_text() == lc.render(expected)
 
 

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
-from devtools import compose_check as cc
+from devtools.deploy import compose_check as cc
 from streams.kernel.contract import TopicNames, topic_specs
 from tests.unit.deploy.deployables import isolate_environment, settings_of, write_secret_files
 
@@ -199,7 +199,7 @@ def test_every_deployable_builds_its_settings_from_what_its_container_gets(
 ) -> None:
     """The settings classes accept the environment plus the secret files (no unknown
     variable, no invalid value), and every required field (none today) is given."""
-    from connectors.ops.config_errors import env_names, settings_classes, unknown_env_lines
+    from connectors.startup import env_names, settings_classes, unknown_env_lines
 
     required = {
         env_names(cls, field)[0]

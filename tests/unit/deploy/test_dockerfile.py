@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from devtools import dockerfile_check as dc
+from devtools.deploy import dockerfile_check as dc
 
 ROOT = dc.ROOT
 TEXT = dc.DOCKERFILE.read_text()
@@ -68,7 +68,7 @@ def test_the_default_target_is_zapstream_as_its_entrypoint() -> None:
     assert STAGES[-1].name == "zapstream"
     assert dc.exec_form(dc.effective(STAGES, "zapstream", "ENTRYPOINT")) == ["zapstream"]
     simulator = dc.exec_form(dc.effective(STAGES, "simulator", "ENTRYPOINT"))
-    assert simulator == ["python", "-m", "devtools.gateway_sim"]
+    assert simulator == ["python", "-m", "devtools.simulator.gateway_sim"]
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -156,8 +156,8 @@ def test_the_build_context_holds_what_the_dockerfile_copies() -> None:
 
 
 def test_the_simulator_needs_no_other_devtools_module() -> None:
-    """The simulator target copies devtools/gateway_sim.py alone: it must import no sibling."""
-    tree = ast.parse((ROOT / "devtools" / "gateway_sim.py").read_text())
+    """The simulator image copies devtools/simulator/gateway_sim.py alone: it imports no sibling."""
+    tree = ast.parse((ROOT / "devtools" / "simulator" / "gateway_sim.py").read_text())
     imported: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -167,4 +167,4 @@ def test_the_simulator_needs_no_other_devtools_module() -> None:
             imported.add(node.module)
     assert imported and not any(name.split(".")[0] == "devtools" for name in imported), imported
     simulator = next(stage for stage in STAGES if stage.name == "simulator")
-    assert any("devtools/gateway_sim.py" in c for c in simulator.all("COPY"))
+    assert any("devtools/simulator/gateway_sim.py" in c for c in simulator.all("COPY"))

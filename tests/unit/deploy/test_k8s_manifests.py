@@ -1,9 +1,9 @@
 """The Kubernetes manifests render and validate offline, and a broken copy of each kind fails.
 
-``devtools/manifest_check.py`` runs in the deployment tools' venv (``.venv-deploy-tools``:
+``devtools/deploy/manifest_check.py`` runs in the deployment tools' venv (``.venv-deploy-tools``:
 kubectl's kustomize, kubernetes-validate, jsonschema); what it checks the manifests against
 in zapstream itself (topics, subcommands, setting names) is computed here, in the project
-venv, by :mod:`devtools.k8s_facts`. Every broken copy is one edit of a copy of ``k8s/``
+venv, by :mod:`devtools.deploy.k8s_facts`. Every broken copy is one edit of a copy of ``k8s/``
 under ``tmp_path`` (a few edits share a copy); one checker run renders every copy, and each
 test looks for its own line.
 No cluster is needed.
@@ -20,13 +20,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from devtools import k8s_facts, k8s_rules
+from devtools.deploy import k8s_facts, k8s_rules
 from tests.unit.deploy.deployables import deploy_tool_path
 
 ROOT = Path(__file__).resolve().parents[3]
 K8S = ROOT / "k8s"
 OVERLAYS = [K8S / "overlays" / o for o in ("dev", "prod", "staging")]
-CHECKER = ROOT / "devtools" / "manifest_check.py"
+CHECKER = ROOT / "devtools" / "deploy" / "manifest_check.py"
 
 
 def _check(
@@ -65,7 +65,7 @@ def test_both_overlays_render_and_every_object_validates(facts: Path) -> None:
 def test_the_prometheus_rule_is_generated_from_the_alert_rules_file() -> None:
     committed = k8s_rules.TARGET.read_text()
     assert committed == k8s_rules.render(k8s_rules.RULES.read_text()), (
-        "k8s/base/prometheusrule.yaml is stale: run `.venv/bin/python -m devtools.k8s_rules`"
+        "k8s/base/prometheusrule.yaml is stale: run `.venv/bin/python -m devtools.deploy.k8s_rules`"
     )
     rules = yaml.safe_load(k8s_rules.RULES.read_text())
     assert yaml.safe_load(committed)["spec"]["groups"] == rules["groups"]

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from devtools.bench import Sizes, reduced, render, side_by_side
-from devtools.bench_librdkafka import librdkafka_figures
-from devtools.bench_support import Figure
+from devtools.bench.librdkafka import librdkafka_figures
+from devtools.bench.runner import Sizes, reduced, render, side_by_side
+from devtools.bench.support import Figure
 
 
 def _relay(rows: int, value: str, comparison: str, passed: bool) -> Figure:

@@ -1,4 +1,4 @@
-from devtools.delivery_audit import audit, demo_key, demo_text
+from devtools.stack.delivery_audit import audit, demo_key, demo_text
 
 
 def _arrivals(keys: list[str]) -> list[dict[str, object]]:

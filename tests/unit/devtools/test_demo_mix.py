@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from devtools.demo_mix import DemoMix, MixJob, MixReport, MixResult
+from devtools.stack.demo_mix import DemoMix, MixJob, MixReport, MixResult
 from streams.kernel.contract import JobStatus
 
 RETRIED = MixJob("mix-1", "retried: 1 transient 503(s)", JobStatus.ACCEPTED, "5511980000001", 1, 2)

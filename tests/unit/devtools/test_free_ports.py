@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from devtools.devstack import find_free_port
+from devtools.stack.devstack import find_free_port
 
 
 @pytest.mark.parametrize(("worker", "low"), [("gw0", 20_000), ("gw1", 23_000), ("gw5", 23_000)])

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from devtools.gateway_sim import SimConfig, SimConfigError
-from devtools.gateway_sim import _updated_config as updated_config
+from devtools.simulator.gateway_sim import SimConfig, SimConfigError
+from devtools.simulator.gateway_sim import _updated_config as updated_config
 
 LISTING = {"items": "jobs", "id": "ref"}
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from devtools.kafka_broker import (
+from devtools.stack.kafka_broker import (
     KAFKA_POM,
     ClusterMetadata,
     KafkaBroker,
@@ -20,7 +20,7 @@ from devtools.kafka_broker import (
     kafka_metadata,
     kafka_version,
 )
-from devtools.local_pipeline import default_broker
+from devtools.stack.local_pipeline import default_broker
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -28,7 +28,7 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 def test_the_pin_is_a_4x_release_and_the_makefile_reads_the_same_file() -> None:
     assert re.fullmatch(r"4\.\d+\.\d+", kafka_version())
     makefile = (REPO_ROOT / "Makefile").read_text()
-    assert "devtools/kafka/pom.xml" in makefile and KAFKA_POM.is_file()
+    assert "devtools/stack/kafka/pom.xml" in makefile and KAFKA_POM.is_file()
     assert ".cache/" in (REPO_ROOT / ".gitignore").read_text().splitlines()
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from devtools import monitoring_check as mc
+from devtools.deploy import monitoring_check as mc
 
 
 def _promtool(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

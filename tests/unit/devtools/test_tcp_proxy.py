@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from devtools.tcp_proxy import TcpProxy
+from devtools.simulator.tcp_proxy import TcpProxy
 
 SILENCE_S = 0.5
 """How long a client listens for an answer that must not come (a read deadline, not a sleep)."""

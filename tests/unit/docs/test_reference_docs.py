@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from devtools import reference_docs
-from devtools.reference_docs import COMMAND, OUT_DIR, REFERENCES
+from devtools.docs import reference_docs
+from devtools.docs.reference_docs import COMMAND, OUT_DIR, REFERENCES
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +55,7 @@ def test_check_names_a_stale_file_and_writing_fixes_it(
 def test_settings_name_every_variable_some_setting_reads(rendered: dict[str, str]) -> None:
     from pydantic_settings import BaseSettings
 
-    from connectors.ops.config_errors import NOT_SETTINGS, env_names, settings_classes
+    from connectors.startup import NOT_SETTINGS, env_names, settings_classes
 
     text = rendered["settings.md"]
     for cls in settings_classes():

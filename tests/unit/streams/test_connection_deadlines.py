@@ -14,7 +14,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 from pydantic import SecretStr, ValidationError
 
-from connectors.sink.failures import Verdict, classify
+from connectors.sink.failures import classify
 from streams.kernel.postgres import PostgresSilent, postgres_deadline
 from streams.kernel.settings import KafkaSettings, PostgresSettings
 from streams.worker_settings import WorkerSettings
@@ -126,7 +126,7 @@ async def test_postgres_deadline_turns_silence_into_a_transient_postgres_failure
             await never
     failure = classify(caught.value)
     assert failure is not None
-    assert failure.verdict is Verdict.TRANSIENT and failure.dependency == "postgres"
+    assert failure.retriable and failure.dependency == "postgres"
 
 
 async def test_postgres_deadline_lets_a_prompt_answer_through() -> None:

@@ -12,10 +12,9 @@ import pytest
 from aiokafka.errors import KafkaConnectionError
 from prometheus_client import REGISTRY
 
-from streams import kafka_reader
-from streams.kafka_reader import guarded
 from streams.kernel import kafka_outage
 from streams.kernel.kafka_outage import KafkaOutageWatch, is_unavailability
+from streams.kernel.runtime.periodic import FLAP_WINDOW_S, guarded
 
 LOGGER = "zapstream.test.kafka_outage"
 AIOKAFKA = logging.getLogger("aiokafka")
@@ -257,7 +256,7 @@ async def test_a_periodic_reader_says_nothing_more_inside_the_process_outage(
         if outcome is not None:
             raise outcome
 
-    run = guarded("lag monitor", read, logging.getLogger(LOGGER))
+    run = guarded("lag monitor", read, logging.getLogger(LOGGER), clock=lambda: 0.0)
     watch = KafkaOutageWatch("t-reader", None, logger=logging.getLogger(LOGGER), probe=_refuses)
     with caplog.at_level(logging.INFO):
         async with watch:
@@ -272,13 +271,14 @@ async def test_a_periodic_reader_says_nothing_more_inside_the_process_outage(
         await run()
     lines = _ours(caplog)[1:]
     assert lines == [
-        "lag monitor: cannot read Kafka (KafkaConnectionError: Unable to bootstrap); retrying",
-        "lag monitor: reading again",
+        "lag monitor unavailable, retrying at the next tick: "
+        "KafkaConnectionError: Unable to bootstrap",
+        "lag monitor available again after 0.0s and 1 failed attempts",
     ], lines
 
 
 async def test_a_reader_failing_again_right_after_reading_again_is_the_same_outage(
-    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     # One broker of three down: the reader's client picks it now and then, the others answer.
     outcomes: list[BaseException | None] = [
@@ -294,15 +294,17 @@ async def test_a_reader_failing_again_right_after_reading_again_is_the_same_outa
         if outcome is not None:
             raise outcome
 
-    run = guarded("sink progress", read, logging.getLogger(LOGGER))
+    now = [0.0]
+    run = guarded("sink progress", read, logging.getLogger(LOGGER), clock=lambda: now[0])
     with caplog.at_level(logging.INFO):
         for _ in range(4):
             await run()
         assert _ours(caplog) == [
-            "sink progress: cannot read Kafka (KafkaConnectionError: node 2 not ready); retrying",
-            "sink progress: reading again",
+            "sink progress unavailable, retrying at the next tick: "
+            "KafkaConnectionError: node 2 not ready",
+            "sink progress available again after 0.0s and 1 failed attempts",
         ]
-        # Long after its last "reading again": a new outage, a new line.
-        monkeypatch.setattr(kafka_reader, "FLAP_WINDOW_S", 0.0)
+        # Long after its last "available again": a new outage, a new line.
+        now[0] += FLAP_WINDOW_S + 1
         await run()
-    assert len(_ours(caplog)) == 3 and "cannot read Kafka" in _ours(caplog)[2]
+    assert len(_ours(caplog)) == 3 and "sink progress unavailable" in _ours(caplog)[2]

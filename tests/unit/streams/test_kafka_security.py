@@ -16,7 +16,7 @@ from aiokafka.errors import (
 from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
 from pydantic import ValidationError
 
-from connectors.ops.config_errors import render_validation_error
+from connectors.startup import render_validation_error
 from streams.app import broker_credentials
 from streams.kernel.failures import classify_kafka_security
 from streams.kernel.settings import KafkaSettings

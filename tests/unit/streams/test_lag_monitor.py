@@ -1,4 +1,5 @@
-"""Consumer lag arithmetic, the end-offset source by broker, and timers that never crash."""
+"""Consumer lag arithmetic, the end-offset source by broker, the monitor as a service, and
+timers that never crash."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import asyncio
 import pytest
 from aiokafka.errors import KafkaConnectionError
 
-from streams.kafka_reader import Every, guarded
+from streams.kernel.runtime.periodic import Periodic, guarded
 from streams.kernel.settings import BrokerFlavor, EndOffsetSource, KafkaSettings
 from streams.lag_monitor import GroupLag, partition_lag
 
@@ -131,7 +132,7 @@ def test_end_offsets_follow_the_broker_unless_set(
     assert KafkaSettings(flavor=flavor, end_offsets=setting).end_offset_source is expected
 
 
-async def test_every_keeps_running_through_any_error_and_stops_when_asked() -> None:
+async def test_periodic_keeps_running_through_any_error_and_stops_when_asked() -> None:
     calls: list[int] = []
     six = asyncio.Event()
     failures = [KafkaConnectionError("away"), RuntimeError("a bug"), ValueError("bad")]
@@ -143,7 +144,7 @@ async def test_every_keeps_running_through_any_error_and_stops_when_asked() -> N
         if failures:
             raise failures.pop(0)
 
-    every = Every("test job", 0.0, job, retry_s=0.001)
+    every = Periodic("test job", 0.0, job, retry_s=0.001)
     async with every:
         await asyncio.wait_for(six.wait(), 5)
     seen = len(calls)
@@ -171,9 +172,9 @@ def test_failed_runs_back_off_exponentially_up_to_the_cap_never_under_the_interv
     async def job() -> None:
         return None
 
-    every = Every("backoff", 10.0, job, retry_s=1.0, max_retry_s=60.0)
+    every = Periodic("backoff", 10.0, job, retry_s=1.0, max_retry_s=60.0)
     assert [every.retry_delay(n) for n in (1, 2, 3, 4, 100)] == [10, 20, 40, 60, 60]
-    fast = Every("controls", 0.0, job, retry_s=1.0, max_retry_s=5.0)
+    fast = Periodic("controls", 0.0, job, retry_s=1.0, max_retry_s=5.0)
     assert [fast.retry_delay(n) for n in (1, 2, 3, 4)] == [1, 2, 4, 5]
-    slow = Every("slow", 120.0, job, retry_s=1.0, max_retry_s=30.0)
+    slow = Periodic("slow", 120.0, job, retry_s=1.0, max_retry_s=30.0)
     assert slow.retry_delay(5) == 120

@@ -20,9 +20,8 @@ from pydantic import ValidationError
 from connectors.cdc.outbox_rows import CapturedIntent, row_to_intent
 from connectors.cdc.relay import OutboxRelay
 from connectors.cdc.settings import RelaySettings
-from connectors.ops.config_errors import render_validation_error
-from connectors.ops.topics import _NEEDS, all_topic_specs, deployable_topic_specs
 from connectors.sink.settings import SinkSettings
+from connectors.startup import render_validation_error
 from streams.controls import ControlsReader
 from streams.kernel.contract import (
     BULK_INTENTS,
@@ -45,6 +44,7 @@ from streams.kernel.contract import (
 )
 from streams.kernel.ports import CancelOutcome, ListedJob, SendAccepted, TextMessage
 from streams.kernel.settings import KafkaSettings, LagMonitorSettings
+from streams.kernel.topics_check import _NEEDS, all_topic_specs, deployable_topic_specs
 from streams.lag_monitor import LagMonitor
 from streams.sink_progress import SinkProgress
 from streams.worker import build_worker_app

@@ -28,7 +28,7 @@ from connectors.cdc.transactions import (
     resume_point,
     transactional_id,
 )
-from connectors.ops.config_errors import render_validation_error
+from connectors.startup import render_validation_error
 from streams.kernel.settings import BrokerFlavor, KafkaSettings
 from tests.unit.connectors.cdc.test_relay_loop import (
     DEADLINE_S,

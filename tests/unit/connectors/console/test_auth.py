@@ -105,7 +105,7 @@ def test_settings_without_tokens_are_refused(monkeypatch: pytest.MonkeyPatch) ->
 
 def test_console_variables_are_known_to_the_unknown_variable_check() -> None:
     from connectors.cli import build_parser
-    from connectors.ops.config_errors import unknown_env_lines
+    from connectors.startup import unknown_env_lines
 
     build_parser()
     env = {

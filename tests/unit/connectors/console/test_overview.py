@@ -14,9 +14,9 @@ from connectors.console.overview import group_lags, overview_page
 from connectors.console.overview_sql import InstanceWaiting, Overview, waiting_per_instance
 from connectors.console.queries import SlotLag
 from connectors.console.settings import ConsoleSettings, Operator, Role
-from connectors.ops.pipeline_sql import STATUSES
 from connectors.ops.status import ConsumerLag, PartitionLag
 from connectors.outbox.controls import Backlog, Control
+from connectors.sink.pipeline_sql import STATUSES
 
 NOW = dt.datetime(2026, 1, 31, 12, tzinfo=dt.UTC)
 ALICE = Operator("alice", Role.OPERATOR)

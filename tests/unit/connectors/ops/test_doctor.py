@@ -8,12 +8,6 @@ import re
 import pytest
 
 from connectors.ops.doctor import CheckResult, Status, print_report
-from connectors.ops.topics import (
-    deployable_topic_specs,
-    relay_topic_specs,
-    topic_problems,
-    worker_topic_specs,
-)
 from streams.kernel.contract import (
     BULK_INTENTS,
     CONTROLS,
@@ -25,6 +19,12 @@ from streams.kernel.contract import (
     STATE,
 )
 from streams.kernel.settings import GatewayKind, GatewaySettings, KafkaSettings
+from streams.kernel.topics_check import (
+    deployable_topic_specs,
+    relay_topic_specs,
+    topic_problems,
+    worker_topic_specs,
+)
 from tests.unit.connectors.gateways.fake_gateway import FakeGateway, Reply, Seen
 
 

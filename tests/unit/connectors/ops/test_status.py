@@ -9,7 +9,6 @@ import json
 import pytest
 
 from connectors.ops.doctor import SlotState
-from connectors.ops.pipeline_sql import STATUSES, PendingGroup
 from connectors.ops.status import (
     EXIT_ATTENTION,
     EXIT_HEALTHY,
@@ -27,6 +26,7 @@ from connectors.ops.status_render import (
     status_text,
 )
 from connectors.outbox.controls import Control
+from connectors.sink.pipeline_sql import STATUSES, PendingGroup
 
 LAG_TEXT = """\
 # HELP kafka_consumergroup_group_lag Group offset lag of a partition

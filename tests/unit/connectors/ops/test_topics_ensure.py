@@ -8,9 +8,10 @@ from typing import Any
 import pytest
 
 from connectors.ops import topics
-from connectors.ops.topics import TopicMismatch, ensure_topics
+from connectors.ops.topics import ensure_topics
 from streams.kernel.contract import TopicSpec
 from streams.kernel.settings import KafkaSettings
+from streams.kernel.topics_check import TopicMismatch
 
 SPECS = [TopicSpec("a", 2, {}), TopicSpec("b", 1, {})]
 

@@ -10,15 +10,26 @@ import pytest
 from aiokafka import errors as kafka_errors
 from psycopg import errors as pg_errors
 
-from connectors.ops.config_errors import StartupRefused
 from connectors.sink.failures import (
-    Backoff,
-    Outage,
+    Rebalanced,
     SinkConfigError,
-    Verdict,
     classify,
     classify_postgres,
+    sink_outage,
 )
+from streams.kernel.errors import Failure
+from streams.kernel.failures import StartRefused
+from streams.kernel.runtime.backoff import Backoff
+
+TRANSIENT, PERMANENT, REBALANCED = "transient", "permanent", "rebalanced"
+
+
+def _verdict(failure: Failure) -> str:
+    """What the sink does with it: retry (transient), stop (permanent), or let it rejoin."""
+    if isinstance(failure, Rebalanced):
+        return REBALANCED
+    return TRANSIENT if failure.retriable else PERMANENT
+
 
 REFUSED = (
     'connection failed: connection to server at "127.0.0.1", port 5432 failed: '
@@ -30,62 +41,63 @@ CLOSED = "consuming input failed: server closed the connection unexpectedly"
 @pytest.mark.parametrize(
     ("exc", "verdict", "hint"),
     [
-        (psycopg.OperationalError(REFUSED), Verdict.TRANSIENT, "Connection refused"),
-        (psycopg.OperationalError(CLOSED), Verdict.TRANSIENT, "server closed"),
-        (pg_errors.AdminShutdown("terminating connection"), Verdict.TRANSIENT, "57P01"),
-        (pg_errors.CannotConnectNow("the database system is starting up"), Verdict.TRANSIENT, ""),
-        (pg_errors.TooManyConnections("too many clients"), Verdict.TRANSIENT, "53300"),
-        (pg_errors.ConnectionFailure("lost"), Verdict.TRANSIENT, "08006"),
-        (pg_errors.SerializationFailure("retry"), Verdict.TRANSIENT, "40001"),
+        (psycopg.OperationalError(REFUSED), TRANSIENT, "Connection refused"),
+        (psycopg.OperationalError(CLOSED), TRANSIENT, "server closed"),
+        (pg_errors.AdminShutdown("terminating connection"), TRANSIENT, "57P01"),
+        (pg_errors.CannotConnectNow("the database system is starting up"), TRANSIENT, ""),
+        (pg_errors.TooManyConnections("too many clients"), TRANSIENT, "53300"),
+        (pg_errors.ConnectionFailure("lost"), TRANSIENT, "08006"),
+        (pg_errors.SerializationFailure("retry"), TRANSIENT, "40001"),
         (
             psycopg.OperationalError('failed: FATAL:  database "shop" does not exist'),
-            Verdict.PERMANENT,
+            PERMANENT,
             "ZAPSTREAM_DATABASE_URL",
         ),
         (
             psycopg.OperationalError('FATAL:  password authentication failed for user "zs"'),
-            Verdict.PERMANENT,
+            PERMANENT,
             "user and password in ZAPSTREAM_DATABASE_URL",
         ),
         (
             psycopg.OperationalError('FATAL:  role "ghost" does not exist'),
-            Verdict.PERMANENT,
+            PERMANENT,
             "user and password",
         ),
-        (pg_errors.InvalidPassword("bad"), Verdict.PERMANENT, "user and password"),
-        (pg_errors.InvalidCatalogName("no db"), Verdict.PERMANENT, "database does not exist"),
+        (pg_errors.InvalidPassword("bad"), PERMANENT, "user and password"),
+        (pg_errors.InvalidCatalogName("no db"), PERMANENT, "database does not exist"),
         (
             pg_errors.UndefinedTable('relation "outbox_jobs" does not exist'),
-            Verdict.PERMANENT,
+            PERMANENT,
             "run `zapstream db migrate`",
         ),
         (
             pg_errors.UndefinedColumn('column "outcome" does not exist'),
-            Verdict.PERMANENT,
+            PERMANENT,
             "run `zapstream db migrate`",
         ),
-        (pg_errors.InsufficientPrivilege("denied"), Verdict.PERMANENT, "GRANT"),
-        (pg_errors.NotNullViolation("null"), Verdict.PERMANENT, "refused the sink's write"),
-        (kafka_errors.KafkaConnectionError("no broker"), Verdict.TRANSIENT, "no broker"),
-        (kafka_errors.NodeNotReadyError("node"), Verdict.TRANSIENT, ""),
-        (kafka_errors.RequestTimedOutError(), Verdict.TRANSIENT, ""),
-        (kafka_errors.KafkaTimeoutError(), Verdict.TRANSIENT, ""),
-        (kafka_errors.CoordinatorNotAvailableError(), Verdict.TRANSIENT, ""),
-        (kafka_errors.CommitFailedError("rebalanced"), Verdict.REBALANCED, ""),
-        (kafka_errors.IllegalGenerationError(), Verdict.REBALANCED, ""),
-        (kafka_errors.GroupAuthorizationFailedError(), Verdict.PERMANENT, "grant"),
-        (kafka_errors.TopicAuthorizationFailedError(), Verdict.PERMANENT, "grant"),
-        (kafka_errors.UnsupportedVersionError(), Verdict.PERMANENT, "ZAPSTREAM_KAFKA_BROKERS"),
-        (ConnectionResetError("reset by peer"), Verdict.TRANSIENT, ""),
+        (pg_errors.InsufficientPrivilege("denied"), PERMANENT, "GRANT"),
+        (pg_errors.NotNullViolation("null"), PERMANENT, "refused the sink's write"),
+        (kafka_errors.KafkaConnectionError("no broker"), TRANSIENT, "no broker"),
+        (kafka_errors.NodeNotReadyError("node"), TRANSIENT, ""),
+        (kafka_errors.RequestTimedOutError(), TRANSIENT, ""),
+        (kafka_errors.KafkaTimeoutError(), TRANSIENT, ""),
+        (kafka_errors.CoordinatorNotAvailableError(), TRANSIENT, ""),
+        (kafka_errors.CommitFailedError("rebalanced"), REBALANCED, ""),
+        (kafka_errors.IllegalGenerationError(), REBALANCED, ""),
+        (kafka_errors.GroupAuthorizationFailedError(), PERMANENT, "grant"),
+        (kafka_errors.TopicAuthorizationFailedError(), PERMANENT, "grant"),
+        (kafka_errors.UnsupportedVersionError(), PERMANENT, "ZAPSTREAM_KAFKA_BROKERS"),
+        (ConnectionResetError("reset by peer"), TRANSIENT, ""),
     ],
 )
-def test_classification_table(exc: BaseException, verdict: Verdict, hint: str) -> None:
+def test_classification_table(exc: BaseException, verdict: str, hint: str) -> None:
     failure = classify(exc)
     assert failure is not None
-    assert failure.verdict is verdict, failure
+    assert isinstance(failure, Failure)  # the kernel's one vocabulary
+    assert _verdict(failure) == verdict, failure
     assert hint in failure.problem
     assert "\n" not in failure.problem
-    assert failure.retriable is (verdict is Verdict.TRANSIENT)
+    assert failure.retriable is (verdict == TRANSIENT)
 
 
 def test_dependency_is_named() -> None:
@@ -101,15 +113,15 @@ def test_anything_else_is_not_classified_and_stays_a_bug(exc: BaseException) -> 
 
 
 def test_sqlstate_wins_over_message_and_classes_are_read() -> None:
-    assert classify_postgres("08001", "whatever").verdict is Verdict.TRANSIENT
-    assert classify_postgres("57P03", "").verdict is Verdict.TRANSIENT
-    assert classify_postgres("28000", "").verdict is Verdict.PERMANENT
-    assert classify_postgres(None, "timeout expired").verdict is Verdict.TRANSIENT
+    assert _verdict(classify_postgres("08001", "whatever")) == TRANSIENT
+    assert _verdict(classify_postgres("57P03", "")) == TRANSIENT
+    assert _verdict(classify_postgres("28000", "")) == PERMANENT
+    assert _verdict(classify_postgres(None, "timeout expired")) == TRANSIENT
 
 
 def test_sink_config_error_is_a_one_line_startup_refusal() -> None:
     error = SinkConfigError("the outbox tables do not exist: run `zapstream db migrate`")
-    assert isinstance(error, StartupRefused) and not error.retriable
+    assert isinstance(error, StartRefused) and not error.retriable
     assert str(error) == "the outbox tables do not exist: run `zapstream db migrate`"
 
 
@@ -127,7 +139,7 @@ def test_outage_logs_once_when_it_starts_and_once_when_it_ends(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     logger = logging.getLogger("test.sink.outage")
-    outage = Outage("postgres", logger)
+    outage = sink_outage("postgres", logger)
     with caplog.at_level(logging.INFO, logger="test.sink.outage"):
         outage.recovered()  # nothing to recover from: silent
         for _ in range(5):

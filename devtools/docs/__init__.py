@@ -1,0 +1,1 @@
+"""Generators of docs/: the references and the performance page."""

@@ -1,0 +1,1 @@
+"""Throwaway PostgreSQL, Apache Kafka and Tansu, the local pipeline and `make dev`."""
