@@ -1,43 +1,66 @@
-"""The relay's PostgreSQL and Kafka failures, classified once (rules: kernel.failures).
+"""The relay's PostgreSQL and Kafka failures, classified once, in the kernel's vocabulary.
 
 Every error the relay meets at its edges (provisioning over an ordinary
-connection, the replication connection, the Kafka producer) goes through
-:func:`classify_postgres` or is a Kafka error with aiokafka's ``retriable``:
+connection, the replication connection, the Kafka producer) is classified here
+into a :class:`~streams.kernel.errors.Failure` (``dependency``, ``retriable``,
+``problem``, ``code``) with the kernel's rules (:mod:`streams.kernel.failures`)
+plus the relay's own hints:
 
-- **transient** (see :mod:`streams.kernel.failures`): the relay reconnects with
+- **transient** (``retriable``): the relay reconnects with
   :class:`~streams.kernel.runtime.backoff.Backoff` for as long as it lasts and logs the
   outage once when it starts and once when it ends
   (:class:`~streams.kernel.runtime.outage.OutageLog`).
 - **permanent**: besides the shared cases (authentication, no database, no
   outbox tables), the relay's own: 42501 no replication privilege, ``wal_level``
-  not ``logical`` (55000), a slot with another plugin. The relay raises
-  :class:`RelayConfigError`; ``zapstream relay`` prints its one line, naming the
-  setting or command to fix, and exits 2.
+  not ``logical`` (55000), a slot with another plugin, a slot PostgreSQL
+  invalidated. The relay raises :class:`~streams.kernel.failures.StartRefused`
+  with one line naming the setting or command to fix; ``zapstream relay`` prints
+  it and exits 2.
+- **Kafka**: aiokafka's ``retriable`` (and an expired batch) is transient
+  (:func:`kafka_transient`); a record Kafka refuses however often it is sent
+  (:data:`PER_RECORD_ERRORS`) is replaced by its minimal rejection; any other
+  refusal stops the relay with :class:`RelayError` (the slot replays from the
+  last confirmed position on restart).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import re
 
+from aiokafka.errors import (
+    CorruptRecordException,
+    KafkaError,
+    KafkaTimeoutError,
+    MessageSizeTooLargeError,
+    RecordListTooLargeError,
+)
+
+from streams.kernel.errors import Failure
 from streams.kernel.failures import (
     DATABASE_SETTING,
     PERMANENT_MESSAGES,
     PERMANENT_SQLSTATES,
     TRANSIENT_SQLSTATE_CLASSES,
+    StartRefused,
+    one_line,
 )
 from streams.kernel.failures import classify_postgres as _classify
 from streams.kernel.runtime.backoff import Backoff
 from streams.kernel.runtime.outage import OutageLog
 
 __all__ = [
+    "PER_RECORD_ERRORS",
+    "RelayConfigError",
     "TRANSIENT_SQLSTATE_CLASSES",
     "Backoff",
-    "Classified",
+    "Failure",
     "OutageLog",
-    "RelayConfigError",
+    "RelayError",
+    "StartRefused",
     "classify_exception",
     "classify_postgres",
+    "kafka_transient",
+    "refused",
 ]
 
 _RELAY_SQLSTATES: dict[str, str] = {
@@ -71,39 +94,67 @@ _SLOT_INVALIDATED_HINT = (
 )
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Classified:
-    """The verdict on one failure."""
+def classify_postgres(sqlstate: str | None, message: str) -> Failure:
+    """Transient or permanent, from the server's SQLSTATE and (without one) its message.
 
-    retriable: bool
-    problem: str
-    """One line for the operator: what is wrong and which setting or command fixes it."""
-    sqlstate: str | None = None
-
-
-def classify_postgres(sqlstate: str | None, message: str) -> Classified:
-    """Transient or permanent, from the server's SQLSTATE and (without one) its message."""
-    message = " ".join(message.split())  # the server's DETAIL comes on a line of its own
+    A permanent failure's ``problem`` is the operator's whole line: what to fix, then
+    the server's words in parentheses.
+    """
+    message = one_line(message)  # the server's DETAIL comes on a line of its own
     if _SLOT_INVALIDATED.search(message):
         # SQLSTATE 55000 too, but not a wal_level problem: the slot itself is unusable.
-        return Classified(False, f"{_SLOT_INVALIDATED_HINT} ({message})", sqlstate)
+        return _postgres(f"{_SLOT_INVALIDATED_HINT} ({message})", False, sqlstate)
     verdict = _classify(sqlstate, message, hints=_RELAY_SQLSTATES, messages=_RELAY_MESSAGES)
     code = verdict.code if verdict.code != "DSN" else None
     if verdict.hint is not None:
-        return Classified(False, f"{verdict.hint} ({verdict.problem})", code)
+        return _postgres(f"{verdict.hint} ({verdict.problem})", False, code)
     if verdict.retriable or code is None:
-        return Classified(verdict.retriable, verdict.problem, code)
+        return _postgres(verdict.problem, verdict.retriable, code)
     # Any other server error (syntax, constraint, ...) will recur: a bug or a schema problem.
-    return Classified(False, f"PostgreSQL refused the relay's request: {verdict.problem}", code)
+    return _postgres(f"PostgreSQL refused the relay's request: {verdict.problem}", False, code)
 
 
-def classify_exception(exc: BaseException) -> Classified:
+def classify_exception(exc: BaseException) -> Failure:
     """:func:`classify_postgres` for a psycopg error, a ReplicationError or an OSError."""
     sqlstate = getattr(exc, "sqlstate", None)
     return classify_postgres(sqlstate if isinstance(sqlstate, str) else None, str(exc))
 
 
-class RelayConfigError(RuntimeError):
-    """A failure no retry will fix: the relay stops and names what to change. Exit status 2."""
+def _postgres(problem: str, retriable: bool, code: str | None) -> Failure:
+    return Failure(problem, dependency="postgres", retriable=retriable, code=code)
 
-    retriable = False
+
+def refused(problem: str, *, dependency: str) -> StartRefused:
+    """The relay cannot run as configured: one line naming the fix (exit status 2)."""
+    return StartRefused(problem, dependency=dependency)
+
+
+PER_RECORD_ERRORS: tuple[type[KafkaError], ...] = (
+    MessageSizeTooLargeError,
+    RecordListTooLargeError,
+    CorruptRecordException,
+)
+"""Kafka refuses this one record, however often it is sent: it becomes a minimal rejection."""
+
+
+def kafka_transient(exc: BaseException) -> bool:
+    """A Kafka failure a later attempt may not meet: brokers away, a batch that expired.
+
+    A batch that expired (``KafkaTimeoutError``) may still have been written:
+    replaying it from the slot makes a duplicate the worker drops by job id.
+    """
+    return isinstance(exc, KafkaTimeoutError) or (isinstance(exc, KafkaError) and exc.retriable)
+
+
+class RelayError(RuntimeError):
+    """The relay cannot go on safely (Kafka refused or cancelled a record): a crash, restart.
+
+    Not a :class:`~streams.kernel.errors.Failure`: nothing to configure; the restarted
+    relay replays from the slot's confirmed position.
+    """
+
+
+RelayConfigError = StartRefused
+"""Deprecated name of :class:`~streams.kernel.failures.StartRefused`, for ``connectors/cli.py``
+until ``zapstream relay`` runs under :func:`~streams.kernel.runtime.run.run_until_signalled`
+(which reports any permanent ``Failure`` with exit 2); delete it then."""

@@ -31,6 +31,8 @@ records; 503 with the reason otherwise: ``standby``, ``connecting``,
 from __future__ import annotations
 
 import collections
+import dataclasses
+import time
 
 from prometheus_client import (
     Counter,
@@ -149,3 +151,21 @@ class LatencyWindow:
 
 
 # The HTTP endpoints are shared with the state sink: connectors/http_endpoints.py.
+
+
+@dataclasses.dataclass(slots=True)
+class RelayStats:
+    """What one relay process did, for its closing summary line."""
+
+    transactions: int = 0
+    intents: int = 0
+    rejected: int = 0
+    reduced: int = 0
+    acked: int = 0
+    batches: int = 0
+    """Partition batches handed to the producer (records sent alone not counted)."""
+    kafka_commits: int = 0
+    """Kafka transactions committed (``exactly_once``)."""
+    skipped: int = 0
+    """PostgreSQL transactions replayed by the slot but already in Kafka (``exactly_once``)."""
+    started: float = dataclasses.field(default_factory=time.monotonic)

@@ -22,13 +22,13 @@ keeps working while the relay is a standby, reconnecting or waiting for Kafka:
   last heartbeat is ``zapstream_relay_heartbeat_last_seconds``.
 
 A failure (PostgreSQL away, a permission missing) is logged once per outage;
-the connection is opened again at the next tick. Nothing here stops the relay.
+the connection is opened again at the next tick. Nothing here stops the relay: the
+timers are runtime :class:`~streams.kernel.runtime.periodic.Periodic` services.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import time
@@ -44,7 +44,10 @@ from connectors.cdc.metrics import (
     SLOT_METRICS_READ,
     SLOT_RETAINED_WAL,
 )
+from connectors.cdc.settings import RelaySettings
 from streams.kernel.postgres import ReopeningConnection, postgres_deadline
+from streams.kernel.runtime.periodic import Periodic
+from streams.kernel.runtime.service import Service
 
 log = logging.getLogger(__name__)
 
@@ -85,13 +88,17 @@ async def read_slot_position(conn: psycopg.AsyncConnection[Any], slot: str) -> S
     )
 
 
-class SlotMonitor:
+class SlotMonitor(Service):
     """Reads the slot's position for ``/metrics`` and writes heartbeats while ``streaming()``.
 
-    A service: :meth:`start`, an idempotent :meth:`stop`, ``async with``.
-    ``heartbeat_interval_s`` 0 writes no heartbeat. ``connect`` opens the
-    connection (default: an autocommit psycopg connection to ``dsn``; tests fake it).
+    A :class:`~streams.kernel.runtime.service.Service` with two runtime
+    :class:`~streams.kernel.runtime.periodic.Periodic` children: the slot read every
+    ``interval_s`` and the heartbeat tick every ``heartbeat_interval_s`` (0: no
+    heartbeat). ``connect`` opens the connection (default: an autocommit psycopg
+    connection to ``dsn``; tests fake it).
     """
+
+    name = "slot monitor"
 
     def __init__(
         self,
@@ -105,16 +112,17 @@ class SlotMonitor:
         connect: Callable[[], Awaitable[psycopg.AsyncConnection[Any]]] | None = None,
         query_timeout_s: float = 45.0,
     ) -> None:
+        super().__init__()
         self._dsn = dsn
         self._query_timeout_s = query_timeout_s
         self._connect = connect or self._connect_dsn
         self._slot = slot
         self._interval_s = interval_s
-        self._heartbeat_s = heartbeat_interval_s
         self._streaming = streaming
         self._clock = clock
         self._conn = ReopeningConnection(self._open)
-        self._task: asyncio.Task[None] | None = None
+        # One query at a time on the connection: the two timers share it.
+        self._using = asyncio.Lock()
         self._outage = OutageLog("PostgreSQL (slot metrics)", log, retrying="retrying each tick")
         self._slot_missing_logged = False
         self._heartbeat_refused = False
@@ -122,50 +130,41 @@ class SlotMonitor:
         """The last position read."""
         self.heartbeats = 0
         """Heartbeat messages written."""
-
-    async def __aenter__(self) -> SlotMonitor:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
-
-    async def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(
-                self._run(), name="relay-slot-monitor"
+        # read_once and heartbeat_once never raise for PostgreSQL: Periodic sees only bugs.
+        self.add_child(Periodic("relay slot metrics", interval_s, self.read_once, logger=log))
+        if heartbeat_interval_s:
+            self.add_child(
+                Periodic("relay heartbeat", heartbeat_interval_s, self._beat, logger=log)
             )
-            self._task.add_done_callback(_report_death)
+
+    @classmethod
+    def of_relay(cls, settings: RelaySettings, *, streaming: Callable[[], bool]) -> SlotMonitor:
+        """The monitor of the relay configured by ``settings`` (its own ordinary connection)."""
+        return cls(
+            settings.postgres.service_dsn,
+            settings.slot,
+            query_timeout_s=settings.postgres.query_timeout_s,
+            interval_s=settings.slot_metrics_interval_s,
+            heartbeat_interval_s=settings.heartbeat_interval_s,
+            streaming=streaming,
+        )
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        """Stop the timers and close the connection (also one opened by a direct read)."""
+        await super().stop()
         await self._conn.drop()
 
-    async def _run(self) -> None:
-        now = time.monotonic()
-        next_read = now
-        next_beat = now + self._heartbeat_s if self._heartbeat_s else float("inf")
-        while True:
-            now = time.monotonic()
-            if now >= next_read:
-                await self.read_once()
-                next_read = time.monotonic() + self._interval_s
-            if now >= next_beat:
-                if self._streaming():
-                    await self.heartbeat_once()
-                next_beat = time.monotonic() + self._heartbeat_s
-            await asyncio.sleep(max(0.0, min(next_read, next_beat) - time.monotonic()))
+    async def _beat(self) -> None:
+        if self._streaming():
+            await self.heartbeat_once()
 
     async def read_once(self) -> SlotPosition | None:
         """Read the slot's position into the gauges; None if it could not be read."""
         try:
-            conn = await self._conn.get()
-            async with postgres_deadline(self._query_timeout_s, "the slot metrics query", conn):
-                position = await read_slot_position(conn, self._slot)
+            async with self._using:
+                conn = await self._conn.get()
+                async with postgres_deadline(self._query_timeout_s, "the slot metrics query", conn):
+                    position = await read_slot_position(conn, self._slot)
         except (psycopg.Error, OSError, TimeoutError) as exc:
             await self._failed(exc)
             return None
@@ -189,9 +188,10 @@ class SlotMonitor:
         if self._heartbeat_refused:
             return False
         try:
-            conn = await self._conn.get()
-            async with postgres_deadline(self._query_timeout_s, "the heartbeat message", conn):
-                await conn.execute(_HEARTBEAT_QUERY, (HEARTBEAT_PREFIX,))
+            async with self._using:
+                conn = await self._conn.get()
+                async with postgres_deadline(self._query_timeout_s, "the heartbeat message", conn):
+                    await conn.execute(_HEARTBEAT_QUERY, (HEARTBEAT_PREFIX,))
         except psycopg.errors.InsufficientPrivilege as exc:
             # Permanent: say it once and stop trying; the slot metrics go on.
             log.warning(
@@ -221,9 +221,3 @@ class SlotMonitor:
     async def _failed(self, exc: BaseException) -> None:
         self._outage.failed(classify_exception(exc).problem)
         await self._conn.drop()
-
-
-def _report_death(task: asyncio.Task[None]) -> None:
-    """The monitor must never stop the relay; if it dies of a bug, say so loudly."""
-    if not task.cancelled() and task.exception() is not None:
-        log.error("slot monitor stopped: %r", task.exception(), exc_info=task.exception())

@@ -5,15 +5,23 @@ from __future__ import annotations
 import logging
 import random
 
+import aiokafka.errors
 import orjson
 import pytest
 
-from connectors.cdc.failures import Backoff, OutageLog, classify_postgres
+from connectors.cdc.failures import (
+    PER_RECORD_ERRORS,
+    Backoff,
+    OutageLog,
+    classify_postgres,
+    kafka_transient,
+)
 from connectors.cdc.outbox_rows import (
     TRUNCATION_MARKER,
     minimal_rejection,
     reduced_rejection,
 )
+from streams.kernel.errors import Failure
 
 
 @pytest.mark.parametrize(
@@ -144,3 +152,31 @@ def test_a_reduced_command_rejection_still_says_it_was_a_command() -> None:
     )
     assert len(record.dumps()) <= 4096
     assert record.row == {"id": "12", "job_id": "7", "command": "reprocess"}
+
+
+def test_a_classified_postgres_failure_is_the_kernels_failure() -> None:
+    away = classify_postgres("57P01", "terminating connection due to administrator command")
+    assert isinstance(away, Failure)
+    assert (away.dependency, away.retriable, away.code) == ("postgres", True, "57P01")
+    denied = classify_postgres("42501", "must be superuser or replication role")
+    assert (denied.dependency, denied.retriable, denied.code) == ("postgres", False, "42501")
+
+
+@pytest.mark.parametrize(
+    ("error", "transient", "per_record"),
+    [
+        ("KafkaTimeoutError", True, False),
+        ("KafkaConnectionError", True, False),
+        ("NotLeaderForPartitionError", True, False),
+        ("TopicAuthorizationFailedError", False, False),
+        ("ProducerFenced", False, False),
+        ("MessageSizeTooLargeError", False, True),
+        ("RecordListTooLargeError", False, True),
+        ("CorruptRecordException", False, True),
+    ],
+)
+def test_kafka_errors_are_classified_once(error: str, transient: bool, per_record: bool) -> None:
+    cls = getattr(aiokafka.errors, error)
+    exc = cls() if error != "ProducerFenced" else cls("fenced")
+    assert kafka_transient(exc) is transient
+    assert isinstance(exc, PER_RECORD_ERRORS) is per_record

@@ -189,11 +189,11 @@ class FakeBatchProducer(FakeProducer):
 
 def batch_harness(**settings: Any) -> tuple[Harness, FakeBatchProducer]:
     max_records = settings.pop("max_records", 100)
-    h = Harness(**settings)
-    producer = FakeBatchProducer(h.events, max_records=max_records)
-    h.producer = producer
-    h.relay._producer = producer
-    return h, producer
+    h = Harness(
+        producer=lambda events: FakeBatchProducer(events, max_records=max_records), **settings
+    )
+    assert isinstance(h.producer, FakeBatchProducer)
+    return h, h.producer
 
 
 def test_key_hash_partitioner_is_aiokafkas_default_partitioner() -> None:

@@ -15,11 +15,11 @@ import psycopg
 import pytest
 from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError, MessageSizeTooLargeError
 
-from connectors.cdc.failures import RelayConfigError
 from connectors.cdc.lsn import Lsn
 from connectors.cdc.outbox_rows import TRUNCATION_MARKER
 from connectors.cdc.replication_stream import ReplicationError, ReplicationStreamClosed
 from streams.kernel.contract import INTENTS, INVALID
+from streams.kernel.failures import StartRefused
 from tests.unit.connectors.cdc.test_relay_loop import (
     COMMIT_TS,
     DEADLINE_S,
@@ -135,9 +135,7 @@ class RefusingProducer(FakeProducer):
 
 
 async def test_a_record_kafka_refuses_at_send_becomes_a_minimal_rejection() -> None:
-    h = Harness()
-    h.producer = RefusingProducer(h.events)
-    h.relay._producer = h.producer
+    h = Harness(producer=RefusingProducer)
     t1 = Txn(1)
     big, end = _txn_messages(2, [_good_row(200, "a" * 3000)])
     h.source.push(relation_message(), *t1.messages(), *big)
@@ -245,12 +243,11 @@ async def test_a_permanent_postgres_failure_stops_with_a_config_error(
     h = Harness()
     h.sources[0] = FailingStartSource(h.events, error)
     async with h.running() as task:
-        with pytest.raises(RelayConfigError, match=hint):
+        with pytest.raises(StartRefused, match=hint):
             await asyncio.wait_for(task, DEADLINE_S)
 
 
 async def test_provisioning_is_retried_while_postgres_is_away() -> None:
-    h = Harness(reconnect_initial_s=0.01, reconnect_max_s=0.02)
     calls = 0
 
     async def provision() -> Lsn:
@@ -260,7 +257,7 @@ async def test_provisioning_is_retried_while_postgres_is_away() -> None:
             raise psycopg.OperationalError("connection failed: Connection refused")
         return SLOT_CONFIRMED
 
-    h.relay._provision = provision
+    h = Harness(reconnect_initial_s=0.01, reconnect_max_s=0.02, provision=provision)
     t1 = Txn(1)
     h.source.push(relation_message(), *t1.messages())
     await _run_until_stop(h, lambda: len(h.producer.sent) == 1, "t1 sent")
@@ -280,9 +277,12 @@ class UnreachableKafka(FakeProducer):
 
 
 async def test_kafka_away_at_start_is_retried() -> None:
-    h = Harness(reconnect_initial_s=0.01, reconnect_max_s=0.02)
-    h.producer = UnreachableKafka(h.events, failures=3)
-    h.relay._producer = h.producer
+    h = Harness(
+        reconnect_initial_s=0.01,
+        reconnect_max_s=0.02,
+        producer=lambda events: UnreachableKafka(events, failures=3),
+    )
+    assert isinstance(h.producer, UnreachableKafka)
     await h.relay.start()
     assert h.producer.started
     await h.relay.stop()

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import dataclasses
 import struct
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -300,10 +300,16 @@ class Harness:
     """One relay wired to fakes; ``sources`` are handed out one per connection attempt."""
 
     def __init__(
-        self, *, sources: int = 1, clock: Callable[[], float] | None = None, **settings: Any
+        self,
+        *,
+        sources: int = 1,
+        clock: Callable[[], float] | None = None,
+        producer: Callable[[list[Event]], FakeProducer] = FakeProducer,
+        provision: Callable[[], Awaitable[Lsn]] | None = None,
+        **settings: Any,
     ) -> None:
         self.events: list[Event] = []
-        self.producer = FakeProducer(self.events)
+        self.producer = producer(self.events)
         self.sources = [FakeSource(self.events) for _ in range(sources)]
         self._handed_out = 0
         options: dict[str, Any] = {
@@ -316,7 +322,7 @@ class Harness:
             RelaySettings(**options),
             self.producer,
             source_factory=self._next_source,
-            provision=self._provision,
+            provision=provision or self._provision,
             **({} if clock is None else {"clock": clock}),
         )
 

@@ -1,0 +1,258 @@
+"""The relay's supervisor: provisioning, standby, reconnects and what follows a session.
+
+:class:`SlotSupervisor` holds the slot for the relay. It provisions the
+publication and slot (retrying while PostgreSQL is away), opens a replication
+connection per attempt (a :class:`~connectors.cdc.replication_stream.ReplicationStream`
+unless a source factory is injected) and, depending on the answer:
+
+- the slot is streamed by another relay: :attr:`SlotState.STANDBY`, retrying
+  every ``standby_retry_s`` (announced once per standby spell);
+- the slot is missing: recreate it (a WARNING names the restream command for
+  the rows committed meanwhile);
+- PostgreSQL is away: :attr:`SlotState.CONNECTING`, capped, jittered backoff,
+  the outage logged once when it starts and once when it ends;
+- streaming: :attr:`SlotState.STREAMING` while the
+  :class:`~connectors.cdc.streaming.Streamer` runs one session; then a transient
+  Kafka failure is waited out and the slot streamed again from its confirmed
+  position, a permanent one stops the relay.
+
+Permanent failures raise :class:`~streams.kernel.failures.StartRefused` (exit 2)
+or :class:`~connectors.cdc.failures.RelayError` (Kafka refused a record).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+from collections.abc import Awaitable, Callable
+
+import psycopg
+from aiokafka.errors import ProducerFenced
+
+from connectors.cdc.exactly_once import KafkaTransactions
+from connectors.cdc.failures import (
+    Backoff,
+    OutageLog,
+    RelayError,
+    classify_exception,
+    kafka_transient,
+    refused,
+)
+from connectors.cdc.lsn import Lsn
+from connectors.cdc.metrics import ACTIVE
+from connectors.cdc.provisioning import ProvisioningError, ensure_replication
+from connectors.cdc.publisher import Publisher
+from connectors.cdc.replication_stream import (
+    ReplicationError,
+    ReplicationStream,
+    ReplicationStreamClosed,
+    SlotInUse,
+    SlotNotFound,
+)
+from connectors.cdc.settings import RelaySettings
+from connectors.cdc.source import ReplicationSource
+from connectors.cdc.streaming import Streamer
+from connectors.cdc.transactions import transactional_id
+
+# The relay's log lines keep the logger name they always had: operators filter on it.
+log = logging.getLogger("connectors.cdc.relay")
+
+
+class SlotState(enum.Enum):
+    """Where this relay stands with the slot (``/readyz``'s reason while not streaming)."""
+
+    CONNECTING = "connecting"
+    STANDBY = "standby"
+    """Another relay streams the slot; this one retries every ``standby_retry_s``."""
+    STREAMING = "streaming"
+    STOPPED = "stopped"
+
+
+class SlotSupervisor:
+    """Gets and keeps the slot streamed (see the module docstring); :attr:`state` says where."""
+
+    def __init__(
+        self,
+        settings: RelaySettings,
+        publisher: Publisher,
+        streamer: Streamer,
+        *,
+        transactions: KafkaTransactions | None,
+        new_source: Callable[[], ReplicationSource] | None = None,
+        provision: Callable[[], Awaitable[Lsn]] | None = None,
+        sleep: Callable[[float], Awaitable[bool]],
+        stopping: Callable[[], bool],
+        kafka_outage: OutageLog,
+    ) -> None:
+        self._settings = settings
+        self._publisher = publisher
+        self._streamer = streamer
+        self._eos = transactions
+        self._new_source = new_source or self._replication_stream
+        self._provision = provision or self._ensure_replication
+        self._sleep = sleep
+        self._stopping = stopping
+        self._pg_outage = OutageLog("PostgreSQL", log)
+        self._kafka_outage = kafka_outage
+        self._backoff = Backoff(settings.reconnect_initial_s, settings.reconnect_max_s)
+        self._announced_standby = False
+        self.state = SlotState.CONNECTING
+
+    def set_state(self, state: SlotState) -> None:
+        self.state = state
+        ACTIVE.set(1 if state is SlotState.STREAMING else 0)
+
+    def _replication_stream(self) -> ReplicationSource:
+        s = self._settings
+        return ReplicationStream(
+            s.postgres.dsn,
+            slot=s.slot,
+            publication=s.publication,
+            connect_timeout_s=s.postgres.connect_timeout_s,
+            silence_timeout_s=s.replication_timeout_s,
+        )
+
+    async def _ensure_replication(self) -> Lsn:
+        s = self._settings
+        return await asyncio.to_thread(
+            ensure_replication, s.postgres.dsn, slot=s.slot, publication=s.publication
+        )
+
+    async def run(self) -> None:
+        """Stream the slot until a stop is requested (or a permanent failure raises)."""
+        confirmed = await self._provision_until_ready()
+        while confirmed is not None and not self._stopping():
+            source = self._new_source()
+            try:
+                await source.start(Lsn(0))
+            except SlotInUse:
+                await source.close()
+                await self._standby()
+                continue
+            except SlotNotFound:
+                await source.close()
+                confirmed = await self._recreate_slot(confirmed)
+                continue
+            except ReplicationError as exc:
+                await source.close()
+                self.set_state(SlotState.CONNECTING)
+                self._pg_failed(exc)
+                await self._sleep(self._backoff.next_delay_s())
+                continue
+            self._pg_outage.recovered()
+            self._backoff.reset()
+            self._announced_standby = False
+            confirmed = await self._session(source, confirmed)
+
+    async def _provision_until_ready(self) -> Lsn | None:
+        """Run provisioning, retrying transient failures; None if a stop came first."""
+        while not self._stopping():
+            try:
+                return await self._provision()
+            except ProvisioningError as exc:
+                raise refused(str(exc), dependency="postgres") from exc
+            except psycopg.Error as exc:
+                self._pg_failed(exc)
+                if await self._sleep(self._backoff.next_delay_s()):
+                    return None
+        return None
+
+    def _pg_failed(self, exc: BaseException) -> None:
+        """Permanent: raise StartRefused. Transient: note the outage (logged once)."""
+        failure = classify_exception(exc)
+        if not failure.retriable:
+            raise refused(f"PostgreSQL: {failure.problem}", dependency="postgres") from exc
+        self._pg_outage.failed(failure.problem)
+
+    async def _standby(self) -> None:
+        self._pg_outage.recovered()
+        self.set_state(SlotState.STANDBY)
+        if not self._announced_standby:
+            log.info(
+                "relay standby: slot %s is streamed by another relay; waiting", self._settings.slot
+            )
+            self._announced_standby = True
+        await self._sleep(self._settings.standby_retry_s)
+
+    async def _recreate_slot(self, confirmed: Lsn) -> Lsn | None:
+        self.set_state(SlotState.CONNECTING)
+        log.warning(
+            "replication slot %s is missing; recreating it. Rows committed while it "
+            "was missing are not streamed: run `zapstream outbox restream --older-than "
+            "<age>` to send them",
+            self._settings.slot,
+        )
+        provisioned = await self._provision_until_ready()
+        return None if provisioned is None else max(confirmed, provisioned)
+
+    async def _session(self, source: ReplicationSource, confirmed: Lsn) -> Lsn:
+        """Stream one connection to its end; the LSN the next one resumes from."""
+        self.set_state(SlotState.STREAMING)
+        try:
+            if self._eos is not None:
+                await self._begin_eos_session(source, confirmed)
+            if self._publisher.failure is None:
+                confirmed = await self._streamer.stream(source, confirmed)
+        except ReplicationStreamClosed as exc:
+            confirmed = await self._connection_lost(exc)
+        finally:
+            self.set_state(SlotState.CONNECTING)
+            await source.close()
+            if self._eos is not None:
+                await self._eos.end_session(self._publisher)
+        return await self._after_session(confirmed)
+
+    async def _connection_lost(self, exc: ReplicationStreamClosed) -> Lsn:
+        if not exc.retriable:
+            raise refused(
+                f"PostgreSQL ended replication: {classify_exception(exc).problem}",
+                dependency="postgres",
+            ) from exc
+        # PostgreSQL restarted or the connection dropped: what Kafka acknowledged
+        # but PostgreSQL did not hear about is replayed from the slot (duplicates
+        # the worker drops), nothing is skipped.
+        self._pg_outage.failed(f"replication connection lost: {exc}")
+        if self._eos is None:  # exactly-once: the open transaction goes with its producer
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._settings.drain_timeout_s):
+                    await self._publisher.producer.flush()
+        confirmed = self._streamer.reported
+        await self._sleep(self._backoff.next_delay_s())
+        return confirmed
+
+    async def _begin_eos_session(self, source: ReplicationSource, confirmed: Lsn) -> None:
+        assert self._eos is not None
+        resume = await self._eos.begin_session(
+            self._publisher, source, max(confirmed, self._streamer.reported)
+        )
+        if self._publisher.failure is None:
+            self._kafka_outage.recovered()
+        if resume is not None:
+            await self._streamer.confirm(source, resume)
+
+    async def _after_session(self, confirmed: Lsn) -> Lsn:
+        """Raise for a permanent Kafka failure; wait out a transient one."""
+        failure = self._publisher.failure
+        if failure is None:
+            if self._kafka_outage.ongoing and self._publisher.tracker is not None:
+                self._kafka_outage.recovered()
+            return confirmed
+        if isinstance(failure, ProducerFenced):
+            raise RelayError(
+                f"fenced: another relay produces as {transactional_id(self._settings)} (it "
+                "took the slot); this one stops without committing"
+            ) from failure
+        if not kafka_transient(failure):
+            raise RelayError("Kafka did not acknowledge a record") from failure
+        # E.g. a batch expired while the brokers were away: confirm nothing past
+        # it, let the rest settle, and stream again from the slot's position.
+        self._publisher.kafka_ok = False
+        self._kafka_outage.failed(repr(failure))
+        pending = self._publisher.pending
+        if pending:
+            await asyncio.wait(pending, timeout=self._settings.drain_timeout_s)
+        self._publisher.recover()
+        await self._sleep(self._backoff.next_delay_s())
+        return self._streamer.reported
