@@ -43,13 +43,12 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from connectors.console.cli import add_console_parser
 from connectors.ops.controls_cli import add_controls_parser
 from connectors.ops.jobs_cli import add_jobs_parser
 from connectors.ops.status import add_status_parser
-from streams.kernel.runtime.service import Service
 
 if TYPE_CHECKING:
     from streams.kernel.settings import KafkaSettings
@@ -200,50 +199,15 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def _cmd_relay(args: argparse.Namespace) -> int:
-    from connectors.cdc.failures import RelayConfigError
     from connectors.cdc.relay import OutboxRelay
     from connectors.cdc.settings import RelaySettings
     from streams.kernel.runtime.run import run_until_signalled
 
     settings = RelaySettings()
     _require_topics(settings.kafka, "relay")
-
-    def build() -> Service:
-        relay: Any = OutboxRelay(settings)
-        return relay if isinstance(relay, Service) else _HostedRelay(relay)
-
-    try:
-        return run_until_signalled(build)
-    except RelayConfigError as exc:
-        # Permanent: one line naming what to fix, no traceback; a restart would fail the same way.
-        print(f"zapstream: relay cannot run: {exc}", file=sys.stderr)
-        return 2
-
-
-class _HostedRelay(Service):
-    """The relay run as a :class:`Service` while :class:`OutboxRelay` has its own
-    ``start``/``stop``/``run``/``request_stop`` (the relay's split makes it a Service;
-    ``_cmd_relay`` then runs it directly and this adapter goes)."""
-
-    name = "relay"
-
-    def __init__(self, relay: Any) -> None:
-        super().__init__()
-        self._relay = relay
-
-    def request_stop(self) -> None:
-        if not self.stop_requested:
-            self._relay.request_stop()
-        super().request_stop()
-
-    async def on_start(self) -> None:
-        await self._relay.start()
-
-    async def on_stop(self) -> None:
-        await self._relay.stop()
-
-    async def run(self) -> None:
-        await self._relay.run()
+    # The relay drains for up to drain_timeout_s and then confirms what Kafka acknowledged:
+    # the runtime's bound leaves it the time to, or a restart replays more.
+    return run_until_signalled(lambda: OutboxRelay(settings), drain_s=settings.drain_timeout_s + 5)
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:

@@ -50,7 +50,6 @@ from streams.kernel.runtime.outage import OutageLog
 
 __all__ = [
     "PER_RECORD_ERRORS",
-    "RelayConfigError",
     "TRANSIENT_SQLSTATE_CLASSES",
     "Backoff",
     "Failure",
@@ -152,9 +151,3 @@ class RelayError(RuntimeError):
     Not a :class:`~streams.kernel.errors.Failure`: nothing to configure; the restarted
     relay replays from the slot's confirmed position.
     """
-
-
-RelayConfigError = StartRefused
-"""Deprecated name of :class:`~streams.kernel.failures.StartRefused`, for ``connectors/cli.py``
-until ``zapstream relay`` runs under :func:`~streams.kernel.runtime.run.run_until_signalled`
-(which reports any permanent ``Failure`` with exit 2); delete it then."""

@@ -150,9 +150,6 @@ class LatencyWindow:
         )
 
 
-# The HTTP endpoints are shared with the state sink: connectors/http_endpoints.py.
-
-
 @dataclasses.dataclass(slots=True)
 class RelayStats:
     """What one relay process did, for its closing summary line."""

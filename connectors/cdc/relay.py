@@ -325,7 +325,6 @@ class OutboxRelay(Service):
         :class:`RelayError` once Kafka refused or cancelled a record for good.
         """
         await self._supervisor.run()
-        log.info("relay stopped: %s", self.summary())
         if self._eos is not None:
             log.info(
                 "relay exactly-once: %d Kafka transactions committed, %d replayed PostgreSQL "

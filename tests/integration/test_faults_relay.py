@@ -341,7 +341,7 @@ def _relay_exits_2_with_one_line(pipeline: LocalPipeline, name: str, dsn: str) -
     assert relay.wait(timeout_s=60) == 2, relay.log_tail()
     output = relay.log_tail(200)
     assert "Traceback" not in output, output
-    lines = [line for line in output.splitlines() if "relay cannot run" in line]
+    lines = [line for line in output.splitlines() if "relay cannot start" in line]
     assert len(lines) == 1, output
     if "wal_level" not in lines[0]:  # that one names postgresql.conf instead
         assert "ZAPSTREAM_DATABASE_URL" in lines[0], lines[0]

@@ -211,7 +211,7 @@ def test_sigterm_drains_confirms_and_exits_cleanly(pipeline: LocalPipeline) -> N
     job_ids = _job_ids(pipeline.dsn, keys)
     last_txn = max(lsn for _, lsn in _produced(pipeline, job_ids))
     assert relay.terminate(timeout_s=30) == 0
-    relay.wait_for_log(r"relay stopped: .* confirmed", timeout_s=5)
+    relay.wait_for_log(r"zapstream relay stopped after [\d.]+s: .* confirmed", timeout_s=5)
     # The drain confirmed the last transaction: the slot is past its commit record.
     assert _slot_confirmed(pipeline.dsn) > last_txn.value
     # So a new relay replays none of it to Kafka, and the gateway sees nothing twice.

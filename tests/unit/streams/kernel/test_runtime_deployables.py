@@ -8,7 +8,6 @@ import asyncio
 import io
 import logging
 import os
-import signal
 import socket
 import time
 from collections.abc import Callable
@@ -166,35 +165,3 @@ def test_a_permanent_failure_in_a_command_is_one_line_and_exit_2(
     assert cli.main(["outbox", "restream", "--older-than", "soon"]) == 2
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("zapstream: --older-than: "), lines
-
-
-class FakeRelay:
-    """What ``OutboxRelay`` offers until it is a Service: start, run, request_stop, stop."""
-
-    def __init__(self) -> None:
-        self.calls: list[str] = []
-        self._stop = asyncio.Event()
-
-    async def start(self) -> None:
-        self.calls.append("start")
-        asyncio.get_running_loop().call_soon(os.kill, os.getpid(), signal.SIGTERM)
-
-    def request_stop(self) -> None:
-        self.calls.append("request_stop")
-        self._stop.set()
-
-    async def run(self) -> None:
-        await self._stop.wait()
-        self.calls.append("drained")
-
-    async def stop(self) -> None:
-        self.calls.append("stop")
-
-
-def test_the_relay_runs_as_a_service_until_sigterm(caplog: pytest.LogCaptureFixture) -> None:
-    relay = FakeRelay()
-    with caplog.at_level(logging.INFO, logger="zapstream"):
-        assert run_until_signalled(lambda: cli._HostedRelay(relay)) == 0
-    assert relay.calls == ["start", "request_stop", "drained", "stop"]
-    closing = [r.getMessage() for r in caplog.records if "stopped after" in r.getMessage()]
-    assert len(closing) == 1 and closing[0].startswith("zapstream relay stopped after")
