@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any
 
 from faust.types import TP
@@ -295,17 +295,24 @@ def build_worker_app(
             )
         )
 
-    async def run_timers() -> None:
-        # An app task starts once table recovery is over, as Faust's own timers do.
-        async with contextlib.AsyncExitStack() as stack:
-            for timer in timers:
-                await stack.enter_async_context(timer)
-            await asyncio.gather(*(timer.run() for timer in timers))
-
-    app.task(run_timers)
+    app.task(_running(timers))
     app.after_streams_stopped.append(dispatcher.drain)
     app.after_streams_stopped.append(bulk.drain)
     setup_lean_prometheus(app)
     add_health_pages(app, service.readiness)
     add_digest_page(app)
     return app, dispatcher
+
+
+def _running(timers: list[Periodic]) -> Callable[[], Awaitable[None]]:
+    """The worker's timers as one Faust app task: Faust starts it once table recovery is over
+    (as it starts its own timers), cancels it at shutdown (the timers stop), and crashes the
+    app when it raises (a ``crash_on_bug`` timer's bug)."""
+
+    async def run_timers() -> None:
+        async with contextlib.AsyncExitStack() as stack:
+            for timer in timers:
+                await stack.enter_async_context(timer)
+            await asyncio.gather(*(timer.run() for timer in timers))
+
+    return run_timers
