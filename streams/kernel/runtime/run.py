@@ -5,7 +5,7 @@
 finish what is in flight (its ``run`` returns once drained), stops it (flush, close) and
 prints one closing line::
 
-    zapstream relay stopped after 812.4s: 120,000 rows in 12,001 transactions, ...
+    zapstream relay stopped after 812.4s: 12001 transactions, 120000 intents, ...
 
 A refused start (:class:`~streams.kernel.failures.StartRefused`, or any permanent
 :class:`~streams.kernel.errors.Failure` raised while starting) is one line on stderr
