@@ -13,7 +13,6 @@ confirmed to PostgreSQL.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -31,6 +30,7 @@ from connectors.cdc.transactions import (
     resume_point,
     transactional_id,
 )
+from streams.kernel.producer_stop import abandon_sender
 
 if TYPE_CHECKING:
     from connectors.cdc.metrics import RelayStats
@@ -132,10 +132,7 @@ class KafkaTransactions:
                 await producer.stop()
         except (TimeoutError, KafkaError) as exc:
             log.debug("exactly-once: the session's producer did not stop cleanly: %r", exc)
-            sender = getattr(producer, "_sender", None)  # aiokafka's, still retrying
-            if sender is not None:
-                with contextlib.suppress(Exception):
-                    await sender.close()
+            await abandon_sender(producer)  # aiokafka's sender, still retrying
         publisher.in_flight.clear()
         publisher.replacements.clear()
 

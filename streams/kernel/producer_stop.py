@@ -11,18 +11,37 @@ killed. (Tansu's clients are not idempotent: their batches expire and ``stop()``
 :func:`stop_producer` gives the flush ``timeout_s``; past it, it ends the producer's
 sender (whoever sent the records still unacknowledged has given up on them by then), and
 ``stop()`` goes on to close the connections.
+
+The one place zapstream reaches into aiokafka's producer (:func:`_sender`, checked against
+aiokafka 0.14.0; ``tests/unit/streams/kernel/test_producer_hooks.py`` fails first when an
+upgrade moves it); the worker's Faust and aiokafka hooks are in :mod:`streams.faust_adapter`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from aiokafka import AIOKafkaProducer
 
 log = logging.getLogger(__name__)
+
+
+def _sender(producer: AIOKafkaProducer) -> Any:
+    """aiokafka's private ``Sender`` of ``producer`` (``AIOKafkaProducer._sender``, checked
+    against aiokafka 0.14.0: its ``sender_task`` property and ``close()`` coroutine), or None."""
+    return getattr(producer, "_sender", None)
+
+
+async def abandon_sender(producer: AIOKafkaProducer) -> None:
+    """End ``producer``'s sender: it stops retrying what Kafka never acknowledged."""
+    sender = _sender(producer)
+    if sender is not None:
+        with contextlib.suppress(Exception):
+            await sender.close()
 
 
 async def stop_producer(producer: AIOKafkaProducer, timeout_s: float, *, what: str) -> bool:
@@ -46,7 +65,7 @@ async def stop_producer(producer: AIOKafkaProducer, timeout_s: float, *, what: s
     # stop() waits for the flush or for the sender task to end, whichever comes first:
     # end the sender (it finishes the requests in flight, then returns), and stop() goes
     # on to close the connections.
-    sender = getattr(getattr(producer, "_sender", None), "sender_task", None)
+    sender = getattr(_sender(producer), "sender_task", None)
     if sender is not None:
         sender.cancel()
     done, _ = await asyncio.wait({stopping}, timeout=timeout_s)
