@@ -10,9 +10,9 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from devtools.devstack import find_free_port
-from devtools.local_pipeline import LocalPipeline
 
+from devtools.stack.devstack import find_free_port
+from devtools.stack.local_pipeline import LocalPipeline
 from tests.integration.support import enqueue_conversations, wait_for_status, wait_until
 
 pytestmark = pytest.mark.integration
