@@ -39,6 +39,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from connectors.gateways.http_client import first_str
 from connectors.gateways.labels import map_label
 from streams.kernel.contract import JobStatus
 from streams.kernel.errors import ListingUnreadable
@@ -220,30 +221,30 @@ def _job(
 ) -> GatewayJob:
     if not isinstance(raw, dict):
         raise ListingUnreadable(f"{gateway}: listing item is a {type(raw).__name__}, not an object")
-    job_id = _str(raw, fields["id"], *ID_KEYS)
+    job_id = first_str(raw, fields["id"], *ID_KEYS)
     if job_id is None:
         raise ListingUnreadable(
             f"{gateway}: listing item has no job id (looked for {fields['id']!r}, "
             f"{', '.join(ID_KEYS[1:])}; keys: {key_names(raw)})"
         )
     nested = [v for k in NESTED_KEYS if isinstance(v := raw.get(k), dict)]
-    reference = _str(raw, fields["reference"], *REFERENCE_KEYS)
+    reference = first_str(raw, fields["reference"], *REFERENCE_KEYS)
     for inner in nested:
-        reference = reference or _str(inner, fields["reference"], *REFERENCE_KEYS)
+        reference = reference or first_str(inner, fields["reference"], *REFERENCE_KEYS)
     if wanted and reference not in wanted:
         by_value = _value_in(raw, wanted) or next(
             (v for inner in nested if (v := _value_in(inner, wanted))), None
         )
         reference = by_value or reference
-    label = _str(raw, fields["status"], *STATUS_KEYS)
+    label = first_str(raw, fields["status"], *STATUS_KEYS)
     text = _first(raw, fields["text"], *TEXT_KEYS)
     return GatewayJob(
         id=job_id,
         gateway_status=label,
         status=map_label(label, labels),
         reference=reference,
-        created_at=_str(raw, fields["created_at"], *CREATED_KEYS),
-        to=_str(raw, fields["to"], *TO_KEYS),
+        created_at=first_str(raw, fields["created_at"], *CREATED_KEYS),
+        to=first_str(raw, fields["to"], *TO_KEYS),
         text=text if isinstance(text, str) else None,
     )
 
@@ -256,17 +257,6 @@ def _first(obj: Mapping[str, Any], *keys: str) -> Any:
     for key in keys:
         if key in obj and obj[key] is not None:
             return obj[key]
-    return None
-
-
-def _str(obj: Mapping[str, Any], *keys: str) -> str | None:
-    """The first of ``keys`` whose value is a non-empty string or a number, as a string."""
-    for key in keys:
-        value = obj.get(key)
-        if isinstance(value, str) and value:
-            return value
-        if isinstance(value, int) and not isinstance(value, bool):
-            return str(value)
     return None
 
 
