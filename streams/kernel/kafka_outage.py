@@ -50,10 +50,11 @@ import re
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from prometheus_client import Counter, Gauge
 
+from streams.kernel.runtime.outage import OutageLog
 from streams.kernel.runtime.service import Service
 
 if TYPE_CHECKING:
@@ -128,17 +129,6 @@ def reported() -> bool:
     return any(watch.ongoing for watch in _WATCHING)
 
 
-class OutageTarget(Protocol):
-    """A component's own once-each-way outage log (``streams.kernel.runtime.outage.OutageLog``)."""
-
-    @property
-    def ongoing(self) -> bool: ...
-
-    def failed(self, reason: str, delay_s: float | None = None) -> None: ...
-
-    def recovered(self) -> None: ...
-
-
 def is_unavailability(record: logging.LogRecord) -> bool:
     """An aiokafka warning or error saying a broker, leader or coordinator is out of reach.
 
@@ -160,7 +150,7 @@ class KafkaOutageWatch(Service):
 
     ``target``: the component's outage log, which then writes the start and end
     lines (the relay's and the sink's ``OutageLog``, whose readiness and metrics
-    follow it); without one the watch logs them on ``logger``. ``probe``: how a
+    follow it); without one the watch writes them with an ``OutageLog`` of its own. ``probe``: how a
     recovery is confirmed (default: a new aiokafka client of ``kafka`` bootstraps).
     """
 
@@ -169,7 +159,7 @@ class KafkaOutageWatch(Service):
         component: str,
         kafka: KafkaSettings | None,
         *,
-        target: OutageTarget | None = None,
+        target: OutageLog | None = None,
         logger: logging.Logger = log,
         quiet_s: float = 5.0,
         probe_interval_s: float = 1.0,
@@ -179,7 +169,11 @@ class KafkaOutageWatch(Service):
         super().__init__(name=f"kafka outage watch ({component})")
         self.component = component
         self._kafka = kafka
-        self._target = target
+        # Without a component's own outage log, the watch's: the same two lines.
+        self._owns_target = target is None
+        self._target = target or OutageLog(
+            "Kafka", logger, retrying="its clients retrying", clock=clock
+        )
         self._log = logger
         self.quiet_s = quiet_s
         self.probe_interval_s = probe_interval_s
@@ -289,22 +283,20 @@ class KafkaOutageWatch(Service):
             now = self._clock()
             self._last_error = now
             self.errors += 1
-            if self._since is not None:
-                return
-            self._since = now
+            ongoing = self._since is not None
+            if not ongoing:
+                self._since = now
+        if ongoing:
+            return
         self.outages += 1
         OUTAGES.labels(self.component).inc()
         UNAVAILABLE_NOW.labels(self.component).set(1)
         reason = " ".join(reason.split())[:300]
-        if self._target is not None:
-            self._started_target = not self._target.ongoing
-            self._target.failed(f"{reason} (aiokafka's retries are counted, not logged)")
-        else:
-            self._log.warning(
-                "Kafka unavailable, its clients retrying: %s (aiokafka's retries are counted "
-                "in zapstream_kafka_client_errors_total, not logged)",
-                reason,
-            )
+        self._started_target = not self._target.ongoing
+        self._target.failed(
+            f"{reason} (aiokafka's retries are counted in zapstream_kafka_client_errors_total, "
+            "not logged)"
+        )
         loop = self._loop
         if loop is not None and not loop.is_closed():
             loop.call_soon_threadsafe(self._wake.set)
@@ -322,13 +314,10 @@ class KafkaOutageWatch(Service):
             self._since = None
         UNAVAILABLE_NOW.labels(self.component).set(0)
         OUTAGE_SECONDS.labels(self.component).inc(took)
-        if self._target is not None:
-            if self._started_target:
-                self._target.recovered()
-        else:
-            self._log.info(
-                "Kafka available again after %.1fs (%d client errors counted)", took, self.errors
-            )
+        if self._started_target:
+            if self._owns_target:  # its recovery line counts the client errors
+                self._target.attempts = self.errors
+            self._target.recovered()
         self._started_target = False
         self.errors = 0
         return True
