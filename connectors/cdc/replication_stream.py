@@ -14,6 +14,7 @@ over an ordinary connection before streaming.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import logging
 import re
@@ -22,8 +23,6 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from types import TracebackType
-from typing import Self
 
 import psycopg
 from psycopg import pq
@@ -176,7 +175,7 @@ def _expire(future: asyncio.Future[bool]) -> None:
         future.set_result(False)
 
 
-class ReplicationStream:
+class ReplicationStream(contextlib.AbstractAsyncContextManager["ReplicationStream"]):
     """Reads a pgoutput logical replication slot and confirms progress to the server.
 
     Use::
@@ -186,7 +185,9 @@ class ReplicationStream:
             while (message := await stream.read(timeout_s=1.0)) is not None: ...
             await stream.send_status(flush=commit.end_lsn)
 
-    ``__aenter__`` does not connect: :meth:`start` needs the LSN to resume from.
+    A connection, not a service (psycopg's ``AsyncConnection`` is the model): ``async with``
+    only closes it, and ``__aenter__`` does not connect: :meth:`start` needs the LSN to
+    resume from. Its owner, the relay's supervisor, is the service.
     A stream is single-use; after :meth:`close` make a new one. At most one task
     may call :meth:`read` at a time; :meth:`send_status` and :meth:`close` may be
     called from other tasks meanwhile.
@@ -268,15 +269,7 @@ class ReplicationStream:
         """Status updates sent asking for a reply because the server had been silent."""
         return self._pings
 
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
     async def start(self, start_lsn: Lsn = Lsn.ZERO) -> None:

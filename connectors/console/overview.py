@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from urllib.parse import urlencode
 
 from connectors.console.overview_sql import Overview
-from connectors.console.pages import _layout, _status, e
+from connectors.console.pages import _layout, _status, e, lag_notice
 from connectors.console.queries import SlotLag
 from connectors.console.settings import Operator
 from connectors.ops.jobs_render import human_age, when
@@ -147,14 +147,8 @@ def _paused(overview: Overview) -> str:
 
 
 def _lag(consumer: ConsumerLag, slots: Sequence[SlotLag]) -> str:
-    if not consumer.configured:
-        kafka = (
-            '<p id="lag-not-configured">Consumer lag: not configured (set '
-            "ZAPSTREAM_CONSOLE_LAG_URL to the lag monitor's metrics URL).</p>"
-        )
-    elif consumer.error is not None:
-        kafka = f'<p class="error" id="lag-error">Consumer lag unavailable: {e(consumer.error)}</p>'
-    else:
+    kafka = lag_notice(consumer)
+    if kafka is None:
         rows = "".join(
             f'<tr class="group-lag"><td>{e(g.group)}</td><td>{e(g.topic)}</td>'
             f'<td>{g.partitions}</td><td class="messages">{g.messages:g}</td>'

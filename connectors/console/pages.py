@@ -376,17 +376,21 @@ def _lag_chart(lags: Sequence[PartitionLag]) -> str:
     )
 
 
-def lag_page(*, consumer: ConsumerLag, slots: Iterable[SlotLag], operator: Operator) -> str:
-    """Consumer lag per partition (from the lag monitor) and the replication slots' lag."""
+def lag_notice(consumer: ConsumerLag) -> str | None:
+    """Why there is no consumer lag to show (not configured, unreadable), or None."""
     if not consumer.configured:
-        kafka = (
+        return (
             '<p id="lag-not-configured">Consumer lag: not configured (set '
             "ZAPSTREAM_CONSOLE_LAG_URL to the lag monitor's metrics URL).</p>"
         )
-    elif consumer.error is not None:
-        kafka = f'<p class="error" id="lag-error">Consumer lag unavailable: {e(consumer.error)}</p>'
-    else:
-        kafka = _lag_chart(consumer.partitions)
+    if consumer.error is not None:
+        return f'<p class="error" id="lag-error">Consumer lag unavailable: {e(consumer.error)}</p>'
+    return None
+
+
+def lag_page(*, consumer: ConsumerLag, slots: Iterable[SlotLag], operator: Operator) -> str:
+    """Consumer lag per partition (from the lag monitor) and the replication slots' lag."""
+    kafka = lag_notice(consumer) or _lag_chart(consumer.partitions)
     rows = "".join(
         f"<tr><td>{e(s.slot)}</td><td>{'yes' if s.active else 'no'}</td>"
         f"<td>{e(s.lag_bytes)}</td></tr>"
