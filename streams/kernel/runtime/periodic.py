@@ -20,6 +20,7 @@ from prometheus_client import Counter
 
 from streams.kernel import kafka_outage
 from streams.kernel.failures import is_transient
+from streams.kernel.runtime.backoff import Backoff
 from streams.kernel.runtime.outage import OutageLog
 from streams.kernel.runtime.service import Service
 
@@ -111,6 +112,10 @@ class Periodic(Service):
         self.max_retry_s = max_retry_s
         self.failures = 0
         """Failed runs in a row."""
+        self.backoff = Backoff(
+            initial_s=max(interval_s, retry_s), max_s=max(max_retry_s, interval_s), jitter=False
+        )
+        """The wait after each failed run in a row: never under ``interval_s``."""
         self.runs = 0
         self._told = JobFailures(name, logger, kafka=kafka, clock=clock)
         self._fn = fn
@@ -128,12 +133,6 @@ class Periodic(Service):
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-
-    def retry_delay(self, failures: int) -> float:
-        """The wait after ``failures`` failed runs in a row (capped exponential backoff)."""
-        first = max(self.interval_s, self.retry_s)
-        cap = max(self.max_retry_s, self.interval_s)
-        return float(min(first * 2 ** min(failures - 1, 32), cap))
 
     def summary(self) -> str:
         return f"{self.runs} runs, {self.failures} failing in a row"
@@ -162,7 +161,11 @@ class Periodic(Service):
         loop = asyncio.get_running_loop()
         while True:
             started = loop.time()
-            wait = self.interval_s if await self.tick() else self.retry_delay(self.failures)
+            if await self.tick():
+                self.backoff.reset()
+                wait = self.interval_s
+            else:
+                wait = self.backoff.next_delay_s()
             self.runs += 1
             # Ticks keep their rhythm: a slow run shortens the wait, never stacks up.
             await asyncio.sleep(max(wait - (loop.time() - started), 0.0))

@@ -173,8 +173,8 @@ def test_failed_runs_back_off_exponentially_up_to_the_cap_never_under_the_interv
         return None
 
     every = Periodic("backoff", 10.0, job, retry_s=1.0, max_retry_s=60.0)
-    assert [every.retry_delay(n) for n in (1, 2, 3, 4, 100)] == [10, 20, 40, 60, 60]
+    assert [every.backoff.next_delay_s() for _ in range(5)] == [10, 20, 40, 60, 60]
     fast = Periodic("controls", 0.0, job, retry_s=1.0, max_retry_s=5.0)
-    assert [fast.retry_delay(n) for n in (1, 2, 3, 4)] == [1, 2, 4, 5]
+    assert [fast.backoff.next_delay_s() for _ in range(4)] == [1, 2, 4, 5]
     slow = Periodic("slow", 120.0, job, retry_s=1.0, max_retry_s=30.0)
-    assert slow.retry_delay(5) == 120
+    assert [slow.backoff.next_delay_s() for _ in range(5)][-1] == 120

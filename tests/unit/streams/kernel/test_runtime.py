@@ -161,7 +161,8 @@ async def test_periodic_backs_off_after_failures_and_recovers(
             raise outcome
 
     timer = Periodic("probe", 0.0, job, retry_s=0.001, max_retry_s=0.004)
-    assert [timer.retry_delay(n) for n in (1, 2, 3, 4)] == [0.001, 0.002, 0.004, 0.004]
+    assert [timer.backoff.next_delay_s() for _ in range(4)] == [0.001, 0.002, 0.004, 0.004]
+    timer.backoff.reset()
     with caplog.at_level(logging.INFO):
         async with timer:
             await asyncio.wait_for(calls.wait(), 5)
