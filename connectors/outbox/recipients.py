@@ -18,9 +18,9 @@ from __future__ import annotations
 import re
 
 _PHONE_PUNCTUATION = re.compile(r"[\s\-().]")
-_DIGITS = re.compile(r"[1-9]\d{7,14}")
-_PERSONAL_JID = re.compile(r"([1-9]\d{7,14})@(s\.whatsapp\.net|c\.us)")
-_GROUP_JID = re.compile(r"\d{5,30}(-\d{1,20})?@g\.us")
+_DIGITS = re.compile(r"[1-9]\d{7,14}", re.ASCII)
+_PERSONAL_JID = re.compile(r"([1-9]\d{7,14})@(s\.whatsapp\.net|c\.us)", re.ASCII)
+_GROUP_JID = re.compile(r"\d{5,30}(-\d{1,20})?@g\.us", re.ASCII)
 
 
 class InvalidRecipient(ValueError):

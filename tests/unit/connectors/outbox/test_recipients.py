@@ -43,3 +43,19 @@ def test_mask_never_shows_the_whole_number() -> None:
     assert masked != "5511987654321"
     assert "98765" not in masked
     assert mask_recipient("5511987654321@s.whatsapp.net").endswith("@s.whatsapp.net")
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "５５１１９８７６５４３２１",  # fullwidth digits
+        "٥٥١١٩٨٧٦٥٤٣٢١",  # Arabic-Indic digits
+        "5511９８７６５４３２１@s.whatsapp.net",
+        "１２０３６３@g.us",
+    ],
+)
+def test_only_ascii_digits_make_a_recipient(raw: str) -> None:
+    # str.isdigit() and re's \d accept them, the gateways and the SQL trigger's
+    # conversation key do not: a different conversation, or a send that fails late.
+    with pytest.raises(InvalidRecipient):
+        normalize_recipient(raw)
