@@ -132,5 +132,9 @@ def build_app(settings: WorkerSettings, resources: Sequence[Resource] = ()) -> W
         stream_ack_cancelled_tasks=False,
         web_port=settings.web_port,
         web_bind="127.0.0.1" if settings.web_bind_local else "0.0.0.0",
+        # Faust's /table/ (every table's keys and values: recipients) and /router/ pages are
+        # on by default in faust-streaming 0.15.3; the worker's port serves only our paths.
+        web_tables_enabled=False,
+        web_router_enabled=False,
         **extra,
     )
