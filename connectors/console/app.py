@@ -83,10 +83,11 @@ def parse_filter(
     if form["period"]:
         try:
             since = now - parse_duration(form["period"])
-        except ValueError as exc:
+        except (ValueError, OverflowError) as exc:  # OverflowError: before year 1
             raise FilterError(f"period: {exc}") from None
     raw_page = query.get("page", "1").strip() or "1"
-    if not raw_page.isdigit() or int(raw_page) < 1:
+    # ASCII digits only ("²".isdigit() is true, int("²") fails), and a page OFFSET fits.
+    if not (raw_page.isascii() and raw_page.isdigit()) or len(raw_page) > 9 or int(raw_page) < 1:
         raise FilterError(f"page: must be a positive integer, not {raw_page!r}")
     job_filter = JobFilter(
         statuses=statuses,
@@ -245,7 +246,7 @@ async def _jobs(request: web.Request) -> web.Response:
 
 def _job_id(request: web.Request) -> int:
     raw = request.match_info["job_id"]
-    if not raw.isdigit() or len(raw) > 18:
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
         raise web.HTTPNotFound()
     return int(raw)
 

@@ -39,7 +39,8 @@ def authenticate(
     presented = bearer_token(authorization)
     if presented is None:
         presented = cookie
-    if not presented:
+    if not presented or not presented.isascii():
+        # Tokens are ASCII; a header aiohttp could not decode (surrogates) is nobody's.
         return None
     found: Operator | None = None
     given = presented.encode()

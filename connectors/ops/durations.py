@@ -22,7 +22,7 @@ __all__ = ["DURATION_EXAMPLES", "format_duration", "parse_duration", "parse_inst
 DURATION_EXAMPLES = "90s, 10m, 1h30m, 1.5h, 2d, 1w"
 """Shown in every error about a duration, so the fix is in the message."""
 
-_PART = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+_PART = re.compile(r"(\d+(?:\.\d+)?)([smhdw])", re.ASCII)
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 

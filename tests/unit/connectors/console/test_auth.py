@@ -52,7 +52,11 @@ def test_the_header_wins_over_the_cookie() -> None:
     assert found == OPERATORS[VICTOR]
 
 
-@pytest.mark.parametrize("cookie", [None, "", "nope", ALICE[:-1], ALICE + "x", ALICE.upper()])
+@pytest.mark.parametrize(
+    # The last two: header bytes aiohttp decodes with surrogates, and a non-ASCII value.
+    "cookie",
+    [None, "", "nope", ALICE[:-1], ALICE + "x", ALICE.upper(), "\udcff" + ALICE, ALICE + "é"],
+)
 def test_anything_else_is_nobody(cookie: str | None) -> None:
     assert authenticate(OPERATORS, authorization=None, cookie=cookie) is None
 

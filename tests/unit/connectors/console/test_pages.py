@@ -42,7 +42,17 @@ def test_an_empty_query_is_every_job_on_page_one() -> None:
 
 @pytest.mark.parametrize(
     ("query", "field"),
-    [({"state": "SENT"}, "state"), ({"period": "soon"}, "period"), ({"page": "0"}, "page")],
+    [
+        ({"state": "SENT"}, "state"),
+        ({"period": "soon"}, "period"),
+        ({"page": "0"}, "page"),
+        # Hostile values were 500s: not ASCII digits, an OFFSET past bigint, before year 1.
+        ({"page": "²"}, "page"),
+        ({"page": "٣"}, "page"),
+        ({"page": "9" * 30}, "page"),
+        ({"period": "99999999w"}, "period"),
+        ({"period": "٣h"}, "period"),
+    ],
 )
 def test_a_bad_field_is_named(query: dict[str, str], field: str) -> None:
     with pytest.raises(FilterError, match=f"^{field}:"):
