@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -69,11 +70,21 @@ def when(value: dt.datetime | None) -> str:
     return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(value: str) -> str:
+    """One line without control characters: a value from the database or a gateway (an
+    instance id, an error, a reason) with CR/LF or ESC/OSC sequences would forge output
+    lines or drive the operator's terminal. Each control character becomes ``?``."""
+    return _CONTROL.sub("?", " ".join(value.split()))
+
+
 def cut(value: str | None, width: int) -> str:
     """On one line, at most ``width`` characters (ending in ``...`` when cut), or ``-``."""
     if not value:
         return "-"
-    flat = " ".join(value.split())
+    flat = printable(value)
     return flat if len(flat) <= width else flat[: width - 3] + "..."
 
 
@@ -84,7 +95,7 @@ def masked(recipient: str | None) -> str:
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
     """Left-aligned columns two spaces apart, no trailing spaces, no final newline."""
-    body = [list(r) for r in rows]
+    body = [[printable(cell) for cell in r] for r in rows]
     widths = [max([len(h), *(len(r[i]) for r in body)]) for i, h in enumerate(headers)]
     lines = [headers, *body]
     return "\n".join(
@@ -147,7 +158,7 @@ def job_summary(job: Job) -> str:
     """One line on where a job stands, shown before it is reprocessed."""
     return (
         f"job {job.id}: {job.status} after {job.attempts} attempt(s), instance "
-        f"{job.instance_id}, recipient {masked(job.recipient)}, "
+        f"{printable(job.instance_id)}, recipient {masked(job.recipient)}, "
         f"last error: {cut(job.last_error, _REASON_WIDTH)}"
     )
 
@@ -283,7 +294,7 @@ def job_history_text(history: JobHistory, *, now: dt.datetime) -> str:
     ]
     width = max(len(name) for name, _ in fields) + 1
     lines = [f"job {job.id}"]
-    lines += [f"  {(name + ':').ljust(width)} {value}" for name, value in fields]
+    lines += [f"  {(name + ':').ljust(width)} {printable(value)}" for name, value in fields]
     attempts = history.attempts
     lines += ["", f"attempts ({len(attempts)}):"]
     if attempts:
@@ -334,7 +345,8 @@ def job_history_text(history: JobHistory, *, now: dt.datetime) -> str:
     if history.paused_by:
         lines += ["", "paused now:"]
         lines += [
-            f"  {kind} {target} by {actor} since {when(at)}: {cut(reason, _REASON_WIDTH)}"
+            f"  {printable(f'{kind} {target} by {actor}')} since {when(at)}: "
+            f"{cut(reason, _REASON_WIDTH)}"
             for kind, target, actor, reason, at in history.paused_by
         ]
     return "\n".join(lines)

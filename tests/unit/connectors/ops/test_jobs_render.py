@@ -1,5 +1,6 @@
 """What ``zapstream jobs`` prints."""
 
+import dataclasses
 import datetime as dt
 
 import pytest
@@ -158,3 +159,17 @@ def test_events_table_leads_a_commands_answer_with_its_outcome() -> None:
     line = events_table([answer]).splitlines()[1]
     assert "ACCEPTED -> ACCEPTED" in line
     assert "[cancel_refused] cancel not possible: sent" in line
+
+
+def test_values_cannot_forge_lines_or_drive_the_terminal() -> None:
+    # An instance id and a gateway's error carrying CR/LF, ESC (a colour, a title via OSC)
+    # and a C1 control: the table keeps one line per job and no control character.
+    hostile = dataclasses.replace(
+        _listed(7, PHONE, last_error="boom\r\nFAKE  7  ACCEPTED\x1b[31m\x1b]0;pwned\x07"),
+        instance_id="shop\n8  ACCEPTED\x9b2J",
+    )
+    text = jobs_table([hostile, _listed(9, PHONE)], now=NOW)
+    assert len(text.splitlines()) == 3, text
+    assert not any(ord(c) < 32 or 0x7F <= ord(c) <= 0x9F for c in text.replace("\n", ""))
+    summary = job_summary(Job(7, "shop\x1b[2J", PHONE, "FAILED", 1, "x\x1b]0;t\x07", None))
+    assert "\x1b" not in summary and "\x07" not in summary and "\n" not in summary
