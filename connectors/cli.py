@@ -60,11 +60,11 @@ _OWN_PACKAGES = frozenset({"streams", "connectors"})
 
 
 def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    from connectors.startup import MaskingFormatter
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(MaskingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level.upper(), handlers=[handler])
     for noisy in ("aiokafka", "kafka", "httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     logging.getLogger("asyncio").addFilter(_orphaned_connection_errors)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import logging
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -223,7 +224,9 @@ def render_settings_error(
 
 # --- connection errors ---------------------------------------------------------------------
 
-_DSN_PASSWORD = re.compile(r"(://[^:/@\s]*:)[^@\s]*@")
+# Up to the last "@" of the URL: a password may hold "@" itself. With or without "//"
+# after the scheme (a malformed URL is quoted whole in libpq's refusal).
+_DSN_PASSWORD = re.compile(r"([a-z][a-z0-9+.-]*:?//[^:/@\s'\"]*:)[^\s'\"]*@", re.IGNORECASE)
 _BOOTSTRAP_HOST = re.compile(r"\('([^']+)', (\d+)")
 _KV_PASSWORD = re.compile(r"(password\s*=\s*)('[^']*'|\S+)", re.IGNORECASE)
 
@@ -231,6 +234,14 @@ _KV_PASSWORD = re.compile(r"(password\s*=\s*)('[^']*'|\S+)", re.IGNORECASE)
 def mask_secrets(text: str) -> str:
     """``postgresql://user:secret@host`` -> ``postgresql://user:***@host`` (also ``password=``)."""
     return _KV_PASSWORD.sub(r"\1***", _DSN_PASSWORD.sub(r"\1***@", text))
+
+
+class MaskingFormatter(logging.Formatter):
+    """Every log line with its passwords masked (:func:`mask_secrets`), tracebacks included:
+    a library's message or exception may quote a connection string whole."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return mask_secrets(super().format(record))
 
 
 def _one_line(text: str) -> str:
@@ -253,7 +264,7 @@ def describe_connection_failure(exc: BaseException) -> str | None:
         import psycopg
     except ModuleNotFoundError:  # pragma: no cover - psycopg is a base dependency
         psycopg = None  # type: ignore[assignment]
-    if psycopg is not None and isinstance(exc, psycopg.OperationalError):
+    if psycopg is not None and isinstance(exc, psycopg.Error):
         return f"PostgreSQL (ZAPSTREAM_DATABASE_URL): {error_detail(exc)}"
     try:
         from aiokafka.errors import KafkaConnectionError

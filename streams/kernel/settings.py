@@ -378,6 +378,23 @@ class PostgresSettings(SettingsBase):
     url: SecretStr = SecretStr("postgresql://postgres@127.0.0.1:5432/postgres")
     """The application database's libpq URL (``postgresql://user:password@host:5432/db``); a secret,
     also read from ``ZAPSTREAM_SECRETS_DIR``."""
+
+    @field_validator("url")
+    @classmethod
+    def _a_connection_string(cls, url: SecretStr) -> SecretStr:
+        """Refused at load, never at first use: libpq's own message quotes the whole string,
+        password included, so the refusal names the form and not the value."""
+        from psycopg import ProgrammingError
+        from psycopg.conninfo import conninfo_to_dict
+
+        try:
+            conninfo_to_dict(url.get_secret_value())
+        except ProgrammingError:
+            raise ValueError(
+                "not a connection string libpq reads (the value is not shown): "
+                "write postgresql://user:password@host:5432/database"
+            ) from None
+        return url
     connect_timeout_s: int = Field(default=10, ge=2)
     """libpq ``connect_timeout``: the longest a connection attempt (TCP, TLS, login) waits."""
     keepalives_idle_s: int = Field(default=15, ge=1)
