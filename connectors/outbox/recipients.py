@@ -53,15 +53,20 @@ def conversation_key_for(recipient: str) -> str:
 
 
 def mask_phone(phone: str) -> str:
-    """Keep the country/area prefix and the last four digits: ``5511*****4321``.
+    """Keep the first two characters (the country code's start) and the last four digits
+    of a long number, two of a shorter one: ``55*******4321``, ``14******71``.
 
-    Short values keep only their last two characters so nothing identifying is left.
+    At least six digits stay hidden for any valid number (10**6 candidates or more): a
+    masked number can be told apart from its neighbours in a log, never guessed.
     """
-    if len(phone) > 8:
-        return phone[:4] + "*" * (len(phone) - 8) + phone[-4:]
-    if len(phone) > 2:
-        return "*" * (len(phone) - 2) + phone[-2:]
-    return "*" * len(phone)
+    n = len(phone)
+    if n >= 12:
+        return phone[:2] + "*" * (n - 6) + phone[-4:]
+    if n >= 9:
+        return phone[:2] + "*" * (n - 4) + phone[-2:]
+    if n > 2:
+        return "*" * (n - 2) + phone[-2:]
+    return "*" * n
 
 
 def mask_recipient(raw: str) -> str:

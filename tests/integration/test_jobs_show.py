@@ -89,7 +89,7 @@ def test_show_by_id_tells_the_whole_story_masked(outbox_db: str, story: int) -> 
     assert code == 0
     assert text.startswith(f"job {story}\n")
     assert "status:         ACCEPTED (version 7)" in text
-    assert "recipient:      5511*****4321" in text
+    assert "recipient:      55*******4321" in text
     assert NORMALIZED not in text and "98765" not in text
     assert TEXT not in text and "445566" not in text and KEY not in text
     assert "gateway job id: gw-77" in text
@@ -112,7 +112,7 @@ def test_show_by_key_and_as_json(outbox_db: str, story: int) -> None:
     assert code == 0
     payload = json.loads(raw)
     assert payload["job"]["id"] == story
-    assert payload["job"]["recipient"] == "5511*****4321"
+    assert payload["job"]["recipient"] == "55*******4321"
     assert [a["outcome"] for a in payload["attempts"]] == ["RETRY_WAIT", "DEAD", "ACCEPTED"]
     assert [e["version"] for e in payload["events"]] == list(range(1, 8))
     assert payload["commands"][0]["actor"] == "alice"
@@ -133,7 +133,7 @@ def test_list_json(outbox_db: str, story: int) -> None:
     assert payload["total"] == 1 and payload["page"] == 1 and payload["pages"] == 1
     (job,) = payload["jobs"]
     assert job["id"] == story and job["status"] == "ACCEPTED"
-    assert job["recipient"] == "5511*****4321" and NORMALIZED not in out.getvalue()
+    assert job["recipient"] == "55*******4321" and NORMALIZED not in out.getvalue()
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -103,7 +103,7 @@ def test_text_shows_the_job_masked_with_every_section() -> None:
     text = job_history_text(_history(), now=_at(600))
     assert text.startswith("job 42\n")
     assert "status:         ATTEMPTING (version 7)" in text
-    assert "recipient:      5511*****4321" in text and "conversation:   5511*****4321" in text
+    assert "recipient:      55*******4321" in text and "conversation:   55*******4321" in text
     assert PHONE not in text and "98765" not in text
     assert "message:        text (text not shown)" in text
     assert "created:        2026-03-01 12:00:00Z (10m00s ago)" in text
@@ -131,8 +131,8 @@ def test_text_of_a_job_with_no_history() -> None:
 
 def test_json_has_the_same_facts_masked() -> None:
     payload = json.loads(job_history_json(_history(), now=_at(600)))
-    assert payload["job"]["recipient"] == "5511*****4321"
-    assert payload["job"]["conversation"] == "5511*****4321"
+    assert payload["job"]["recipient"] == "55*******4321"
+    assert payload["job"]["conversation"] == "55*******4321"
     assert payload["job"]["age_s"] == 600.0
     assert "text" not in payload["job"]
     assert [a["reference"] for a in payload["attempts"]] == ["42-1", "42-2", "42-3"]
@@ -149,6 +149,6 @@ def test_list_json_masks_and_paginates() -> None:
     job = ListedJob(1, "shop-1", PHONE, "FAILED", 3, T0, "boom", _at(5))
     payload = json.loads(jobs_json([job], now=_at(60), page=2, limit=1, total=3))
     assert payload["page"] == 2 and payload["pages"] == 3 and payload["total"] == 3
-    assert payload["jobs"][0]["recipient"] == "5511*****4321"
+    assert payload["jobs"][0]["recipient"] == "55*******4321"
     assert payload["jobs"][0]["age_s"] == 60.0
     assert PHONE not in json.dumps(payload)

@@ -59,3 +59,11 @@ def test_only_ascii_digits_make_a_recipient(raw: str) -> None:
     # conversation key do not: a different conversation, or a send that fails late.
     with pytest.raises(InvalidRecipient):
         normalize_recipient(raw)
+
+
+@pytest.mark.parametrize("number", ["14155552671", "1415555267", "5511987654321", "551198765"])
+def test_a_masked_number_hides_at_least_six_digits(number: str) -> None:
+    masked = mask_recipient(number)
+    assert masked.count("*") >= 6 - (len(number) < 10) and len(masked) == len(number)
+    shown = [c for c in masked if c != "*"]
+    assert len(shown) <= 6, masked

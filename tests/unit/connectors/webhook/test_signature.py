@@ -174,5 +174,5 @@ def test_event_id_digest_is_stable_and_label_case_insensitive() -> None:
 def test_masked_body_hides_recipients_only() -> None:
     body = {"id": "g-1", "status": "failed", "to": "5511987654321", "phone": 5}
     masked = masked_body(body)
-    assert masked == {"id": "g-1", "status": "failed", "to": "5511*****4321", "phone": 5}
+    assert masked == {"id": "g-1", "status": "failed", "to": "55*******4321", "phone": 5}
     assert body["to"] == "5511987654321"  # the caller's dict is untouched
