@@ -78,6 +78,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import email.utils
+import json
 import math
 import re
 import time
@@ -140,11 +141,24 @@ def mask_secret(secret: str) -> str:
 
 
 def mask_text(text: str, sensitive: Iterable[str] = ()) -> str:
-    """Redact every ``sensitive`` value and mask phone-like digit runs in ``text``."""
+    """Redact every ``sensitive`` value and mask phone-like digit runs in ``text``.
+
+    A gateway may echo a value as it was sent, JSON-escaped (``\\n`` for a newline, with
+    or without ``\\u`` escapes) or with its whitespace collapsed: each form is redacted.
+    """
     for value in sensitive:
         # Very short values (a one-letter message) would redact half the sentence.
-        if len(value) >= 3:
-            text = text.replace(value, "[redacted]")
+        if len(value) < 3:
+            continue
+        forms = {
+            value,
+            " ".join(value.split()),
+            orjson.dumps(value).decode()[1:-1],
+            json.dumps(value)[1:-1],
+        }
+        for form in sorted(forms, key=len, reverse=True):
+            if len(form) >= 3:
+                text = text.replace(form, "[redacted]")
     return _PHONE_RE.sub(lambda m: mask_phone(m.group(0)), text)
 
 
@@ -313,8 +327,8 @@ def error_reason(response: GatewayResponse, sensitive: Iterable[str] = ()) -> st
         text = _message_from_json(body)
         if text is None:
             text = raw[: MAX_REASON_CHARS * 4].decode("utf-8", errors="replace")
-    text = " ".join(text.split())
-    masked = mask_text(text, sensitive)
+    # Redacted before the whitespace is collapsed: a multi-line text echoed back must match.
+    masked = " ".join(mask_text(text, sensitive).split())
     if len(masked) > MAX_REASON_CHARS:
         masked = masked[: MAX_REASON_CHARS - 3] + "..."
     return masked

@@ -157,7 +157,7 @@ def graph_error(response: GatewayResponse, sensitive: Iterable[str] = ()) -> Gra
     message = raw_message if isinstance(raw_message, str) else ""
     if isinstance(details, str) and details and details not in message:
         message = f"{message} ({details})" if message else details
-    text = mask_text(" ".join(message.split()), sensitive)
+    text = " ".join(mask_text(message, sensitive).split())  # redacted before it is flattened
     if len(text) > MAX_REASON_CHARS:
         text = text[: MAX_REASON_CHARS - 3] + "..."
     return GraphError(

@@ -105,7 +105,7 @@ def error_reason(errors: Any, sensitive: tuple[str, ...] = ()) -> str | None:
     text = ": ".join(parts) if parts else "error"
     if details and details not in text:
         text += f" ({details})"
-    text = mask_text(" ".join(text.split()), sensitive)
+    text = " ".join(mask_text(text, sensitive).split())  # redacted before it is flattened
     if len(text) > MAX_REASON_CHARS:
         text = text[: MAX_REASON_CHARS - 3] + "..."
     return text

@@ -7,6 +7,7 @@ import http
 import ssl
 
 import aiohttp
+import orjson
 import pytest
 from aiohttp.client_reqrep import ConnectionKey
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -322,6 +323,24 @@ def test_error_reason_truncated_and_masked() -> None:
     assert "5511987654321" not in reason
     assert "55*******4321" in reason
     assert "Ola mundo segredo" not in reason
+
+
+TEXT_2FA = "Your code is 482913.\nDo not share it."
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        # The text echoed in a JSON message (decoded: real newline), in a non-JSON body
+        # JSON-escaped, and with its whitespace collapsed by the gateway.
+        orjson.dumps({"error": f"bad template for text {TEXT_2FA}"}),
+        b'<html>rejected "Your code is 482913.\\nDo not share it."</html>',
+        b"rejected: Your code is 482913. Do not share it.",
+    ],
+)
+def test_a_multi_line_text_echoed_back_never_reaches_the_reason(body: bytes) -> None:
+    reason = error_reason(response(400, body), sensitive=(TEXT_2FA,))
+    assert "482913" not in reason and "[redacted]" in reason, reason
 
 
 # --- masking ----------------------------------------------------------------------
