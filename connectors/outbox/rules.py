@@ -68,10 +68,17 @@ def check_priority(value: object) -> Priority:
     raise RuleViolation(f"unknown priority {value!r}; use one of {allowed}")
 
 
+MAX_ATTEMPTS = 100
+"""The most attempts one job may ask for: past it a typo (``max_attempts=1e9``) would retry
+a message for ever against a gateway that refuses it."""
+
+
 def check_max_attempts(value: object) -> int:
-    """Return ``value`` if it is an integer of at least 1."""
-    if not isinstance(value, int) or value < 1:
-        raise RuleViolation(f"max_attempts must be a positive integer, not {value!r}")
+    """Return ``value`` if it is an integer from 1 to :data:`MAX_ATTEMPTS`."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_ATTEMPTS:
+        raise RuleViolation(
+            f"max_attempts must be an integer from 1 to {MAX_ATTEMPTS}, not {value!r}"
+        )
     return value
 
 

@@ -135,11 +135,11 @@ def test_max_attempts_positive_integer(value: int) -> None:
     assert check_max_attempts(value) == value
 
 
-@pytest.mark.parametrize("value", [0, -1, "5", 1.5, None])
+@pytest.mark.parametrize("value", [0, -1, "5", 1.5, None, 101, 10**9, True])
 def test_max_attempts_rejections(value: object) -> None:
     with pytest.raises(RuleViolation) as raised:
         check_max_attempts(value)
-    assert str(raised.value) == f"max_attempts must be a positive integer, not {value!r}"
+    assert str(raised.value) == f"max_attempts must be an integer from 1 to 100, not {value!r}"
 
 
 def test_message_type_text_is_supported() -> None:
@@ -236,7 +236,7 @@ def test_the_same_intent_is_valid_at_both_ends() -> None:
         ({"to": "someone@example.com"}, "recipient 'so***@example.com' is not a WhatsApp JID"),
         ({"to": ""}, "recipient is missing"),
         ({"priority": "urgent"}, f"unknown priority 'urgent'; {PRIORITIES}"),
-        ({"max_attempts": 0}, "max_attempts must be a positive integer, not 0"),
+        ({"max_attempts": 0}, "max_attempts must be an integer from 1 to 100, not 0"),
     ],
 )
 def test_api_and_relay_reject_by_the_same_rule(overrides: dict[str, object], reason: str) -> None:
