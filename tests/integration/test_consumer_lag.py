@@ -238,7 +238,11 @@ async def _commit(bootstrap: str, group: str, topic: str, offset: int) -> None:
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     tp = TopicPartition(topic, 0)
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group)
+    # No auto-commit: aiokafka's stop() commits the consumer's position, which its fetcher
+    # may have reset to the end (10) in the meantime; a CI run read committed=10.
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False
+    )
     await consumer.start()
     try:
         consumer.assign([tp])
