@@ -45,7 +45,7 @@ SETTINGS_MODULES = (
 )
 """Modules holding settings classes; every ``SettingsBase`` subclass they define counts."""
 
-NOT_SETTINGS = frozenset({"ZAPSTREAM_SECRETS_DIR"})
+NOT_SETTINGS = frozenset({"ZAPSTREAM_SECRETS_DIR", "ZAPSTREAM_ALLOW_DEMO_SECRETS"})
 """``ZAPSTREAM_*`` variables read outside the settings classes (allow-list)."""
 
 _SENSITIVE = ("KEY", "TOKEN", "SECRET", "PASSWORD", "DATABASE_URL")
