@@ -171,7 +171,8 @@ def _identify(request: web.Request) -> Operator | web.Response:
         return _html(pages.login_page(failed=False), status=401)
     operator = request.app[_SESSIONS].find(session_id)
     if operator is None:
-        response = web.HTTPSeeOther("/login?ended=1")
+        # A plain 303 (returning an HTTPException instance is deprecated in aiohttp).
+        response = web.Response(status=303, headers={"Location": "/login?ended=1"})
         _forget_cookie(request, response)
         return response
     return operator
