@@ -153,7 +153,9 @@ def test_a_short_token_refuses_the_start_in_one_line_naming_the_setting(
     from connectors.startup import startup_failure_lines
 
     short = "short-token-0123456789"  # 22 characters: accepted before
-    monkeypatch.setenv("ZAPSTREAM_CONSOLE_TOKENS", json.dumps({short: {"operator": "a"}}))
+    monkeypatch.setenv(
+        "ZAPSTREAM_CONSOLE_TOKENS", json.dumps({short: {"operator": "a", "role": "viewer"}})
+    )
     with pytest.raises(ValidationError) as exc:
         ConsoleSettings()
     lines = startup_failure_lines(exc.value, {})
