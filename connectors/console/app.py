@@ -51,6 +51,7 @@ from connectors.ops.jobs_sql import JobHistory, database_now, fetch_history, fet
 from connectors.ops.status import read_consumer_lag
 from connectors.outbox.commands import InvalidCommand
 from streams.kernel.contract import JobStatus
+from streams.kernel.runtime.health import IDLE_CONNECTION_TIMEOUT_S
 from streams.kernel.runtime.outage import OutageLog
 from streams.kernel.runtime.service import Service
 from streams.kernel.state_machine import REPROCESSABLE
@@ -578,7 +579,12 @@ class ConsoleServer(Service):
         from streams.kernel.failures import StartRefused
 
         settings = self._settings
-        runner = web.AppRunner(build_app(settings), access_log=None, handle_signals=False)
+        runner = web.AppRunner(
+            build_app(settings),
+            access_log=None,
+            handle_signals=False,
+            keepalive_timeout=IDLE_CONNECTION_TIMEOUT_S,
+        )
         await runner.setup()
         self._runner = runner  # closed by on_stop, also after a failed start
         try:
