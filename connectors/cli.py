@@ -62,8 +62,9 @@ _OWN_PACKAGES = frozenset({"streams", "connectors"})
 
 
 def _configure_logging(level: str) -> None:
-    from connectors.startup import MaskingFormatter
+    from connectors.startup import MaskingFormatter, mask_every_log_record
 
+    mask_every_log_record()
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(MaskingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=level.upper(), handlers=[handler])

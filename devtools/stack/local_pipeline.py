@@ -45,7 +45,7 @@ SIM_TOKEN = "dev-zap-token"
 WEBHOOK_SECRET = "dev-webhook-secret"
 META_APP_SECRET = "dev-meta-app-secret"
 META_VERIFY_TOKEN = "dev-meta-verify-token"
-CONSOLE_DEMO_TOKEN = "dev-console-demo-token"
+CONSOLE_DEMO_TOKEN = "dev-console-demo-token-not-a-secret"
 """The console login of ``make dev`` (operator ``demo``): a fixed demo value, not a secret."""
 CONSOLE_DEMO_TOKENS = {CONSOLE_DEMO_TOKEN: {"operator": "demo", "role": "operator"}}
 LOGIN_ROLES = {
