@@ -223,12 +223,12 @@ def strimzi_secrets(objects: list[Obj]) -> dict[str, Obj]:
             continue
         cluster = obj["metadata"].get("labels", {}).get("strimzi.io/cluster")
         if cluster:
-            keys = ("ca.crt", "ca.p12", "ca.password")
-            found[f"{cluster}-cluster-ca-cert"] = {"data": dict.fromkeys(keys, "")}
+            ca_keys = ("ca.crt", "ca.p12", "ca.password")
+            found[f"{cluster}-cluster-ca-cert"] = {"data": dict.fromkeys(ca_keys, "")}
         auth = obj.get("spec", {}).get("authentication", {}).get("type")
         if obj["kind"] == "KafkaUser" and auth == "scram-sha-512":
-            keys = ("password", "sasl.jaas.config")
-            found[obj["metadata"]["name"]] = {"data": dict.fromkeys(keys, "")}
+            user_keys = ("password", "sasl.jaas.config")
+            found[obj["metadata"]["name"]] = {"data": dict.fromkeys(user_keys, "")}
     return found
 
 
