@@ -39,14 +39,18 @@ HEADER = """\
 # Operator must watch this namespace (the Kafka resource's
 # spec.entityOperator.userOperator.watchedNamespace: zapstream); it writes each user's password
 # into a Secret of the user's name (key `password`), mounted by the workload of that user
-# (kafka-sasl.yaml). docs/guides/security.md explains the table.
+# (kafka-sasl.yaml), or by KEDA's trigger (zapstream-keda: keda-kafka-auth.yaml).
+# docs/guides/security.md explains the table.
 """
 
 
 def prod_table() -> dict[str, ComponentAccess]:
-    """The production access: Strimzi creates the topics, no prefix."""
+    """The production access: Strimzi creates the topics, no prefix, KEDA scales the workers."""
     return access_table(
-        TopicNames(PROD_PREFIX), create_topics=False, relay_exactly_once=PROD_EXACTLY_ONCE
+        TopicNames(PROD_PREFIX),
+        create_topics=False,
+        relay_exactly_once=PROD_EXACTLY_ONCE,
+        autoscaler=True,
     )
 
 

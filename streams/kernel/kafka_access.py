@@ -25,6 +25,9 @@ component         what it does on Kafka
 ``admin``         ``zapstream topics ensure`` and ``zapstream doctor``: creates and describes
                   the contract's topics. Not needed where topics are created otherwise
                   (Strimzi ``KafkaTopic``: :func:`access_table` with ``create_topics=False``)
+``keda``          not zapstream's: KEDA's kafka scaler, which scales the workers on their
+                  group's lag (``k8s/base/worker.yaml``): describes the worker's group and the
+                  intent topics (``autoscaler=True``)
 ================  ==========================================================================
 
 The console, ``zapstream db``, ``outbox`` and ``jobs`` commands use PostgreSQL only (the
@@ -124,6 +127,8 @@ class ComponentAccess:
     """Topics it produces to."""
     creates: tuple[str, ...] = ()
     """Topics it creates (and describes): ``zapstream topics ensure``."""
+    describes: tuple[str, ...] = ()
+    """Topics whose metadata and offsets only it reads (Describe): KEDA's lag."""
     groups: tuple[Resource, ...] = ()
     """Consumer groups it joins or commits offsets in (Read, Describe)."""
     describes_groups: tuple[str, ...] = ()
@@ -136,7 +141,7 @@ class ComponentAccess:
 
     def topics(self) -> tuple[str, ...]:
         """Every contract topic it reads, writes or creates, each once, in order."""
-        return tuple(dict.fromkeys((*self.reads, *self.writes, *self.creates)))
+        return tuple(dict.fromkeys((*self.reads, *self.writes, *self.creates, *self.describes)))
 
     def grants(self) -> dict[Resource, frozenset[Operation]]:
         """Resource -> the operations allowed on it."""
@@ -149,6 +154,7 @@ class ComponentAccess:
         allow(_topics(self.reads), Operation.READ, Operation.DESCRIBE)
         allow(_topics(self.writes), Operation.WRITE, Operation.DESCRIBE)
         allow(_topics(self.creates), Operation.CREATE, Operation.DESCRIBE)
+        allow(_topics(self.describes), Operation.DESCRIBE)
         allow(self.groups, Operation.READ, Operation.DESCRIBE)
         allow((Resource(ResourceType.GROUP, g) for g in self.describes_groups), Operation.DESCRIBE)
         allow(self.transactional_ids, Operation.WRITE, Operation.DESCRIBE)
@@ -200,6 +206,7 @@ def access_table(
     worker_app_id: str = WORKER_APP_ID,
     sink_group: str = SINK_GROUP,
     users: Mapping[str, str] | None = None,
+    autoscaler: bool = False,
 ) -> dict[str, ComponentAccess]:
     """Component -> its access, every name under ``names``' prefix.
 
@@ -210,7 +217,8 @@ def access_table(
     (``ZAPSTREAM_RELAY_EXACTLY_ONCE`` may be turned on); False: the at-least-once relay's
     writes only. ``worker_app_id``, ``sink_group``: the worker's app id and the sink's group
     before the prefix (``ZAPSTREAM_WORKER_APP_ID``, ``ZAPSTREAM_SINK_GROUP_ID``).
-    ``users``: component -> Kafka user, default :func:`default_user`.
+    ``users``: component -> Kafka user, default :func:`default_user`. ``autoscaler``: a
+    ``keda`` user for KEDA's kafka scaler (Kubernetes), which reads the worker group's lag.
     """
     n = names
     worker_group = n.group(worker_app_id)
@@ -261,6 +269,15 @@ def access_table(
     ]
     if create_topics:
         table.append(ComponentAccess("admin", user("admin"), creates=n.all()))
+    if autoscaler:
+        table.append(
+            ComponentAccess(
+                "keda",
+                user("keda"),
+                describes=(n.intents, n.bulk_intents),
+                describes_groups=(worker_group,),
+            )
+        )
     return {access.component: access for access in table}
 
 

@@ -10,6 +10,7 @@ password (the Secret Strimzi writes for it) and the cluster CA, and no other wor
 
 from __future__ import annotations
 
+import base64
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -20,13 +21,20 @@ import yaml
 
 from devtools.deploy import kafka_users
 from streams.kernel.contract import TopicNames
-from streams.kernel.kafka_access import ComponentAccess, access_table, strimzi_acls
+from streams.kernel.kafka_access import (
+    ComponentAccess,
+    Operation,
+    ResourceType,
+    access_table,
+    strimzi_acls,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 PROD = ROOT / "k8s" / "overlays" / "prod"
 KAFKA_CLIENTS = ("relay", "worker", "sink", "webhook", "lag-monitor")
 """The ``zapstream`` commands that are Kafka clients (and their components' names)."""
 SECRETS_DIR = "ZAPSTREAM_SECRETS_DIR"
+DESCRIBE = Operation.DESCRIBE
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +67,7 @@ def _table(objects: list[dict[str, Any]]) -> dict[str, ComponentAccess]:
         relay_exactly_once=config.get("ZAPSTREAM_RELAY_EXACTLY_ONCE", "false").lower() == "true",
         worker_app_id=config.get("ZAPSTREAM_WORKER_APP_ID", "zapstream-worker"),
         sink_group=config.get("ZAPSTREAM_SINK_GROUP_ID", "zapstream-state-sink"),
+        autoscaler=True,
     )
 
 
@@ -96,7 +105,8 @@ def test_one_kafka_user_per_kafka_client_with_exactly_the_acls_of_the_table(
     objects: list[dict[str, Any]],
 ) -> None:
     table = _table(objects)
-    assert set(table) == set(KAFKA_CLIENTS)  # no admin: Strimzi creates the topics
+    # No admin: Strimzi creates the topics; KEDA reads the worker group's lag.
+    assert set(table) == {*KAFKA_CLIENTS, "keda"}
     users = {o["metadata"]["name"]: o for o in objects if o["kind"] == "KafkaUser"}
     assert set(users) == {access.user for access in table.values()}
     clusters = {
@@ -157,3 +167,29 @@ def test_the_kafka_users_file_is_generated_from_the_table() -> None:
         "k8s/overlays/prod/kafka-users.yaml is stale: run "
         "`.venv/bin/python -m devtools.deploy.kafka_users`"
     )
+
+
+def test_keda_reads_the_worker_groups_lag_as_its_own_user(
+    objects: list[dict[str, Any]],
+) -> None:
+    keda = _table(objects)["keda"]
+    [auth] = [o for o in objects if o["kind"] == "TriggerAuthentication"]
+    refs = {r["parameter"]: (r["name"], r["key"]) for r in auth["spec"]["secretTargetRef"]}
+    login = refs.pop("username")
+    assert refs == {
+        "password": (keda.user, "password"),
+        "ca": (f"{kafka_users.CLUSTER}-cluster-ca-cert", "ca.crt"),
+    }
+    [secret] = [o for o in objects if o["kind"] == "Secret" and o["metadata"]["name"] == login[0]]
+    assert base64.b64decode(secret["data"][login[1]]).decode() == keda.user
+    [scaled] = [o for o in objects if o["kind"] == "ScaledObject"]
+    kafka_triggers = [t for t in scaled["spec"]["triggers"] if t["type"] == "kafka"]
+    assert kafka_triggers
+    for trigger in kafka_triggers:
+        assert trigger["authenticationRef"] == {"name": auth["metadata"]["name"]}, trigger
+        assert (trigger["metadata"]["sasl"], trigger["metadata"]["tls"]) == (
+            "scram_sha512",
+            "enable",
+        )
+        assert keda.allows(ResourceType.GROUP, trigger["metadata"]["consumerGroup"], DESCRIBE)
+        assert keda.allows(ResourceType.TOPIC, trigger["metadata"]["topic"], DESCRIBE)

@@ -175,6 +175,18 @@ def test_strimzi_acls_name_resources_and_operations_as_the_crd_does() -> None:
     assert faust == [{"resource": faust_topics, "operations": operations, "host": "*"}]
 
 
+def test_keda_only_describes_the_worker_group_and_the_intent_topics() -> None:
+    t = TopicNames(PREFIX)
+    keda = access_table(t, autoscaler=True)["keda"]
+    assert keda.user == "zapstream-keda"
+    assert {r: set(ops) for r, ops in keda.grants().items()} == {
+        topic(t.intents): {D},
+        topic(t.bulk_intents): {D},
+        Resource(ResourceType.GROUP, t.group("zapstream-worker")): {D},
+    }
+    assert "keda" not in access_table(t)
+
+
 def test_users_can_be_named() -> None:
     table = access_table(TopicNames(), users={"relay": "cdc"})
     assert table["relay"].user == "cdc"
