@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
+from psycopg import sql
 
 from connectors.ops.topics import ensure_topics
 from connectors.outbox.migrate import migrate
@@ -45,9 +47,21 @@ SIM_TOKEN = "dev-zap-token"
 WEBHOOK_SECRET = "dev-webhook-secret"
 META_APP_SECRET = "dev-meta-app-secret"
 META_VERIFY_TOKEN = "dev-meta-verify-token"
-CONSOLE_DEMO_TOKEN = "dev-console-demo-token"
+CONSOLE_DEMO_TOKEN = "dev-console-demo-token-not-a-secret"
 """The console login of ``make dev`` (operator ``demo``): a fixed demo value, not a secret."""
 CONSOLE_DEMO_TOKENS = {CONSOLE_DEMO_TOKEN: {"operator": "demo", "role": "operator"}}
+LOGIN_ROLES = {
+    "relay": "zs_relay",
+    "worker": "zs_worker",
+    "sink": "zs_sink",
+    "webhook": "zs_webhook",
+    "console": "zs_console",
+    "operator": "zs_operator",
+    "app": "zs_app",
+    "prune": "zs_prune",
+}
+"""The login role of each component with ``per_component_roles`` (a member of its
+``zapstream_<component>`` group role)."""
 BROKERS = ("tansu", "kafka")
 BROKER_ENV = "DEVSTACK_BROKER"
 """Picks the broker of a pipeline that was not given one: ``kafka`` (default) or ``tansu``.
@@ -82,6 +96,7 @@ class LocalPipeline:
         kafka_nodes: int = 1,
         topic_prefix: str = "",
         own_broker: bool = False,
+        per_component_roles: bool = False,
         sasl: bool = False,
     ) -> None:
         """``broker``: ``"tansu"`` or ``"kafka"`` (Apache Kafka, one KRaft node); default
@@ -90,6 +105,12 @@ class LocalPipeline:
         factor 3, ``min.insync.replicas`` 2; the topics and Faust's changelogs get RF 3).
 
         ``with_sink``: :meth:`start` also runs ``zapstream sink`` (states into PostgreSQL).
+
+        ``per_component_roles``: the recommended production setup. :meth:`start` applies
+        the group roles (:mod:`connectors.outbox.roles`), creates the publication and the
+        slot as the owner (what ``zapstream db migrate`` does), and one login role per
+        component (:data:`LOGIN_ROLES`, the relay's with REPLICATION); each service then
+        connects as its own (:meth:`component_dsn`), never as the superuser.
 
         ``topic_prefix``: ``ZAPSTREAM_KAFKA_TOPIC_PREFIX`` of :meth:`start`'s ``topics ensure``,
         of every service and of :meth:`kafka_settings` (every topic and group named with it).
@@ -191,6 +212,7 @@ class LocalPipeline:
         self.processes: list[ManagedProcess] = []
         self.with_sink = with_sink
         self.sink: ManagedProcess | None = None
+        self.per_component_roles = per_component_roles
 
     # --- lifecycle -----------------------------------------------------------------
 
@@ -212,6 +234,8 @@ class LocalPipeline:
             assert isinstance(self.kafka, KafkaBroker)
             self.kafka.create_acls(acl_bindings(self.kafka_access))
         migrate(self.dsn)
+        if self.per_component_roles:
+            self.create_component_roles()
         asyncio.run(ensure_topics(self.kafka_settings()))
         self.simulator = self.process(
             "gateway-sim",
@@ -258,6 +282,43 @@ class LocalPipeline:
         if self.pg_proxy is None:
             return self.dsn
         return f"postgresql://postgres@127.0.0.1:{self.pg_proxy.port}/postgres"
+
+    def component_dsn(self, component: str) -> str:
+        """The DSN ``component`` connects with: its own login role with ``per_component_roles``
+        (through ``pg_proxy`` when proxied), else :attr:`service_dsn` (the superuser)."""
+        if not self.per_component_roles:
+            return self.service_dsn
+        port = self.pg_proxy.port if self.pg_proxy is not None else self.postgres.port
+        return f"postgresql://{LOGIN_ROLES[component]}@127.0.0.1:{port}/postgres"
+
+    def _database_env(self, component: str) -> dict[str, str]:
+        if not self.per_component_roles:
+            return {}
+        return {"ZAPSTREAM_DATABASE_URL": self.component_dsn(component)}
+
+    def create_component_roles(self) -> None:
+        """Group roles and grants, publication and slot as the owner, and one login role per
+        component in :data:`LOGIN_ROLES` (the cluster trusts local connections: no passwords)."""
+        from connectors.cdc.provisioning import ensure_replication
+        from connectors.cdc.settings import RelaySettings
+        from connectors.outbox.roles import apply_roles, component_role
+
+        apply_roles(self.dsn)
+        defaults = RelaySettings.model_fields
+        ensure_replication(
+            self.dsn,
+            slot=str(defaults["slot"].default),
+            publication=str(defaults["publication"].default),
+        )
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            for component, login in LOGIN_ROLES.items():
+                spec = component_role(component)
+                replication = " REPLICATION" if spec.replication else ""
+                conn.execute(
+                    sql.SQL("CREATE ROLE {} LOGIN{} IN ROLE {}").format(
+                        sql.Identifier(login), sql.SQL(replication), sql.Identifier(spec.role)
+                    )
+                )
 
     @property
     def service_brokers(self) -> str:
@@ -398,7 +459,11 @@ class LocalPipeline:
         proc = self.process(
             name,
             ["relay"],
-            {"ZAPSTREAM_RELAY_STATUS_INTERVAL_S": "0.5", **(env or {})},
+            {
+                "ZAPSTREAM_RELAY_STATUS_INTERVAL_S": "0.5",
+                **self._database_env("relay"),
+                **(env or {}),
+            },
             kafka_user="relay",
         )
         proc.start()
@@ -413,6 +478,7 @@ class LocalPipeline:
         full_env = {
             "ZAPSTREAM_WORKER_WEB_PORT": str(find_free_port()),
             "ZAPSTREAM_WORKER_DATA_DIR": str(self.dir / name),
+            **self._database_env("worker"),
             **self.worker_env,
             **(env or {}),
         }
@@ -432,6 +498,7 @@ class LocalPipeline:
         full_env = {
             "ZAPSTREAM_SINK_METRICS_PORT": str(find_free_port()),
             "ZAPSTREAM_SINK_RETRY_MAX_S": "2",
+            **self._database_env("sink"),
             **(env or {}),
         }
         proc = self.process(name, ["sink"], full_env, kafka_user="sink")
@@ -481,6 +548,7 @@ class LocalPipeline:
                 "ZAPSTREAM_CONSOLE_TOKENS": json.dumps(tokens or CONSOLE_DEMO_TOKENS),
                 "ZAPSTREAM_CONSOLE_PORT": str(port),
                 "ZAPSTREAM_CONSOLE_LAG_URL": lag_url,
+                **self._database_env("console"),
             },
         )
         proc.start()
@@ -495,7 +563,11 @@ class LocalPipeline:
         proc = self.process(
             name,
             ["webhook"],
-            {"ZAPSTREAM_WEBHOOK_PORT": str(port), **(env or {})},
+            {
+                "ZAPSTREAM_WEBHOOK_PORT": str(port),
+                **self._database_env("webhook"),
+                **(env or {}),
+            },
             kafka_user="webhook",
         )
         proc.start()

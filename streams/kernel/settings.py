@@ -395,6 +395,7 @@ class PostgresSettings(SettingsBase):
                 "write postgresql://user:password@host:5432/database"
             ) from None
         return url
+
     connect_timeout_s: int = Field(default=10, ge=2)
     """libpq ``connect_timeout``: the longest a connection attempt (TCP, TLS, login) waits."""
     keepalives_idle_s: int = Field(default=15, ge=1)

@@ -143,9 +143,29 @@ BROKEN: dict[str, tuple[Callable[[Path], None], str]] = {
         "('honourLabels' was unexpected)",
     ),
     "missing secret": (
-        lambda k: _edit(k / "base" / "sink.yaml", "name: zapstream-secrets", "name: sink-secrets"),
-        "Deployment/zapstream-sink: volume secrets: secret sink-secrets is neither rendered nor "
-        "the external zapstream-secrets",
+        lambda k: _edit(
+            k / "base" / "webhook.yaml", "name: zapstream-secrets", "name: webhook-secrets"
+        ),
+        "Deployment/zapstream-webhook: volume secrets: secret webhook-secrets is neither rendered "
+        "nor the external zapstream-secrets",
+    ),
+    "another workload's database login": (
+        lambda k: _edit(
+            k / "base" / "webhook.yaml",
+            "name: zapstream-webhook-database",
+            "name: zapstream-relay-database",
+        ),
+        "Deployment/zapstream-webhook: mounts zapstream-relay-database: each workload mounts its "
+        "own, zapstream-webhook-database",
+    ),
+    "the database login in the shared secret": (
+        lambda k: _edit(
+            k / "base" / "sink.yaml",
+            "name: zapstream-sink-database",
+            "name: zapstream-secrets",
+        ),
+        "Deployment/zapstream-sink: ZAPSTREAM_DATABASE_URL comes from zapstream-sink-database, "
+        "not from zapstream-secrets",
     ),
     "secret key that is no setting": (
         lambda k: _edit(
