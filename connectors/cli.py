@@ -209,7 +209,7 @@ def _require_topics(kafka: KafkaSettings, deployable: str) -> None:
     """Refuse to start on missing or auto-created topics (raises a one-line StartRefused)."""
     from streams.kernel.topics_check import deployable_topic_specs, require_topics
 
-    asyncio.run(require_topics(kafka, deployable_topic_specs(deployable, kafka)))
+    asyncio.run(require_topics(kafka, deployable_topic_specs(deployable, kafka), deployable))
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:

@@ -44,9 +44,9 @@ from connectors.startup import error_detail
 from streams.kernel.settings import GatewayKind, GatewaySettings
 from streams.kernel.topics_check import (
     KafkaSecurityRefused,
+    all_topic_specs,
     partition_counts,
     topic_problems,
-    worker_topic_specs,
 )
 
 MIGRATE_HINT = "run `zapstream db migrate`"
@@ -357,7 +357,7 @@ async def _kafka_checks(relay: RelaySettings, timeout_s: float) -> list[CheckRes
             _skip("topics", "Kafka unreachable"),
         ]
     results = [_ok("kafka", f"reachable at {kafka.brokers}")]
-    specs = worker_topic_specs(kafka)
+    specs = all_topic_specs(kafka)
     problems = topic_problems(counts, specs)
     if not problems:
         prefix = kafka.topic_prefix

@@ -60,6 +60,7 @@ CRD_SCHEMAS = {
     ("keda.sh/v1alpha1", "ScaledObject"): "scaledobject-keda.sh-v1alpha1.json",
     ("keda.sh/v1alpha1", "TriggerAuthentication"): "triggerauthentication-keda.sh-v1alpha1.json",
     ("kafka.strimzi.io/v1beta2", "KafkaTopic"): "kafkatopic-kafka.strimzi.io-v1beta2.json",
+    ("kafka.strimzi.io/v1beta2", "KafkaUser"): "kafkauser-kafka.strimzi.io-v1beta2.json",
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitor-monitoring.coreos.com-v1.json",
     ("monitoring.coreos.com/v1", "PrometheusRule"): "prometheusrule-monitoring.coreos.com-v1.json",
 }
@@ -218,6 +219,26 @@ def _where(path: Any) -> str:
 # --- the semantic checks -----------------------------------------------------------------
 
 
+def strimzi_secrets(objects: list[Obj]) -> dict[str, Obj]:
+    """The Secrets Strimzi's operators write for rendered objects, as if rendered: each
+    KafkaUser's (its name; ``password`` and ``sasl.jaas.config`` for SCRAM-SHA-512) and the
+    cluster CA of each cluster a KafkaUser or KafkaTopic names (``<cluster>-cluster-ca-cert``).
+    """
+    found: dict[str, Obj] = {}
+    for obj in objects:
+        if obj.get("kind") not in ("KafkaUser", "KafkaTopic"):
+            continue
+        cluster = obj["metadata"].get("labels", {}).get("strimzi.io/cluster")
+        if cluster:
+            ca_keys = ("ca.crt", "ca.p12", "ca.password")
+            found[f"{cluster}-cluster-ca-cert"] = {"data": dict.fromkeys(ca_keys, "")}
+        auth = obj.get("spec", {}).get("authentication", {}).get("type")
+        if obj["kind"] == "KafkaUser" and auth == "scram-sha-512":
+            user_keys = ("password", "sasl.jaas.config")
+            found[obj["metadata"]["name"]] = {"data": dict.fromkeys(user_keys, "")}
+    return found
+
+
 class Render:
     """The rendered objects, indexed for the cross-object checks."""
 
@@ -225,6 +246,7 @@ class Render:
         self.objects = objects
         self.config_maps = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ConfigMap"}
         self.secrets = {o["metadata"]["name"]: o for o in objects if o["kind"] == "Secret"}
+        self.secrets.update(strimzi_secrets(objects))
 
     def of_kind(self, kind: str) -> Iterator[Obj]:
         return (o for o in self.objects if o.get("kind") == kind)

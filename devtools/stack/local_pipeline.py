@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import shutil
 import sys
 import tempfile
@@ -34,9 +35,10 @@ from connectors.outbox.migrate import migrate
 from devtools.simulator.tcp_proxy import TcpProxy
 from devtools.stack import shared_broker
 from devtools.stack.devstack import ManagedProcess, PostgresCluster, TansuBroker, find_free_port
-from devtools.stack.kafka_broker import KafkaBroker, KafkaCluster, kafka_version
+from devtools.stack.kafka_broker import BrokerSasl, KafkaBroker, KafkaCluster, kafka_version
 from devtools.stack.tls import Pki
 from streams.kernel.contract import TopicNames
+from streams.kernel.kafka_access import access_table, acl_bindings
 from streams.kernel.settings import BrokerFlavor, KafkaSettings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -95,6 +97,7 @@ class LocalPipeline:
         topic_prefix: str = "",
         own_broker: bool = False,
         per_component_roles: bool = False,
+        sasl: bool = False,
     ) -> None:
         """``broker``: ``"tansu"`` or ``"kafka"`` (Apache Kafka, one KRaft node); default
         :func:`default_broker` (``DEVSTACK_BROKER``, else Apache Kafka). ``kafka_nodes`` (with
@@ -125,7 +128,15 @@ class LocalPipeline:
         ``tls``: Kafka speaks TLS only (the broker's certificate signed by ``tls.ca_file``);
         every service, and :meth:`kafka_settings`, connects with
         ``ZAPSTREAM_KAFKA_SECURITY_PROTOCOL=SSL`` and that CA file.
+        ``sasl`` (Apache Kafka, one node of its own): clients log in (SASL_PLAINTEXT,
+        SCRAM-SHA-512) and the broker authorizes them with the ACLs of
+        :func:`streams.kernel.kafka_access.access_table` for this pipeline's names: one user
+        per component (:attr:`kafka_users`). Each service started here runs as its
+        component's user (the relay as ``zapstream-relay`` ...); :meth:`start`'s topics and
+        :meth:`kafka_settings` use the ``admin`` component's (``zapstream topics ensure``).
         """
+        if sasl and (broker == "tansu" or proxied or tls is not None or kafka_nodes != 1):
+            raise ValueError("sasl needs one Apache Kafka node, neither proxied nor TLS")
         if tls is not None and proxied:
             raise ValueError("a TLS pipeline is not proxied")
         # kafka_nodes > 1: Apache Kafka's KafkaCluster (RF kafka_nodes, min.insync 2), direct.
@@ -143,12 +154,20 @@ class LocalPipeline:
             and kafka_nodes == 1
             and not proxied
             and tls is None
+            and not sasl
         )
         if self.shares_broker and not self.topic_prefix:
             self.topic_prefix = shared_broker.next_prefix()
         self.topics = TopicNames(self.topic_prefix)
         """The names of this pipeline's topics and groups (its prefix applied)."""
         self.tls = tls
+        self.kafka_access = access_table(self.topics) if sasl else {}
+        """Component -> its Kafka access (empty without ``sasl``)."""
+        self.kafka_users = {
+            access.user: f"{access.user}-{secrets.token_hex(8)}"
+            for access in self.kafka_access.values()
+        }
+        """Kafka user -> password (``sasl``)."""
         self._own_dir = base_dir is None
         self.dir = Path(base_dir or tempfile.mkdtemp(prefix="zapstream-"))
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -181,7 +200,11 @@ class LocalPipeline:
         elif self.broker == "kafka" and kafka_nodes > 1:
             self.kafka = KafkaCluster(nodes=kafka_nodes, base_dir=self.dir / "kafka")
         elif self.broker == "kafka":
-            self.kafka = KafkaBroker(base_dir=self.dir / "kafka", tls=server_tls)
+            self.kafka = KafkaBroker(
+                base_dir=self.dir / "kafka",
+                tls=server_tls,
+                sasl=BrokerSasl(self.kafka_users) if sasl else None,
+            )
         else:
             self.kafka = TansuBroker(log_path=self.dir / "tansu.log", tls=server_tls)
         self.sim_port = find_free_port()
@@ -207,6 +230,9 @@ class LocalPipeline:
         self.postgres.start()
         if not self.shares_broker:
             self.kafka.start()
+        if self.kafka_access:
+            assert isinstance(self.kafka, KafkaBroker)
+            self.kafka.create_acls(acl_bindings(self.kafka_access))
         migrate(self.dsn)
         if self.per_component_roles:
             self.create_component_roles()
@@ -322,6 +348,14 @@ class LocalPipeline:
         security: dict[str, Any] = {}
         if self.tls is not None:
             security = {"security_protocol": "SSL", "ssl_cafile": self.tls.ca_file}
+        if self.kafka_access:
+            user = self.kafka_access["admin"].user
+            security = {
+                "security_protocol": "SASL_PLAINTEXT",
+                "sasl_mechanism": "SCRAM-SHA-512",
+                "sasl_username": user,
+                "sasl_password": self.kafka_users[user],
+            }
         return KafkaSettings(
             brokers=self.kafka.bootstrap,
             flavor=self.flavor,
@@ -334,7 +368,13 @@ class LocalPipeline:
         )
 
     def kafka_security_env(self) -> dict[str, str]:
-        """``ZAPSTREAM_KAFKA_SECURITY_PROTOCOL`` and the CA file when Kafka speaks TLS."""
+        """``ZAPSTREAM_KAFKA_SECURITY_PROTOCOL`` and the CA file when Kafka speaks TLS; the
+        protocol and mechanism with ``sasl`` (the user: :meth:`kafka_user_env`)."""
+        if self.kafka_access:
+            return {
+                "ZAPSTREAM_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+                "ZAPSTREAM_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
+            }
         if self.tls is None:
             return {}
         return {
@@ -366,6 +406,17 @@ class LocalPipeline:
             **self.kafka_security_env(),
         }
 
+    def kafka_user_env(self, component: str) -> dict[str, str]:
+        """``ZAPSTREAM_KAFKA_SASL_USERNAME``/``_PASSWORD`` of ``component``'s Kafka user
+        (``sasl``); empty without ``sasl``."""
+        access = self.kafka_access.get(component)
+        if access is None:
+            return {}
+        return {
+            "ZAPSTREAM_KAFKA_SASL_USERNAME": access.user,
+            "ZAPSTREAM_KAFKA_SASL_PASSWORD": self.kafka_users[access.user],
+        }
+
     # --- processes ----------------------------------------------------------------------
 
     def process(
@@ -375,6 +426,7 @@ class LocalPipeline:
         env: dict[str, str] | None = None,
         *,
         module: str = "connectors.cli",
+        kafka_user: str | None = None,
     ) -> ManagedProcess:
         """A ``python -m module`` subprocess (``zapstream`` by default) with the pipeline's env.
 
@@ -384,7 +436,13 @@ class LocalPipeline:
         pythonpath = os.pathsep.join(
             p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p
         )
-        full_env = {**os.environ, **self.env(), "PYTHONPATH": pythonpath, **(env or {})}
+        full_env = {
+            **os.environ,
+            **self.env(),
+            **(self.kafka_user_env(kafka_user) if kafka_user else {}),
+            "PYTHONPATH": pythonpath,
+            **(env or {}),
+        }
         proc = ManagedProcess(
             [sys.executable, "-m", module, "--log-level", self.log_level, *args],
             env=full_env,
@@ -406,6 +464,7 @@ class LocalPipeline:
                 **self._database_env("relay"),
                 **(env or {}),
             },
+            kafka_user="relay",
         )
         proc.start()
         if wait:
@@ -423,7 +482,7 @@ class LocalPipeline:
             **self.worker_env,
             **(env or {}),
         }
-        proc = self.process(name, ["worker"], full_env)
+        proc = self.process(name, ["worker"], full_env, kafka_user="worker")
         proc.start()
         if wait:
             proc.wait_for_log(r"\[\^Worker\]: Ready", timeout_s=120)
@@ -442,7 +501,7 @@ class LocalPipeline:
             **self._database_env("sink"),
             **(env or {}),
         }
-        proc = self.process(name, ["sink"], full_env)
+        proc = self.process(name, ["sink"], full_env, kafka_user="sink")
         proc.start()
         if wait:
             proc.wait_for_log(r"state sink consuming", timeout_s=60)
@@ -458,7 +517,10 @@ class LocalPipeline:
         """
         port = find_free_port()
         proc = self.process(
-            name, ["lag-monitor"], {"ZAPSTREAM_LAG_METRICS_PORT": str(port), **(env or {})}
+            name,
+            ["lag-monitor"],
+            {"ZAPSTREAM_LAG_METRICS_PORT": str(port), **(env or {})},
+            kafka_user="lag-monitor",
         )
         proc.start()
         proc.wait_for_log(r"lag monitor watching", timeout_s=30)
@@ -493,13 +555,20 @@ class LocalPipeline:
         proc.wait_for_log(r"console listening", timeout_s=30)
         return proc, f"http://127.0.0.1:{port}"
 
-    def start_webhook(self, name: str = "webhook") -> str:
-        """Run ``zapstream webhook`` and point the simulator's callbacks at it; return its URL."""
+    def start_webhook(self, name: str = "webhook", *, env: dict[str, str] | None = None) -> str:
+        """Run ``zapstream webhook`` and point the simulator's callbacks at it; return its URL.
+
+        ``env`` adds to (and overrides) its settings."""
         port = find_free_port()
         proc = self.process(
             name,
             ["webhook"],
-            {"ZAPSTREAM_WEBHOOK_PORT": str(port), **self._database_env("webhook")},
+            {
+                "ZAPSTREAM_WEBHOOK_PORT": str(port),
+                **self._database_env("webhook"),
+                **(env or {}),
+            },
+            kafka_user="webhook",
         )
         proc.start()
         url = f"http://127.0.0.1:{port}"

@@ -111,10 +111,15 @@ BROKEN: dict[str, tuple[Callable[[Path], None], str]] = {
         lambda k: _add_resource(
             k,
             "user.yaml",
-            "apiVersion: kafka.strimzi.io/v1beta2\nkind: KafkaUser\nmetadata:\n  name: zapstream\n"
-            "spec: {}\n",
+            "apiVersion: kafka.strimzi.io/v1beta2\nkind: KafkaConnector\nmetadata:\n"
+            "  name: zapstream\nspec: {}\n",
         ),
-        "KafkaUser/zapstream: unknown kind KafkaUser (kafka.strimzi.io/v1beta2)",
+        "KafkaConnector/zapstream: unknown kind KafkaConnector (kafka.strimzi.io/v1beta2)",
+    ),
+    "kafka user operation typo": (
+        lambda k: _edit(k / "overlays" / "prod" / "kafka-users.yaml", "- Describe", "- Descibe"),
+        "KafkaUser/zapstream-relay: spec.authorization.acls.0.operations.1: 'Descibe' is not "
+        "one of",
     ),
     "unknown built-in kind": (
         lambda k: _add_resource(
