@@ -133,14 +133,7 @@ async def _role_checks(
     facts = await read_role_facts(conn)
     chosen = component or infer_component(facts)
     if chosen is None:
-        if len(facts.groups) > 1:
-            return [
-                _fail(
-                    "role",
-                    f"{facts.user} is a member of {', '.join(facts.groups)}",
-                    "give each component a login role of its own, a member of one group role",
-                )
-            ]
+        # First: a superuser counts as a member of every role (pg_has_role).
         if facts.superuser or facts.owns:
             return [
                 _skip(
@@ -148,6 +141,14 @@ async def _role_checks(
                     f"{facts.user} owns the outbox (right for `zapstream db migrate` only); "
                     "check a component's own role with its ZAPSTREAM_DATABASE_URL and "
                     f"--component ({'|'.join(COMPONENTS)})",
+                )
+            ]
+        if len(facts.groups) > 1:
+            return [
+                _fail(
+                    "role",
+                    f"{facts.user} is a member of {', '.join(facts.groups)}",
+                    "give each component a login role of its own, a member of one group role",
                 )
             ]
         return [
