@@ -246,9 +246,12 @@ def _cmd_sink(args: argparse.Namespace) -> int:
 def _cmd_webhook(args: argparse.Namespace) -> int:
     from connectors.webhook.intake import WebhookIntake
     from connectors.webhook.settings import WebhookSettings
+    from streams.kernel.attempt_reference import load_reference_key
     from streams.kernel.runtime.run import run_until_signalled
 
     settings = WebhookSettings()
+    # Refused before Kafka is asked anything: a configuration fault is one line, exit 2.
+    load_reference_key(settings.gateway.reference_key.get_secret_value())
     _require_topics(settings.kafka, "webhook")
     return run_until_signalled(lambda: WebhookIntake(settings))
 
