@@ -33,6 +33,14 @@ from tests.unit.streams.test_job_processor import (
 
 S = JobStatus
 REF = JobRef(7, "k", "i", "c")
+
+
+class StackZapScripted(ScriptedGateway):
+    """The scripted gateway under StackZap's name: the receipts here come from its path."""
+
+    name = "stackzap"
+
+
 KEY = ReferenceKey("a deployment's reference key, 32+ characters")
 TAGGED_2 = KEY.reference("stackzap", "i", 7, 2)
 """The reference attempt 2 of job 7 told StackZap for instance ``i``."""
@@ -63,8 +71,7 @@ def _receipt(
 
 def _processor(*outcomes: SendAccepted) -> tuple[JobProcessor, MemoryStore]:
     store = MemoryStore()
-    gateway = ScriptedGateway(*outcomes)
-    gateway.name = "stackzap"  # type: ignore[misc]
+    gateway = StackZapScripted(*outcomes)
     processor = JobProcessor(
         gateway,
         store,
@@ -296,10 +303,9 @@ def test_receipts_move_a_job_forward_only() -> None:
 
 
 async def test_the_worker_tells_the_gateway_a_tagged_reference_and_binds_receipts_to_it() -> None:
-    gateway = ScriptedGateway(
+    gateway = StackZapScripted(
         UncertainGatewayError("reset mid-response"), SendAccepted("G2", "queued", S.ACCEPTED)
     )
-    gateway.name = "stackzap"  # type: ignore[misc]
     gateway.listing = []  # authoritative and empty: attempt 1 was not taken
     publisher = MemoryPublisher()
     p = JobProcessor(

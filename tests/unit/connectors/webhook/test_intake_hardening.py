@@ -9,7 +9,7 @@ import logging
 
 import orjson
 import pytest
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
 
 from connectors.webhook.intake import MalformedCallback, _callback_fields, _Job, unbound_because
 from connectors.webhook.meta import MalformedMetaCallback, parse_notification
@@ -113,10 +113,10 @@ def test_refusals_are_logged_once_per_window_with_a_count(
 
 def test_a_webhook_secret_shorter_than_32_characters_is_refused() -> None:
     with pytest.raises(ValidationError, match="ZAPSTREAM_WEBHOOK_SECRET is shorter than 32"):
-        WebhookSettings(secret="dev-webhook-secret")
+        WebhookSettings(secret=SecretStr("dev-webhook-secret"))
     with pytest.raises(ValidationError, match="ZAPSTREAM_WEBHOOK_SECRET is not set"):
-        WebhookSettings(secret="")
-    assert WebhookSettings(secret="x" * 32).secret.get_secret_value() == "x" * 32
+        WebhookSettings(secret=SecretStr(""))
+    assert WebhookSettings(secret=SecretStr("x" * 32)).secret.get_secret_value() == "x" * 32
     # Meta signs with META_APP_SECRET: the X-Zap secret may stay empty there.
-    meta = WebhookSettings(secret="", gateway=GatewaySettings(kind=GatewayKind.META))
+    meta = WebhookSettings(secret=SecretStr(""), gateway=GatewaySettings(kind=GatewayKind.META))
     assert meta.secret.get_secret_value() == ""
