@@ -5,7 +5,8 @@ Every gateway calls us back when a message is sent, delivered, read or fails:
 - ``POST /v1/webhooks/zapapi`` and ``POST /v1/webhooks/stackzap`` (the gateway is
   the last path segment), body ``{"event_id"?, "id", "status", "reference"?,
   "timestamp"?}``; ``id`` is the gateway's job id, ``reference`` the
-  ``Idempotency-Key`` we sent (``"<job_id>-<attempt>"``).
+  ``Idempotency-Key`` we sent (``"<job_id>-<attempt>-<tag>"``,
+  :mod:`streams.kernel.attempt_reference`).
 - ``GET /v1/webhooks/meta`` (the Cloud API's subscription handshake) and ``POST
   /v1/webhooks/meta`` (its notifications, signed ``X-Hub-Signature-256``): see
   "Meta" below.
@@ -16,20 +17,29 @@ Every gateway calls us back when a message is sent, delivered, read or fails:
 Every callback must be signed (the scheme gateways must implement; see
 :mod:`connectors.webhook.signature`)::
 
-    X-Zap-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>" + "." + raw body)>
+    X-Zap-Signature: t=<unix seconds>,v2=<hex HMAC-SHA256(secret, "<t>.<gateway>." + raw body)>
 
 ``t`` is when the gateway signed (whole seconds, UTC epoch) and is covered by the
-HMAC, so it cannot be changed without the secret. A callback is refused with 401
-(nothing published or written) when the signature is missing, malformed, the old
-untimestamped ``sha256=<hex>`` form, does not match, is older than
-``ZAPSTREAM_WEBHOOK_REPLAY_WINDOW_S`` (default 300 s) or more than
-``ZAPSTREAM_WEBHOOK_CLOCK_SKEW_S`` (default 30 s) in the future, or when the
-configured secret is empty. Several ``v1=`` entries may be sent while a secret
-is rotated. A gateway retrying a callback later than the window must sign it
-again with a fresh ``t``. Worked example: secret ``s3cret``, body
-``{"id":"g-1","status":"read"}`` signed at ``t=1767225600``: the HMAC input is
-the bytes ``1767225600.{"id":"g-1","status":"read"}`` and the header is
-``t=1767225600,v1=97c20acb621ca0693954e5acf7c064c7bb00fab3c18e10f7d1628b1da5a9f016``.
+HMAC, so it cannot be changed without the secret; ``<gateway>`` is the last segment of
+the path, so the same bytes replayed to another gateway's path do not verify. A callback
+is refused with 401 (nothing published or written) when the signature is missing,
+malformed, the old untimestamped ``sha256=<hex>`` or gateway-less ``v1=`` form, does
+not match, is older than ``ZAPSTREAM_WEBHOOK_REPLAY_WINDOW_S`` (default 300 s) or more
+than ``ZAPSTREAM_WEBHOOK_CLOCK_SKEW_S`` (default 30 s) in the future, or when the
+configured secret is empty (allowed only with ``ZAPSTREAM_GATEWAY=meta``; otherwise a
+secret under 32 characters refuses the start). Several ``v2=`` entries may be sent
+while a secret is rotated. A gateway retrying a callback later than the window must
+sign it again with a fresh ``t``. Worked example: secret ``s3cret``, body
+``{"id":"g-1","status":"read"}`` POSTed to ``/v1/webhooks/stackzap`` at
+``t=1767225600``: the HMAC input is the bytes
+``1767225600.stackzap.{"id":"g-1","status":"read"}`` and the header is
+``t=1767225600,v2=4faeac64faf2364b7c335d2278cca9aeb720ee0b95a575d761768fc81724ddea``.
+
+A signed body nested deeper than 32 levels, or with an ``id``, ``status``,
+``reference`` or ``event_id`` longer than its cap (:mod:`connectors.webhook.limits`),
+is refused with 400 and the reason. Every refusal is counted
+(``zapstream_webhook_rejected_total``) and logged at most once a minute per kind
+(:mod:`connectors.webhook.rejections`).
 
 A verified callback is looked up in ``outbox_jobs`` (by the job id in
 ``reference`` first, because the state sink may not have written
@@ -40,7 +50,12 @@ configured labels (unknown -> REVIEW) and published as a
 conversation key, so the worker applies it in order with everything else of the
 conversation. A callback for a job we cannot find becomes a
 :class:`~streams.kernel.contract.JobDead` on the dead-letter topic: accepted for review,
-never lost.
+never lost; its copy there keeps only allow-listed scalars (:data:`DEAD_LETTER_KEYS`).
+A callback that does not bind to the job it names (:func:`unbound_because`: a tagged
+reference that does not verify for the path's gateway and the job's instance, a Meta
+status about another ``phone_number_id``) is dead-lettered the same way with the reason
+and counted (``zapstream_webhook_receipts_unbound_total``); the worker checks the rest
+against the attempt (:mod:`streams.receipts`).
 
 The answer (202) is given only after Kafka acknowledged the record. When Kafka
 or PostgreSQL fails the answer is 503 and the gateway retries; a retried
@@ -49,7 +64,7 @@ gateway, id and label), so the worker drops the duplicate (it keeps the last
 event ids of each job). The body's ``timestamp`` is not used (the signed ``t`` is):
 the worker orders receipts by status, not by clock. The ``reference`` travels
 with the receipt, so the worker applies a receipt only to the job's current
-attempt: a late callback about an earlier attempt changes nothing.
+attempt it binds to: a late callback about an earlier attempt changes nothing.
 
 Meta (WhatsApp Cloud API). The handshake ``GET /v1/webhooks/meta?hub.mode=subscribe
 &hub.verify_token=<t>&hub.challenge=<c>`` answers ``c`` (200, text/plain) when ``t``
@@ -62,10 +77,13 @@ is found by ``biz_opaque_callback_data`` (our ``<job_id>-<attempt>`` reference, 
 with the message) or else by the ``wamid``; the label is mapped with
 ``ZAPSTREAM_META_LABELS`` (unknown -> REVIEW); a status with ``errors`` carries the
 first error's code, title and details as the receipt's ``reason``; the event id is
-the digest of (``meta``, wamid, status). Meta's signature has no timestamp, so a
-captured notification verifies forever: a replay is the same event id (dropped by
-the worker), a receipt never moves a job backwards and applies only to the attempt
-its reference names. Meta is answered 200 once every status is in Kafka (503 when
+the digest of (``meta``, wamid, status); ``metadata.phone_number_id`` must be the
+job's instance. Meta's signature has no timestamp, so a captured notification
+verifies forever: a status (number, wamid, status) published within the last
+:data:`META_SEEN_MAX` is answered without publishing it again
+(``zapstream_webhook_meta_replays_total``); after a restart a replay is the same
+event id (dropped by the worker), a receipt never moves a job backwards and applies
+only to the attempt it binds to. Meta is answered 200 once every status is in Kafka (503 when
 not: Meta sends the whole body again). Inbound messages and other fields are counted
 as ``ignored``.
 

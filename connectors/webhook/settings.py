@@ -35,7 +35,7 @@ class WebhookSettings(SettingsBase):
     empty only with ``ZAPSTREAM_GATEWAY=meta`` (Meta signs with ``META_APP_SECRET``), and
     then every StackZap and ZAP API callback gets 401."""
     signature_header: str = "X-Zap-Signature"
-    """Header carrying ``t=<unix seconds>,v1=<hex>`` (:mod:`connectors.webhook.signature`)."""
+    """Header carrying ``t=<unix seconds>,v2=<hex>`` (:mod:`connectors.webhook.signature`)."""
     replay_window_s: float = Field(default=300.0, gt=0)
     """Signed callbacks older than this (by their signed timestamp) get 401."""
     clock_skew_s: float = Field(default=30.0, ge=0)
