@@ -54,6 +54,9 @@ def write_secret_files(directory: Path, names: Iterator[str] | list[str]) -> dic
     values = {
         "ZAPSTREAM_DATABASE_URL": "postgresql://zapstream:pw@db.example:5432/app",
         "ZAPSTREAM_CONSOLE_TOKENS": '{"tok-0123456789abcdef": {"operator": "o", "role": "admin"}}',
+        # At least 32 characters, as the webhook and the worker require.
+        "ZAPSTREAM_WEBHOOK_SECRET": "demo-webhook-secret-0123456789abcdef",
+        "ZAPSTREAM_REFERENCE_KEY": "demo-reference-key-0123456789abcdef",
     }
     written = {}
     for name in names:
