@@ -3,7 +3,8 @@
 Settings are read here, once, and passed down; concrete gateway clients, the
 state sink and the relay are built here and handed to the parts that use them.
 
-    zapstream db migrate          apply the outbox schema
+    zapstream db migrate          apply the outbox schema, the group roles' grants, the slot
+    zapstream db roles [--print]  one group role per component (or print its SQL for a DBA)
     zapstream topics ensure       create every Kafka topic with explicit partitions
     zapstream relay               stream outbox inserts into Kafka (CDC)
     zapstream outbox restream     re-publish PENDING jobs the relay never streamed
@@ -14,7 +15,7 @@ state sink and the relay are built here and handed to the parts that use them.
     zapstream lag-monitor         consumer lag of the worker's and sink's groups, on /metrics
     zapstream jobs list|show|cancel|reprocess   operators: see, cancel and re-send jobs
     zapstream instances|campaigns pause|resume|list   operators: hold and release sending
-    zapstream doctor [--json]     check database, slot, Kafka, topics and gateway credentials
+    zapstream doctor [--json]     check database, role, slot, Kafka, topics and gateway
     zapstream status [--json]     every hop on one screen (exit 0 healthy, 1 attention)
     zapstream console             operators' web console: jobs, history, cancel/reprocess, lag
 
@@ -49,6 +50,7 @@ from connectors.console.cli import add_console_parser
 from connectors.ops.controls_cli import add_controls_parser
 from connectors.ops.jobs_cli import add_jobs_parser
 from connectors.ops.status import add_status_parser
+from connectors.outbox.roles import COMPONENTS
 
 if TYPE_CHECKING:
     from streams.kernel.settings import KafkaSettings
@@ -60,8 +62,9 @@ _OWN_PACKAGES = frozenset({"streams", "connectors"})
 
 
 def _configure_logging(level: str) -> None:
-    from connectors.startup import MaskingFormatter
+    from connectors.startup import MaskingFormatter, mask_every_log_record
 
+    mask_every_log_record()
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(MaskingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=level.upper(), handlers=[handler])
@@ -89,9 +92,36 @@ def _cmd_migrate(args: argparse.Namespace) -> int:
     dsn = PostgresSettings().dsn
     applied = migrate(dsn)
     print(f"migrations applied: {', '.join(applied) or 'none (up to date)'}")
+    if not args.no_roles:
+        _apply_roles(dsn)
     if args.no_slot:
         return 0
     return _ensure_slot(dsn, args)
+
+
+def _apply_roles(dsn: str) -> None:
+    from connectors.outbox.roles import apply_roles
+
+    result = apply_roles(dsn)
+    created = f" (created {', '.join(result.created)})" if result.created else ""
+    print(f"group roles granted: {', '.join(result.granted) or 'none'}{created}")
+    if result.missing:
+        log.warning(
+            "group roles %s do not exist and this role may not create them (no CREATEROLE): "
+            "have a DBA run `zapstream db roles --print`, then run `zapstream db migrate` again",
+            ", ".join(result.missing),
+        )
+
+
+def _cmd_roles(args: argparse.Namespace) -> int:
+    from connectors.outbox.roles import roles_sql
+    from streams.kernel.settings import PostgresSettings
+
+    if args.print:
+        sys.stdout.write(roles_sql())
+        return 0
+    _apply_roles(PostgresSettings().dsn)
+    return 0
 
 
 def _ensure_slot(dsn: str, args: argparse.Namespace) -> int:
@@ -179,7 +209,7 @@ def _require_topics(kafka: KafkaSettings, deployable: str) -> None:
     """Refuse to start on missing or auto-created topics (raises a one-line StartRefused)."""
     from streams.kernel.topics_check import deployable_topic_specs, require_topics
 
-    asyncio.run(require_topics(kafka, deployable_topic_specs(deployable, kafka)))
+    asyncio.run(require_topics(kafka, deployable_topic_specs(deployable, kafka), deployable))
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
@@ -193,6 +223,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
             GatewaySettings(),
             timeout_s=args.timeout_s,
             instance_id=args.instance,
+            component=args.component,
         )
     )
     return print_report(results, as_json=args.json)
@@ -304,7 +335,23 @@ def build_parser() -> argparse.ArgumentParser:
     migrate_parser.add_argument(
         "--no-slot", action="store_true", help="only apply migrations (the relay creates both)"
     )
+    migrate_parser.add_argument(
+        "--no-roles",
+        action="store_true",
+        help="leave the zapstream_* group roles and their grants alone (a DBA applies "
+        "`zapstream db roles --print`)",
+    )
     migrate_parser.set_defaults(func=_cmd_migrate)
+    roles_parser = db_sub.add_parser(
+        "roles",
+        help="create the zapstream_* group roles (one per component) and grant each what it needs",
+    )
+    roles_parser.add_argument(
+        "--print",
+        action="store_true",
+        help="print the idempotent SQL instead of running it (for a DBA; connects nowhere)",
+    )
+    roles_parser.set_defaults(func=_cmd_roles)
 
     outbox = sub.add_parser("outbox", help="outbox maintenance")
     outbox_sub = outbox.add_subparsers(dest="outbox_command", required=True)
@@ -342,6 +389,11 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument(
         "--instance", default="zapstream-doctor", help="gateway instance whose queue is listed"
     )
+    doctor.add_argument(
+        "--component",
+        choices=COMPONENTS,
+        help="check the database role as this component's (default: its zapstream_* group)",
+    )
     doctor.set_defaults(func=_cmd_doctor)
     sub.add_parser("sink", help="write job states back into PostgreSQL").set_defaults(
         func=_cmd_sink
@@ -363,10 +415,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _configure_logging(args.log_level)
+    from connectors.demo_secrets import refuse_demo_secrets
     from connectors.startup import refuse_unknown_variables, startup_failure_lines
 
     try:
         refuse_unknown_variables(os.environ)
+        refuse_demo_secrets(os.environ)
         return int(args.func(args))
     except ModuleNotFoundError as exc:
         if exc.name is None or exc.name.split(".")[0] in _OWN_PACKAGES:

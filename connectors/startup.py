@@ -45,7 +45,7 @@ SETTINGS_MODULES = (
 )
 """Modules holding settings classes; every ``SettingsBase`` subclass they define counts."""
 
-NOT_SETTINGS = frozenset({"ZAPSTREAM_SECRETS_DIR"})
+NOT_SETTINGS = frozenset({"ZAPSTREAM_SECRETS_DIR", "ZAPSTREAM_ALLOW_DEMO_SECRETS"})
 """``ZAPSTREAM_*`` variables read outside the settings classes (allow-list)."""
 
 _SENSITIVE = ("KEY", "TOKEN", "SECRET", "PASSWORD", "DATABASE_URL")
@@ -242,6 +242,42 @@ class MaskingFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         return mask_secrets(super().format(record))
+
+
+_MASKING_FACTORY = "_zapstream_masks_secrets"
+
+
+def mask_every_log_record() -> None:
+    """Mask passwords (:func:`mask_secrets`) in every log record created from now on, by any
+    logger and for any handler: Faust's and the libraries' handlers have formatters of their
+    own, which :class:`MaskingFormatter` does not reach. Idempotent.
+
+    The message is formatted when the record is made (only records a logger lets through
+    are made) and so is an exception's traceback; a message whose arguments do not format
+    is left to logging's own error report.
+    """
+    previous = logging.getLogRecordFactory()
+    if getattr(previous, _MASKING_FACTORY, False):
+        return
+
+    def masking_factory(*args: object, **kwargs: object) -> logging.LogRecord:
+        record = previous(*args, **kwargs)
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 - logging reports it when the record is emitted
+            return record
+        masked = mask_secrets(message)
+        if masked != message:
+            record.msg, record.args = masked, None
+        if record.exc_info and record.exc_info[0] is not None:
+            record.exc_text = mask_secrets(_PLAIN.formatException(record.exc_info))
+        return record
+
+    setattr(masking_factory, _MASKING_FACTORY, True)
+    logging.setLogRecordFactory(masking_factory)
+
+
+_PLAIN = logging.Formatter()
 
 
 def _one_line(text: str) -> str:

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import Gauge
 
 from streams.kafka_reader import admin_client, group_less_consumer
+from streams.kernel.failures import StartRefused, classify_kafka_security
 from streams.kernel.runtime.periodic import Periodic
 from streams.kernel.runtime.service import Service
 from streams.kernel.settings import EndOffsetSource, KafkaSettings
@@ -220,6 +221,7 @@ class LagMonitor(Service):
         self.readings = 0
         """Readings that succeeded (every group read)."""
         self.failed_readings = 0
+        self._refused: StartRefused | None = None
         if health is not None:
             # Serving before the first reading: ``zapstream lag-monitor``'s /metrics.
             self.add_child(health)
@@ -235,6 +237,8 @@ class LagMonitor(Service):
             self.source,
         )
         await self.wait_stop_requested()
+        if self._refused is not None:
+            raise self._refused
 
     async def on_stop(self) -> None:
         # The timer (a child) stopped first: no reading uses the clients any more.
@@ -255,11 +259,18 @@ class LagMonitor(Service):
         """Read every group's lag and export it; raises when Kafka cannot be read."""
         try:
             lags = await self._read_all()
-        except Exception:
+        except Exception as exc:
             # Start afresh at the next reading: new connections, new metadata.
             self.failed_readings += 1
             await self._close_clients()
-            raise
+            problem = classify_kafka_security(exc)
+            if problem is None:
+                raise
+            # Refused by the broker (login, ACLs): every reading would be; the monitor
+            # stops and ``zapstream lag-monitor`` says why in one line (exit 2).
+            self._refused = StartRefused(problem, dependency="kafka")
+            self.request_stop()
+            return []
         self.readings += 1
         return lags
 

@@ -43,6 +43,7 @@ from connectors.cdc.pgoutput import OversizedValue
 from connectors.outbox.recipients import conversation_key_for
 from connectors.outbox.rules import (
     RuleViolation,
+    check_instance_id,
     check_max_attempts,
     check_message_type,
     check_priority,
@@ -187,7 +188,7 @@ def row_to_intent(
     try:
         if job_id is None:
             raise _Reject("id is missing")
-        instance_id = _required(row, "instance_id")
+        instance_id = check_instance_id(_required(row, "instance_id"))
         idempotency_key = _required(row, "idempotency_key")
         try:
             payload = orjson.loads(_required(row, "payload"))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Iterator
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -67,7 +68,7 @@ def ensure_replication(dsn: str, *, slot: str, publication: str) -> Lsn:
             "SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)
         ).fetchone()
         if not exists:
-            with contextlib.suppress(pg_errors.DuplicateObject):
+            with contextlib.suppress(pg_errors.DuplicateObject), _owner_only(publication):
                 conn.execute(
                     sql.SQL("CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert')").format(
                         sql.Identifier(publication),
@@ -82,7 +83,7 @@ def ensure_replication(dsn: str, *, slot: str, publication: str) -> Lsn:
         }
         for table in tables:
             if table not in published:
-                with contextlib.suppress(pg_errors.DuplicateObject):
+                with contextlib.suppress(pg_errors.DuplicateObject), _owner_only(publication):
                     conn.execute(
                         sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(
                             sql.Identifier(publication), sql.Identifier(table)
@@ -115,6 +116,19 @@ def ensure_replication(dsn: str, *, slot: str, publication: str) -> Lsn:
                 "name with ZAPSTREAM_RELAY_SLOT"
             )
         return Lsn.parse(str(confirmed)) if confirmed else Lsn(0)
+
+
+@contextlib.contextmanager
+def _owner_only(publication: str) -> Iterator[None]:
+    """Only the tables' owner may create or extend the publication: a relay on a role of
+    its own (zapstream_relay) relies on `zapstream db migrate` to have done it."""
+    try:
+        yield
+    except pg_errors.InsufficientPrivilege as exc:
+        raise ProvisioningError(
+            f"publication {publication} is missing or lacks an outbox table, and this role may "
+            "not create it (only the tables' owner may): run `zapstream db migrate` as the owner"
+        ) from exc
 
 
 def _warn_unstreamed(conn: psycopg.Connection[tuple[object, ...]], slot: str) -> None:

@@ -1,21 +1,25 @@
 """``zapstream console``: the operators' web console, an aiohttp app served by the process.
 
-Routes: ``/login`` (token form, sets an HttpOnly cookie), ``/jobs`` (filters,
+Routes: ``/login`` (token form, opens a session), ``/logout``, ``/jobs`` (filters,
 pagination, bulk cancel/reprocess with a count preview), ``/jobs/{id}`` (one
 job's history, cancel, reprocess), ``/lag`` (consumer lag per partition and the
 replication slots' lag), ``/overview`` (the landing page: jobs by state, oldest
 waiting per instance, pauses, lag at a glance; :mod:`connectors.console.overview`).
-Every other request needs a token, from the cookie or an ``Authorization: Bearer``
-header; without one the answer is 401.
+Every other request needs a login session (its cookie, :mod:`connectors.console.sessions`)
+or a token in an ``Authorization: Bearer`` header; without either the answer is 401 with
+the login form, and a session that ended sends the browser to ``/login``. Each token
+check is throttled (:mod:`connectors.console.login_throttle`): while a client must wait
+the answer is 429 and the token is not checked.
 
 Database calls are sync psycopg run in a thread (:func:`asyncio.to_thread`), a
 connection per request. Actions are planned and requested by
 :mod:`connectors.ops.actions`, the core ``zapstream jobs cancel|reprocess`` calls
 (the same refusals, the same delivered-already warning, the same filter and
-durations), with the operator's name from the token as the actor; the worker
-applies them through Kafka and answers in the job's events. aiohttp's access
-log is off (a query string may hold an idempotency key); one line per request
-says method, path, status and operator.
+durations, the same "may be sent twice" confirmation), with the operator's name
+from the token as the actor; the worker applies them through Kafka and answers in
+the job's events. aiohttp's access log is off (a query string may hold an
+idempotency key); one line per request says method, path, status and operator,
+with control characters escaped (:func:`connectors.console.log_text.loggable`).
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import math
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
@@ -30,10 +36,13 @@ import psycopg
 from aiohttp import web
 
 from connectors.console import pages
-from connectors.console.auth import COOKIE, authenticate
+from connectors.console.auth import authenticate, bearer_token, cookie_name
+from connectors.console.log_text import loggable
+from connectors.console.login_throttle import LoginThrottle
 from connectors.console.overview import overview_page
 from connectors.console.overview_sql import read_overview
 from connectors.console.queries import fetch_text, slot_lags
+from connectors.console.sessions import Clock, SessionStore
 from connectors.console.settings import ConsoleSettings, Operator
 from connectors.ops.actions import Action, BulkPlan, plan_many, plan_one, request_many, request_one
 from connectors.ops.durations import parse_duration
@@ -42,6 +51,7 @@ from connectors.ops.jobs_sql import JobHistory, database_now, fetch_history, fet
 from connectors.ops.status import read_consumer_lag
 from connectors.outbox.commands import InvalidCommand
 from streams.kernel.contract import JobStatus
+from streams.kernel.runtime.health import IDLE_CONNECTION_TIMEOUT_S
 from streams.kernel.runtime.outage import OutageLog
 from streams.kernel.runtime.service import Service
 from streams.kernel.state_machine import REPROCESSABLE
@@ -51,8 +61,14 @@ __all__ = ["ConsoleServer", "FilterError", "build_app", "parse_filter"]
 log = logging.getLogger("zapstream.console")
 
 _T = TypeVar("_T")
-_OPERATOR: web.AppKey[dict[str, Operator]] = web.AppKey("operators")
+_OPERATORS: web.AppKey[dict[bytes, Operator]] = web.AppKey("operators")
 _SETTINGS = web.AppKey("settings", ConsoleSettings)
+_SESSIONS = web.AppKey("sessions", SessionStore)
+_THROTTLE = web.AppKey("throttle", LoginThrottle)
+_COOKIE = web.AppKey("cookie", str)
+"""The session cookie's name (:func:`connectors.console.auth.cookie_name`)."""
+_WHO = web.RequestKey("operator", Operator)
+"""Where the guard leaves the request's operator for the handlers."""
 
 
 _DB_STATE = web.AppKey("db_state", OutageLog)
@@ -117,19 +133,65 @@ def _html(text: str, status: int = 200) -> web.Response:
     )
 
 
-def _who(request: web.Request) -> Operator | None:
-    operators: dict[str, Operator] = request.app[_OPERATOR]
-    return authenticate(
-        operators,
-        authorization=request.headers.get("Authorization"),
-        cookie=request.cookies.get(COOKIE),
+def _client(request: web.Request) -> str:
+    """The client's address for the login throttle (the TCP peer, not a forwarded header)."""
+    return request.remote or "-"
+
+
+def _check_token(request: web.Request, token: str) -> Operator | web.Response:
+    """The operator of ``token``, or the answer when it may not be checked now (429) or is
+    wrong (401 with the login form). Throttled before the check, counted after it."""
+    throttle = request.app[_THROTTLE]
+    client = _client(request)
+    wait_s = throttle.wait_s(client)
+    if wait_s is not None:
+        response = _html(
+            pages.login_page(failed=True, why="Too many failed logins: try again later."), 429
+        )
+        response.headers["Retry-After"] = str(max(1, math.ceil(wait_s)))
+        return response
+    operators: dict[bytes, Operator] = request.app[_OPERATORS]
+    operator = authenticate(operators, token)
+    if operator is None:
+        throttle.failed(client)
+        return _html(pages.login_page(failed=True), status=401)
+    throttle.succeeded(client)
+    return operator
+
+
+def _identify(request: web.Request) -> Operator | web.Response:
+    """Who sends the request (a Bearer token, else the session cookie), or the answer to a
+    request nobody may send: 429/401 for a token, 303 to /login for a session that ended,
+    401 with the login form without either."""
+    token = bearer_token(request.headers.get("Authorization"))
+    if token is not None:
+        return _check_token(request, token)
+    cookie = request.app[_COOKIE]
+    session_id = request.cookies.get(cookie)
+    if session_id is None:
+        return _html(pages.login_page(failed=False), status=401)
+    operator = request.app[_SESSIONS].find(session_id)
+    if operator is None:
+        # A plain 303 (returning an HTTPException instance is deprecated in aiohttp).
+        response = web.Response(status=303, headers={"Location": "/login?ended=1"})
+        _forget_cookie(request, response)
+        return response
+    return operator
+
+
+def _forget_cookie(request: web.Request, response: web.StreamResponse) -> None:
+    """Tell the browser to drop the session cookie (a ``__Host-`` one only goes with the
+    attributes it was set with)."""
+    secure = request.app[_SETTINGS].cookie_secure
+    response.del_cookie(
+        request.app[_COOKIE], path="/", secure=secure, httponly=True, samesite="Strict"
     )
 
 
 def _operator(request: web.Request) -> Operator:
     """The operator of a request the guard let through (it checked there is one)."""
-    operator = _who(request)
-    if operator is None:
+    operator = request.get(_WHO)
+    if not isinstance(operator, Operator):
         raise web.HTTPUnauthorized()
     return operator
 
@@ -150,13 +212,15 @@ async def _guard(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
     """Authenticate, refuse cross-site posts, turn an unreachable database into a 503."""
-    operator = _who(request)
+    operator: Operator | None = None
     status = 500
     try:
         if request.path not in _PUBLIC:
-            if operator is None:
-                status = 401
-                return _html(pages.login_page(failed=False), status=401)
+            found = _identify(request)
+            if isinstance(found, web.StreamResponse):
+                status = found.status
+                return found
+            operator = request[_WHO] = found
         if request.method == "POST" and not _same_origin(request):
             status = 403
             return _html(pages.message_page("Refused", "cross-site request", operator), 403)
@@ -181,7 +245,14 @@ async def _guard(
         raise
     finally:
         who = operator.name if operator is not None else "-"
-        log.info("%s %s %d %s", request.method, request.path, status, who)
+        # The decoded path: %0A is a newline by now, so every value is escaped.
+        log.info(
+            "%s %s %d %s",
+            loggable(request.method, 20),
+            loggable(request.path),
+            status,
+            loggable(who, 100),
+        )
 
 
 def _same_origin(request: web.Request) -> bool:
@@ -205,22 +276,42 @@ def _may_act(request: web.Request) -> web.Response | None:
 
 
 async def _login_form(request: web.Request) -> web.Response:
-    return _html(pages.login_page(failed=False))
+    ended = "ended" in request.query
+    why = "Your session ended: log in again." if ended else None
+    return _html(pages.login_page(failed=False, why=why))
 
 
 async def _login(request: web.Request) -> web.StreamResponse:
+    """Check the form's token (throttled) and open a session; the cookie holds its id."""
     token = str((await request.post()).get("token", "")).strip()
-    operators: dict[str, Operator] = request.app[_OPERATOR]
-    if authenticate(operators, authorization=None, cookie=token) is None:
-        return _html(pages.login_page(failed=True), status=401)
+    found = _check_token(request, token)
+    if isinstance(found, web.StreamResponse):
+        return found
+    sessions = request.app[_SESSIONS]
+    cookie = request.app[_COOKIE]
+    sessions.close(request.cookies.get(cookie))  # a new id at each login, never the old one
+    session_id = sessions.open(found)
+    log.info("console: %s logged in (%s)", loggable(found.name, 100), found.role.value)
+    settings = request.app[_SETTINGS]
     response = web.HTTPSeeOther("/jobs")
-    response.set_cookie(COOKIE, token, httponly=True, samesite="Strict", path="/")
+    response.set_cookie(
+        cookie,
+        session_id,
+        httponly=True,
+        samesite="Strict",
+        path="/",
+        secure=settings.cookie_secure,
+        max_age=int(settings.session_max_s),
+    )
     raise response
 
 
 async def _logout(request: web.Request) -> web.StreamResponse:
+    """End the session on the server, not only in the browser."""
+    cookie = request.app[_COOKIE]
+    request.app[_SESSIONS].close(request.cookies.get(cookie))
     response = web.HTTPSeeOther("/login")
-    response.del_cookie(COOKIE, path="/")
+    _forget_cookie(request, response)
     raise response
 
 
@@ -304,7 +395,13 @@ def _act_on_one(
         command_id = request_one(conn, action, job_id, reason=reason, actor=actor)
     except InvalidCommand as exc:
         return f"cannot {action} job {job_id}: {exc}"
-    log.info("console: %s asked to %s job %d (command %d)", actor, action, job_id, command_id)
+    log.info(
+        "console: %s asked to %s job %d (command %d)",
+        loggable(actor, 100),
+        action,
+        job_id,
+        command_id,
+    )
     if action is Action.CANCEL:
         return (
             f"cancel requested (command {command_id}) by {actor}; "
@@ -362,25 +459,42 @@ async def _bulk(request: web.Request) -> web.StreamResponse:
     def plan(conn: psycopg.Connection[Any]) -> BulkPlan:
         return plan_many(conn, action, job_filter, limit=settings.bulk_limit)
 
-    if data.get("confirm") != "yes":
-        shown = await _db(request, plan)
+    def preview(shown: BulkPlan, refused: str | None = None, status: int = 200) -> web.Response:
         fields = {**form, "action": action.value, "reason": reason}
-        return _html(
-            pages.bulk_preview_page(
-                action=action.value,
-                count=shown.total,
-                risky=len(shown.risky),
-                limit=settings.bulk_limit,
-                fields=fields,
-                operator=operator,
-            )
+        page = pages.bulk_preview_page(
+            action=action.value,
+            count=shown.total,
+            risky=len(shown.risky),
+            limit=settings.bulk_limit,
+            fields=fields,
+            operator=operator,
+            refused=refused,
         )
+        return _html(page, status)
 
-    def act(conn: psycopg.Connection[Any]) -> list[int]:
-        return request_many(conn, plan(conn), reason=reason, actor=operator.name)
+    if data.get("confirm") != "yes":
+        return preview(await _db(request, plan))
+    accepted = data.get("accept_duplicate") == "yes"
 
-    requested = len(await _db(request, act))
-    log.info("console: %s asked to %s %d jobs in bulk", operator.name, action, requested)
+    def act(conn: psycopg.Connection[Any]) -> tuple[BulkPlan, list[int] | None]:
+        planned = plan(conn)
+        # The preview and its button are the confirmation the plan asks for; one that may
+        # send jobs twice also needs the box ticked, as one job's reprocess and --yes do.
+        if planned.needs_confirmation and planned.risky and not accepted:
+            return planned, None
+        return planned, request_many(conn, planned, reason=reason, actor=operator.name)
+
+    planned, asked = await _db(request, act)
+    if asked is None:
+        why = (
+            f"not reprocessed: {len(planned.risky)} of these jobs may be sent twice. "
+            "Tick the box to accept it."
+        )
+        return preview(planned, refused=why, status=409)
+    requested = len(asked)
+    log.info(
+        "console: %s asked to %s %d jobs in bulk", loggable(operator.name, 100), action, requested
+    )
     from urllib.parse import urlencode
 
     notice = f"{action} requested for {requested} job(s) by {operator.name}"
@@ -408,11 +522,17 @@ async def _overview(request: web.Request) -> web.Response:
 # --- the app ------------------------------------------------------------------------------------
 
 
-def build_app(settings: ConsoleSettings) -> web.Application:
-    """The console's routes, guarded by the tokens of ``settings``."""
+def build_app(settings: ConsoleSettings, *, clock: Clock = time.monotonic) -> web.Application:
+    """The console's routes, guarded by the tokens of ``settings``; ``clock`` (monotonic
+    seconds) times sessions and the login throttle."""
     app = web.Application(middlewares=[_guard], client_max_size=64 * 1024)
     app[_SETTINGS] = settings
-    app[_OPERATOR] = settings.operators()
+    app[_OPERATORS] = settings.operators()
+    app[_SESSIONS] = SessionStore(
+        idle_s=settings.session_idle_s, max_s=settings.session_max_s, clock=clock
+    )
+    app[_THROTTLE] = LoginThrottle(clock)
+    app[_COOKIE] = cookie_name(settings.cookie_secure)
     app[_DB_STATE] = OutageLog("console: PostgreSQL", log, retrying="answering 503")
 
     app.router.add_get("/", _root)
@@ -432,22 +552,39 @@ def build_app(settings: ConsoleSettings) -> web.Application:
 class ConsoleServer(Service):
     """``zapstream console``: the app served on ``ZAPSTREAM_CONSOLE_PORT`` until stopped.
 
-    A port that cannot be listened on is a refused start (one line, exit 2).
+    A port that cannot be listened on is a refused start (one line, exit 2). With
+    ``ZAPSTREAM_CONSOLE_METRICS_PORT`` set, its metrics (failed logins) are served there.
     """
 
     name = "console"
 
     def __init__(self, settings: ConsoleSettings) -> None:
+        from streams.kernel.runtime.health import HealthEndpoint
+
         super().__init__()
         self._settings = settings
         self._runner: web.AppRunner | None = None
         self.host = "127.0.0.1" if settings.bind_local else "0.0.0.0"  # noqa: S104
+        self.add_child(
+            HealthEndpoint(
+                settings.metrics_port,
+                bind_local=settings.metrics_bind_local,
+                name="console",
+                logger=log,
+                port_setting="ZAPSTREAM_CONSOLE_METRICS_PORT",
+            )
+        )
 
     async def on_start(self) -> None:
         from streams.kernel.failures import StartRefused
 
         settings = self._settings
-        runner = web.AppRunner(build_app(settings), access_log=None, handle_signals=False)
+        runner = web.AppRunner(
+            build_app(settings),
+            access_log=None,
+            handle_signals=False,
+            keepalive_timeout=IDLE_CONNECTION_TIMEOUT_S,
+        )
         await runner.setup()
         self._runner = runner  # closed by on_stop, also after a failed start
         try:
@@ -458,11 +595,15 @@ class ConsoleServer(Service):
                 hint="set ZAPSTREAM_CONSOLE_PORT to a free port",
             ) from exc
         log.info(
-            "console listening on http://%s:%d (%d operator token(s), lag %s)",
+            "console listening on http://%s:%d (%d operator token(s), lag %s; sessions in "
+            "memory, idle %gs, at most %gs, cookie %s)",
             self.host,
             settings.port,
             len(settings.operators()),
             "from " + settings.lag_url if settings.lag_url else "not configured",
+            settings.session_idle_s,
+            settings.session_max_s,
+            cookie_name(settings.cookie_secure) + ("; Secure" if settings.cookie_secure else ""),
         )
 
     async def on_stop(self) -> None:

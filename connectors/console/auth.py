@@ -1,8 +1,11 @@
-"""Who is asking: a token from the ``Authorization: Bearer`` header or the login cookie.
+"""Who is asking: a token from ``Authorization: Bearer`` or the login form, checked here.
 
-Pure functions, so the decision is unit-tested without a server. Tokens are
-compared in constant time and never logged; a request without a known token is
-nobody (the app answers 401), and only operators and admins may act on jobs.
+Pure functions, so the decision is unit-tested without a server. The console keeps only
+the tokens' SHA-256 digests (:func:`connectors.console.settings.parse_tokens`); a
+presented token is hashed and compared with every digest in constant time, and is
+never logged. A request without a known token is nobody (the app answers 401), and only
+operators and admins may act on jobs. A browser holds a session id, not the token
+(:mod:`connectors.console.sessions`).
 """
 
 from __future__ import annotations
@@ -10,12 +13,20 @@ from __future__ import annotations
 import hmac
 from collections.abc import Mapping
 
-from connectors.console.settings import Operator
+from connectors.console.settings import Operator, token_digest
 
-__all__ = ["COOKIE", "authenticate", "bearer_token"]
+__all__ = ["authenticate", "bearer_token", "cookie_name"]
 
-COOKIE = "zapstream_console"
-"""The HttpOnly cookie the login form sets; it holds the operator's token."""
+
+def cookie_name(secure: bool) -> str:
+    """The session cookie's name: ``__Host-`` prefixed when it is ``Secure``.
+
+    Browsers accept a ``__Host-`` cookie only with ``Secure``, ``Path=/`` and no
+    ``Domain``: it cannot be set by a sibling host or over plain HTTP. A console bound
+    to 127.0.0.1 for local use over plain HTTP cannot have a Secure cookie at all
+    (browsers refuse one from ``http://``), so its cookie has the plain name.
+    """
+    return "__Host-zapstream_session" if secure else "zapstream_session"
 
 
 def bearer_token(authorization: str | None) -> str | None:
@@ -28,23 +39,18 @@ def bearer_token(authorization: str | None) -> str | None:
     return token.strip()
 
 
-def authenticate(
-    operators: Mapping[str, Operator], *, authorization: str | None, cookie: str | None
-) -> Operator | None:
-    """The operator holding the request's token (the header wins over the cookie), or None.
+def authenticate(operators: Mapping[bytes, Operator], presented: str | None) -> Operator | None:
+    """The operator holding ``presented`` (a token), or None.
 
-    Every known token is compared, in constant time, so the answer's timing does
-    not tell how much of a token was right.
+    ``operators`` maps token digests to operators. Every digest is compared, in
+    constant time, so the answer's timing does not tell which entry matched.
     """
-    presented = bearer_token(authorization)
-    if presented is None:
-        presented = cookie
     if not presented or not presented.isascii():
         # Tokens are ASCII; a header aiohttp could not decode (surrogates) is nobody's.
         return None
+    given = token_digest(presented)
     found: Operator | None = None
-    given = presented.encode()
-    for token, operator in operators.items():
-        if hmac.compare_digest(token.encode(), given):
+    for digest, operator in operators.items():
+        if hmac.compare_digest(digest, given):
             found = operator
     return found

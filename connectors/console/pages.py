@@ -2,8 +2,10 @@
 
 Everything the page shows goes through :func:`html.escape`; recipients only
 ever leave here masked (:func:`connectors.ops.jobs_render.masked`), and a
-message's text is rendered only when the caller passes it (admins). No script,
-no external stylesheet or font: the process serves every byte of the page.
+message's text is rendered only when the caller passes it (admins). A gateway's
+error message reaches non-admins only as its summary
+(:func:`connectors.console.error_summary.error_summary`): it may echo a text. No
+script, no external stylesheet or font: the process serves every byte of the page.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import html
 from collections.abc import Iterable, Mapping, Sequence
 from urllib.parse import urlencode
 
+from connectors.console.error_summary import error_summary
 from connectors.console.queries import SlotLag
 from connectors.console.settings import Operator
 from connectors.ops.actions import Action, offered
@@ -78,6 +81,11 @@ def _layout(title: str, body: str, operator: Operator | None, notice: str | None
     )
 
 
+def _error(text: str | None, operator: Operator) -> str | None:
+    """An error or a reason as ``operator`` may see it: whole for admins, else summarised."""
+    return text if operator.role.sees_text else error_summary(text)
+
+
 def _status(value: str) -> str:
     return f'<span class="st st-{e(value)}">{e(value)}</span>'
 
@@ -88,9 +96,15 @@ def _hidden(fields: Mapping[str, str]) -> str:
     )
 
 
-def login_page(*, failed: bool) -> str:
-    """The token form; ``failed`` says the last token was not accepted."""
-    why = '<p class="error">Unknown token.</p>' if failed else "<p>Log in with your token.</p>"
+def login_page(*, failed: bool, why: str | None = None) -> str:
+    """The token form; ``failed`` says the last token was not accepted, ``why`` says why
+    the operator is here (a session that ended, logins throttled)."""
+    if why is not None:
+        why = f'<p class="error" id="login-why">{e(why)}</p>'
+    elif failed:
+        why = '<p class="error">Unknown token.</p>'
+    else:
+        why = "<p>Log in with your token.</p>"
     body = (
         f'{why}<form method="post" action="/login">'
         '<label>Token <input type="password" name="token" id="token" autocomplete="off" '
@@ -165,7 +179,8 @@ def jobs_page(
         f'<td>{e(job.instance_id)}</td><td class="recipient">{e(masked(job.recipient))}</td>'
         f"<td>{_status(job.status)}</td><td>{job.attempts}</td>"
         f"<td>{e(human_age(now - job.created_at))}</td>"
-        f"<td>{e(cut(job.last_error, 60))}</td><td>{e(when(job.updated_at))}</td></tr>"
+        f"<td>{e(cut(_error(job.last_error, operator), 60))}</td>"
+        f"<td>{e(when(job.updated_at))}</td></tr>"
         for job in page.jobs
     )
     table = (
@@ -191,12 +206,12 @@ def jobs_page(
     return _layout("Jobs", body, operator, notice)
 
 
-def _events(story: JobHistory) -> str:
+def _events(story: JobHistory, operator: Operator) -> str:
     if not story.events:
         return "<p>No transitions recorded yet.</p>"
     rows = "".join(
         f"<tr><td>v{ev.version}</td><td>{e(ev.from_status)} &rarr; {_status(ev.to_status)}</td>"
-        f"<td>{e(ev.outcome)}</td><td>{e(ev.actor)}</td><td>{e(ev.reason)}</td>"
+        f"<td>{e(ev.outcome)}</td><td>{e(ev.actor)}</td><td>{e(_error(ev.reason, operator))}</td>"
         f"<td>{e(ev.command_id)}</td><td>{e(when(ev.at))}</td></tr>"
         for ev in story.events
     )
@@ -207,13 +222,14 @@ def _events(story: JobHistory) -> str:
     )
 
 
-def _attempts(story: JobHistory) -> str:
+def _attempts(story: JobHistory, operator: Operator) -> str:
     attempts = story.attempts
     if not attempts:
         return "<p>No attempt yet.</p>"
     rows = "".join(
         f"<tr><td>{e(a.reference(story.job.id))}</td><td>{e(when(a.started_at))}</td>"
-        f"<td>{_status(a.outcome) if a.outcome else 'in progress'}</td><td>{e(a.reason)}</td>"
+        f"<td>{_status(a.outcome) if a.outcome else 'in progress'}</td>"
+        f"<td>{e(_error(a.reason, operator))}</td>"
         f"<td>{e(when(a.ended_at))}</td></tr>"
         for a in attempts
     )
@@ -298,7 +314,7 @@ def job_page(
         ("Sent", e(when(job.sent_at))),
         ("Expires", e(when(job.expires_at))),
         ("Gateway job", e(job.gateway_job_id)),
-        ("Last error", e(job.last_error)),
+        ("Last error", e(_error(job.last_error, operator))),
     ]
     for kind, target, actor, reason, since in story.paused_by:
         held = f"{kind} {target} paused by {actor} since {when(since)}: {reason}"
@@ -308,8 +324,8 @@ def job_page(
     details = "<dl>" + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts) + "</dl>"
     actions = _actions(story, operator)
     body = (
-        f"{details}{actions}<section><h2>Attempts</h2>{_attempts(story)}</section>"
-        f"<section><h2>History</h2>{_events(story)}</section>"
+        f"{details}{actions}<section><h2>Attempts</h2>{_attempts(story, operator)}</section>"
+        f"<section><h2>History</h2>{_events(story, operator)}</section>"
         f"<section><h2>Operator actions</h2>{_commands(story)}</section>"
     )
     return _layout(f"Job {job.id}", body, operator, notice)
@@ -323,24 +339,33 @@ def bulk_preview_page(
     limit: int,
     fields: Mapping[str, str],
     operator: Operator,
+    refused: str | None = None,
 ) -> str:
-    """What a bulk action would do, and the button that does it."""
+    """What a bulk action would do, and the button that does it.
+
+    When some jobs may be sent twice, the button needs the same box ticked as a single
+    job's reprocess; ``refused`` says why the last confirmation did nothing.
+    """
     acted = min(count, limit)
     lines = [f"{count} matching job(s) can be asked to {action}."]
     if count > limit:
         lines.append(f"Only the oldest {limit} will be, this time.")
-    warning = ""
+    warning = accept = ""
     if risky:
         warning = (
             f'<p class="warning" id="uncertain-warning">{risky} of them may already have been '
             "delivered (UNCERTAIN, or an attempt of unknown outcome): reprocessing may send "
             "them TWICE.</p>"
         )
+        accept = (
+            '<label><input type="checkbox" name="accept_duplicate" value="yes" '
+            'id="accept-duplicate" required> I accept that some may be sent twice</label><br>'
+        )
     confirm = ""
     if acted:
         confirm = (
             f'<form method="post" action="/jobs/bulk" id="bulk-confirm">{_hidden(fields)}'
-            '<input type="hidden" name="confirm" value="yes">'
+            f'<input type="hidden" name="confirm" value="yes">{accept}'
             f"<button>{e(action.capitalize())} {acted} job(s)</button></form>"
         )
     body = (
@@ -349,7 +374,7 @@ def bulk_preview_page(
         + f"<p>Reason: {e(fields.get('reason'))}</p>{warning}{confirm}"
         + '<p><a href="/jobs">Back to the jobs</a></p>'
     )
-    return _layout(f"Bulk {action}", body, operator)
+    return _layout(f"Bulk {action}", body, operator, refused)
 
 
 def _lag_chart(lags: Sequence[PartitionLag]) -> str:

@@ -126,6 +126,9 @@ _TRANSIENT_5XX_ON_SEND = frozenset({500, 503})
 
 # Phone numbers in E.164 or local form, possibly with a leading "+": 8 to 15 digits.
 _PHONE_RE = re.compile(r"\+?\d{8,15}")
+_WRITTEN_PHONE_RE = re.compile(r"\+?\(?\d[\d ()\-]{6,24}\d", re.ASCII)
+"""A number as people write it: ``+55 11 98765-4321``, ``(11) 98765-4321``."""
+_ISO_DATE_RE = re.compile(r"\d{4}-\d{2}-\d{2}(?!\d)", re.ASCII)
 
 
 # --- masking --------------------------------------------------------------------
@@ -159,7 +162,19 @@ def mask_text(text: str, sensitive: Iterable[str] = ()) -> str:
         for form in sorted(forms, key=len, reverse=True):
             if len(form) >= 3:
                 text = text.replace(form, "[redacted]")
-    return _PHONE_RE.sub(lambda m: mask_phone(m.group(0)), text)
+    return _WRITTEN_PHONE_RE.sub(_mask_written_phone, text)
+
+
+def _mask_written_phone(match: re.Match[str]) -> str:
+    """A written number (10 to 15 digits with separators, 8 to 15 without) masked as its
+    digits; anything else the pattern caught (a date and time, a longer run) keeps its
+    text with each run of 8 to 15 digits in it masked."""
+    written = match.group(0)
+    digits = "".join(c for c in written if c.isdigit())
+    separated = len(digits) != len(written.lstrip("+"))
+    if (10 if separated else 8) <= len(digits) <= 15 and not _ISO_DATE_RE.search(written):
+        return mask_phone(digits)
+    return _PHONE_RE.sub(lambda m: mask_phone(m.group(0)), written)
 
 
 # --- Retry-After -------------------------------------------------------------------

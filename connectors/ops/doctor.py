@@ -5,6 +5,12 @@ the remedy (the setting or command to fix it):
 
 - PostgreSQL reachable (``ZAPSTREAM_DATABASE_URL``), ``wal_level=logical``,
   migrations applied (shipped files against ``schema_migrations``);
+- the role it connects as, against its component's group role
+  (:mod:`connectors.outbox.roles`; ``--component``, else the one ``zapstream_*`` group
+  it is a member of): one FAIL line per privilege beyond what the component needs
+  (SUPERUSER, REPLICATION outside the relay, ownership of the schema or the tables,
+  writes it never does) and per privilege missing, each naming what to run
+  (:mod:`connectors.ops.privileges`);
 - the relay's publication and slot: exist, plugin ``pgoutput``, active or not,
   lag in bytes (``pg_current_wal_lsn() - confirmed_flush_lsn``);
 - Kafka reachable (``ZAPSTREAM_KAFKA_BROKERS``), every topic with the partition
@@ -31,14 +37,16 @@ import psycopg
 
 from connectors.cdc.provisioning import COMMANDS_TABLE, OUTBOX_TABLE, WAL_LEVEL_HINT
 from connectors.cdc.settings import RelaySettings
+from connectors.ops.privileges import infer_component, read_role_facts, role_problems
 from connectors.outbox.migrate import shipped_migrations
+from connectors.outbox.roles import COMPONENTS
 from connectors.startup import error_detail
 from streams.kernel.settings import GatewayKind, GatewaySettings
 from streams.kernel.topics_check import (
     KafkaSecurityRefused,
+    all_topic_specs,
     partition_counts,
     topic_problems,
-    worker_topic_specs,
 )
 
 MIGRATE_HINT = "run `zapstream db migrate`"
@@ -90,8 +98,10 @@ async def _bounded(
 # --- PostgreSQL ------------------------------------------------------------------------------
 
 
-async def _postgres_checks(relay: RelaySettings, timeout_s: float) -> list[CheckResult]:
-    names = ("wal_level", "migrations", "publication", "slot")
+async def _postgres_checks(
+    relay: RelaySettings, timeout_s: float, component: str | None = None
+) -> list[CheckResult]:
+    names = ("wal_level", "migrations", "publication", "slot", "role")
     try:
         conn = await asyncio.wait_for(
             psycopg.AsyncConnection.connect(
@@ -112,7 +122,47 @@ async def _postgres_checks(relay: RelaySettings, timeout_s: float) -> list[Check
             results.extend(
                 await _bounded(check.__name__.strip("_"), timeout_s, _bind(check, conn, relay))
             )
+        results.extend(await _bounded("role", timeout_s, lambda: _role_checks(conn, component)))
         return results
+
+
+async def _role_checks(
+    conn: psycopg.AsyncConnection[Any], component: str | None
+) -> list[CheckResult]:
+    """The connected role against its component's needs: one FAIL per problem."""
+    facts = await read_role_facts(conn)
+    chosen = component or infer_component(facts)
+    if chosen is None:
+        if len(facts.groups) > 1:
+            return [
+                _fail(
+                    "role",
+                    f"{facts.user} is a member of {', '.join(facts.groups)}",
+                    "give each component a login role of its own, a member of one group role",
+                )
+            ]
+        if facts.superuser or facts.owns:
+            return [
+                _skip(
+                    "role",
+                    f"{facts.user} owns the outbox (right for `zapstream db migrate` only); "
+                    "check a component's own role with its ZAPSTREAM_DATABASE_URL and "
+                    f"--component ({'|'.join(COMPONENTS)})",
+                )
+            ]
+        return [
+            _fail(
+                "role",
+                f"{facts.user} is a member of no zapstream_* group role",
+                "GRANT zapstream_<component> TO " + facts.user + " (or pass --component)",
+            )
+        ]
+    problems = role_problems(facts, chosen)
+    if not problems:
+        return [
+            _ok("role", f"{facts.user} as the {chosen}: exactly what zapstream_{chosen} grants")
+        ]
+    return [_fail("role", p.detail, p.remedy) for p in problems]
 
 
 def _bind(
@@ -307,7 +357,7 @@ async def _kafka_checks(relay: RelaySettings, timeout_s: float) -> list[CheckRes
             _skip("topics", "Kafka unreachable"),
         ]
     results = [_ok("kafka", f"reachable at {kafka.brokers}")]
-    specs = worker_topic_specs(kafka)
+    specs = all_topic_specs(kafka)
     problems = topic_problems(counts, specs)
     if not problems:
         prefix = kafka.topic_prefix
@@ -431,11 +481,17 @@ async def run_doctor(
     *,
     timeout_s: float = 5.0,
     instance_id: str = DOCTOR_INSTANCE,
+    component: str | None = None,
 ) -> list[CheckResult]:
-    """Run every check (PostgreSQL, Kafka, gateway concurrently), each bounded by ``timeout_s``."""
-    # PostgreSQL runs up to five queries in sequence, each bounded; the whole group gets room.
+    """Run every check (PostgreSQL, Kafka, gateway concurrently), each bounded by ``timeout_s``.
+
+    ``component``: check the role as this component's (default: the one whose
+    ``zapstream_*`` group role it is a member of).
+    """
+    # PostgreSQL runs up to six groups of queries in sequence, each bounded; the whole
+    # group gets room.
     pg, kafka, gw = await asyncio.gather(
-        _bounded("postgres", timeout_s * 6, lambda: _postgres_checks(relay, timeout_s)),
+        _bounded("postgres", timeout_s * 7, lambda: _postgres_checks(relay, timeout_s, component)),
         _bounded("kafka", timeout_s * 2, lambda: _kafka_checks(relay, timeout_s)),
         _bounded(
             "gateway", timeout_s * 2, lambda: _gateway_checks(gateway, timeout_s, instance_id)

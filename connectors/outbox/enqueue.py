@@ -30,6 +30,7 @@ from connectors.outbox.rules import (
     RuleViolation,
     check_conversation_key,
     check_expires_at,
+    check_instance_id,
     check_max_attempts,
     check_priority,
     check_recipient,
@@ -91,7 +92,7 @@ def _validate(
 ) -> _Row:
     # The order decides which reason is reported when several rules are broken.
     try:
-        instance_id = required(instance_id, "instance_id")
+        instance_id = check_instance_id(required(instance_id, "instance_id").strip())
         idempotency_key = required(idempotency_key, "idempotency_key")
         text = require_text(text)
         recipient = check_recipient(to)

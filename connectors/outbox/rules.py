@@ -21,7 +21,7 @@ from __future__ import annotations
 import datetime as dt
 
 from connectors.outbox.recipients import InvalidRecipient, normalize_recipient
-from streams.kernel.contract import Priority
+from streams.kernel.contract import MAX_ATTEMPTS, Priority, instance_id_problem
 
 MAX_TEXT_CHARS = 4096
 """WhatsApp's limit for a text message body, in characters (code points)."""
@@ -49,6 +49,17 @@ def require_text(value: object, *, problem: str = "is empty") -> str:
     return text
 
 
+def check_instance_id(value: object, *, problem: str = "is required") -> str:
+    """Return ``value`` if it is a valid instance id (see
+    :func:`~streams.kernel.contract.instance_id_problem`): a path segment of the gateway's
+    URL and a label on metrics, so ``..``, ``/``, spaces and control characters are refused."""
+    instance_id = required(value, "instance_id", problem=problem)
+    reason = instance_id_problem(instance_id)
+    if reason is not None:
+        raise RuleViolation(reason)
+    return instance_id
+
+
 def check_recipient(value: object) -> str:
     """Return the normalised recipient (see :mod:`connectors.outbox.recipients`)."""
     try:
@@ -66,11 +77,6 @@ def check_priority(value: object) -> Priority:
             pass
     allowed = ", ".join(p.value for p in Priority)
     raise RuleViolation(f"unknown priority {value!r}; use one of {allowed}")
-
-
-MAX_ATTEMPTS = 100
-"""The most attempts one job may ask for: past it a typo (``max_attempts=1e9``) would retry
-a message for ever against a gateway that refuses it."""
 
 
 def check_max_attempts(value: object) -> int:

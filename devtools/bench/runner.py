@@ -42,7 +42,7 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -251,15 +251,21 @@ def side_by_side(columns: Mapping[str, Sequence[Figure]]) -> list[dict[str, Figu
     return rows
 
 
-def render(columns: Mapping[str, Sequence[Figure]]) -> str:
-    """The table: section, figure, target, then a value and a verdict per broker, then the
-    comparisons measured in the same run (one line per broker when they differ)."""
+def table_rows(
+    columns: Mapping[str, Sequence[Figure]],
+    label: Callable[[str], str],
+    comparison_label: Callable[[str], str],
+) -> tuple[list[str], list[tuple[list[str], list[str]]]]:
+    """The comparison table's header and rows: section, figure, target, then a value and a
+    verdict per broker (its column header from ``label``); with each row, the comparisons
+    measured in the same run (one per broker, named by ``comparison_label``, when they
+    differ). ``make bench`` prints it as text, ``docs/performance.md`` as Markdown."""
     brokers = list(columns)
     headers = ["section", "figure", "target"]
     for broker in brokers:
-        headers += [broker_label(broker), ""]
+        headers += [label(broker), ""]
     headers.append("comparison (same run)")
-    lines: list[list[str]] = []
+    rows: list[tuple[list[str], list[str]]] = []
     for by_broker in side_by_side(columns):
         present = [by_broker[b] for b in brokers if b in by_broker]
         first = present[0]
@@ -270,7 +276,8 @@ def render(columns: Mapping[str, Sequence[Figure]]) -> str:
             cells += [figure.value, figure.verdict] if figure else ["-", ""]
         comparisons: list[str] = []
         if len(present) == 1 or len({(f.what, f.comparison) for f in present}) == 1:
-            comparisons.append(first.comparison)
+            if first.comparison:
+                comparisons.append(first.comparison)
         else:
             for broker in brokers:
                 figure = by_broker.get(broker)
@@ -278,7 +285,16 @@ def render(columns: Mapping[str, Sequence[Figure]]) -> str:
                     continue
                 ran = "" if figure.what == first.what else f" (ran: {figure.what})"
                 if figure.comparison or ran:
-                    comparisons.append(f"{_short_label(broker)}{ran}: {figure.comparison}")
+                    comparisons.append(f"{comparison_label(broker)}{ran}: {figure.comparison}")
+        rows.append((cells, comparisons))
+    return headers, rows
+
+
+def render(columns: Mapping[str, Sequence[Figure]]) -> str:
+    """The table (:func:`table_rows`) as aligned text, a line per extra comparison."""
+    headers, rows = table_rows(columns, broker_label, _short_label)
+    lines: list[list[str]] = []
+    for cells, comparisons in rows:
         lines.append([*cells, comparisons[0] if comparisons else ""])
         lines.extend([*[""] * len(cells), more] for more in comparisons[1:])
     widths = [max(len(r[i]) for r in (headers, *lines)) for i in range(len(headers))]

@@ -24,7 +24,9 @@ Semantics, where a schema cannot see the mistake:
   unknown ``ZAPSTREAM_*`` variables make a deployable exit 2);
 - every ``ZAPSTREAM_*`` variable set, and every key of ``zapstream-config``, is a real setting;
 - every ConfigMap and Secret a workload references is rendered, or is the documented external
-  Secret ``zapstream-secrets`` (whose files must be named after real settings);
+  Secret ``zapstream-secrets`` or a workload's database login ``zapstream-<component>-database``
+  (whose files must be named after real settings); each workload mounts its own database login
+  and takes ``ZAPSTREAM_DATABASE_URL`` from nowhere else;
 - probes use declared container ports; each server listens on the port its setting names,
   not bound to 127.0.0.1; Services, ServiceMonitors and PDBs select something that exists;
 - the ScaledObject never allows more workers than partitions, its kafka triggers use only
@@ -58,11 +60,17 @@ CRD_SCHEMAS = {
     ("keda.sh/v1alpha1", "ScaledObject"): "scaledobject-keda.sh-v1alpha1.json",
     ("keda.sh/v1alpha1", "TriggerAuthentication"): "triggerauthentication-keda.sh-v1alpha1.json",
     ("kafka.strimzi.io/v1beta2", "KafkaTopic"): "kafkatopic-kafka.strimzi.io-v1beta2.json",
+    ("kafka.strimzi.io/v1beta2", "KafkaUser"): "kafkauser-kafka.strimzi.io-v1beta2.json",
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitor-monitoring.coreos.com-v1.json",
     ("monitoring.coreos.com/v1", "PrometheusRule"): "prometheusrule-monitoring.coreos.com-v1.json",
 }
 
-EXTERNAL_SECRETS = frozenset({"zapstream-secrets"})
+DATABASE_SECRETS = frozenset(
+    f"zapstream-{workload}-database"
+    for workload in ("migrate", "relay", "worker", "sink", "webhook", "console", "prune")
+)
+"""One database login per workload (docs/guides/security.md), key ZAPSTREAM_DATABASE_URL."""
+EXTERNAL_SECRETS = frozenset({"zapstream-secrets"}) | DATABASE_SECRETS
 """Secrets the user creates (docs/guides/deployment.md); referenced, never rendered."""
 
 WORKLOAD_KINDS = frozenset({"Deployment", "StatefulSet", "DaemonSet", "Job", "CronJob"})
@@ -211,6 +219,26 @@ def _where(path: Any) -> str:
 # --- the semantic checks -----------------------------------------------------------------
 
 
+def strimzi_secrets(objects: list[Obj]) -> dict[str, Obj]:
+    """The Secrets Strimzi's operators write for rendered objects, as if rendered: each
+    KafkaUser's (its name; ``password`` and ``sasl.jaas.config`` for SCRAM-SHA-512) and the
+    cluster CA of each cluster a KafkaUser or KafkaTopic names (``<cluster>-cluster-ca-cert``).
+    """
+    found: dict[str, Obj] = {}
+    for obj in objects:
+        if obj.get("kind") not in ("KafkaUser", "KafkaTopic"):
+            continue
+        cluster = obj["metadata"].get("labels", {}).get("strimzi.io/cluster")
+        if cluster:
+            ca_keys = ("ca.crt", "ca.p12", "ca.password")
+            found[f"{cluster}-cluster-ca-cert"] = {"data": dict.fromkeys(ca_keys, "")}
+        auth = obj.get("spec", {}).get("authentication", {}).get("type")
+        if obj["kind"] == "KafkaUser" and auth == "scram-sha-512":
+            user_keys = ("password", "sasl.jaas.config")
+            found[obj["metadata"]["name"]] = {"data": dict.fromkeys(user_keys, "")}
+    return found
+
+
 class Render:
     """The rendered objects, indexed for the cross-object checks."""
 
@@ -218,6 +246,7 @@ class Render:
         self.objects = objects
         self.config_maps = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ConfigMap"}
         self.secrets = {o["metadata"]["name"]: o for o in objects if o["kind"] == "Secret"}
+        self.secrets.update(strimzi_secrets(objects))
 
     def of_kind(self, kind: str) -> Iterator[Obj]:
         return (o for o in self.objects if o.get("kind") == kind)
@@ -274,6 +303,7 @@ def check_workloads(r: Render, facts: Obj) -> list[str]:
             )
         volumes = {v.get("name"): v for v in pod.get("volumes", [])}
         problems += [f"{where}: {p}" for p in _volume_problems(r, volumes.values(), known_env)]
+        problems += [f"{where}: {p}" for p in _database_secret_problems(obj, volumes.values())]
         for container in pod.get("initContainers", []) + pod.get("containers", []):
             cwhere = f"{where} container {container.get('name')}"
             env = r.env(container)
@@ -387,6 +417,32 @@ def _volume_problems(r: Render, volumes: Any, known_env: frozenset[str]) -> list
                         )
             elif name not in r.secrets and not src.get("optional"):
                 problems.append(f"{where} is neither rendered nor the external zapstream-secrets")
+    return problems
+
+
+def _database_secret_problems(obj: Obj, volumes: Any) -> list[str]:
+    """A workload mounts its own database login only: zapstream-<component>-database, with
+    the one key ZAPSTREAM_DATABASE_URL (a DSN of another's role would widen its privileges)."""
+    component = obj.get("metadata", {}).get("labels", {}).get("app.kubernetes.io/component")
+    own = f"zapstream-{component}-database"
+    problems = []
+    for volume in volumes:
+        sources = (
+            [volume["secret"] | {"name": volume["secret"].get("secretName")}]
+            if ("secret" in volume)
+            else [
+                s["secret"] for s in volume.get("projected", {}).get("sources", []) if "secret" in s
+            ]
+        )
+        for src in sources:
+            name = src.get("name")
+            if name in DATABASE_SECRETS and name != own:
+                problems.append(f"mounts {name}: each workload mounts its own, {own}")
+            keys = {item.get("key") for item in src.get("items", [])}
+            if name in DATABASE_SECRETS and keys != {"ZAPSTREAM_DATABASE_URL"}:
+                problems.append(f"{name} must carry ZAPSTREAM_DATABASE_URL only")
+            if name in EXTERNAL_SECRETS - DATABASE_SECRETS and "ZAPSTREAM_DATABASE_URL" in keys:
+                problems.append(f"ZAPSTREAM_DATABASE_URL comes from {own}, not from {name}")
     return problems
 
 

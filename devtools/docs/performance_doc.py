@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from devtools.bench.runner import SECTIONS, Sizes, side_by_side
+from devtools.bench.runner import SECTIONS, Sizes, table_rows
 from devtools.bench.support import Figure
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -79,39 +79,15 @@ def _label(document: Mapping[str, Any], broker: str) -> str:
 
 
 def _table(document: Mapping[str, Any], columns: Mapping[str, Sequence[Figure]]) -> list[str]:
-    """The figures as a Markdown table: a value and a verdict per broker, then the comparisons
-    measured in the same run (one line per broker when they differ, as ``make bench`` prints)."""
-    brokers = list(columns)
-    header = ["section", "figure", "target"]
-    for broker in brokers:
-        header += [_label(document, broker), ""]
-    header.append("comparison (same run)")
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for by_broker in side_by_side(columns):
-        present = [by_broker[b] for b in brokers if b in by_broker]
-        first = present[0]
-        target = next((f.target for f in present if f.target), "")
-        cells = [first.section, first.what, target]
-        for broker in brokers:
-            figure = by_broker.get(broker)
-            cells += [figure.value, figure.verdict] if figure else ["-", ""]
-        if len(present) == 1 or len({(f.what, f.comparison) for f in present}) == 1:
-            comparisons = [first.comparison] if first.comparison else []
-        else:
-            comparisons = []
-            for broker in brokers:
-                figure = by_broker.get(broker)
-                if figure is None:
-                    continue
-                ran = "" if figure.what == first.what else f" (ran: {figure.what})"
-                if figure.comparison or ran:
-                    comparisons.append(f"{_label(document, broker)}{ran}: {figure.comparison}")
-        cells.append("<br>".join(_cell(c) for c in comparisons))
-        lines.append(
-            "| "
-            + " | ".join(_cell(c) if i < len(cells) - 1 else c for i, c in enumerate(cells))
-            + " |"
-        )
+    """The figures as a Markdown table (:func:`~devtools.bench.runner.table_rows`), the
+    comparisons of a row in its last cell."""
+    headers, rows = table_rows(
+        columns, lambda b: _label(document, b), lambda b: _label(document, b)
+    )
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    for cells, comparisons in rows:
+        last = "<br>".join(_cell(c) for c in comparisons)
+        lines.append("| " + " | ".join([*(_cell(c) for c in cells), last]) + " |")
     return lines
 
 

@@ -247,8 +247,10 @@ def render_settings() -> str:
         "Secrets can also come from files in `ZAPSTREAM_SECRETS_DIR` (one file per variable "
         "name, e.g. a Kubernetes secret volume); their defaults are never shown here. "
         "A `ZAPSTREAM_*` variable that no setting reads stops every `zapstream` command at "
-        "start (exit 2), naming the closest known one. JSON values (objects, lists) are "
-        "given as JSON text.",
+        "start (exit 2), naming the closest known one. So does a secret holding a public "
+        "demo value of `.env.example` (it contains `change-me`), unless "
+        "`ZAPSTREAM_ALLOW_DEMO_SECRETS=1` (a local demo only). JSON values (objects, lists) "
+        "are given as JSON text.",
         "",
         "## Deployables",
         "",

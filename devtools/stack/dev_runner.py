@@ -35,7 +35,7 @@ from devtools.bench.support import proc_status_mib
 from devtools.stack.delivery_audit import DeliveryReport, audit, demo_key, demo_text
 from devtools.stack.demo_mix import RETRY_SCHEDULE_S, DemoMix, MixReport
 from devtools.stack.devstack import find_free_port
-from devtools.stack.local_pipeline import CONSOLE_DEMO_TOKEN, LocalPipeline
+from devtools.stack.local_pipeline import CONSOLE_DEMO_TOKEN, LOGIN_ROLES, LocalPipeline
 
 DEMO_PURPOSE = "demo"
 
@@ -202,10 +202,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             "ZAPSTREAM_WORKER_RETRY_SCHEDULE_S": RETRY_SCHEDULE_S,
         },
         broker="kafka" if args.kafka == "apache" else "tansu",
+        # The recommended setup: each service on a PostgreSQL role of its own
+        # (docs/guides/security.md); the demo's own SQL runs as the superuser.
+        per_component_roles=True,
     )
     try:
         pipeline.start()
-        print(f"  PostgreSQL  {pipeline.dsn}")
+        print(f"  PostgreSQL  {pipeline.dsn} (superuser; services: one role each)")
+        print(f"  roles       {', '.join(f'{c} {r}' for c, r in LOGIN_ROLES.items())}")
         print(f"  Kafka       {pipeline.kafka.bootstrap} ({pipeline.broker_description})")
         print(f"  gateway     {pipeline.sim_url} (simulator, {args.gateway} API)")
         print(f"  logs        {pipeline.dir}")
@@ -229,7 +233,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             flush=True,
         )
         keys, committed = enqueue_demo(
-            pipeline.dsn,
+            pipeline.component_dsn("app"),
             run=run,
             messages=args.messages,
             instances=args.instances,

@@ -14,6 +14,9 @@ comes back with its records, groups and offsets.
   ``advertised_port`` puts a :class:`~devtools.simulator.tcp_proxy.TcpProxy` in front of
   the clients' listener; the node talks to itself on listeners of its own, so
   cutting the proxy cuts the clients only.
+  ``sasl`` (a :class:`BrokerSasl`): the clients' listener is ``SASL_PLAINTEXT`` with
+  SCRAM-SHA-512 users and Kafka's ``StandardAuthorizer``: a client may do what ACLs
+  (:meth:`KafkaBroker.create_acls`) allow its user, and nothing else.
 * :class:`KafkaCluster`: ``nodes`` combined nodes sharing a quorum of that many
   voters, replication factor ``nodes`` and ``min.insync.replicas`` 2 (3 nodes);
   each node can be killed and started again, and
@@ -43,12 +46,15 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from devtools.stack.devstack import DevStackError, ManagedProcess, find_free_port
 from devtools.stack.lifecycle import StartStop
 from devtools.stack.tls import ServerTls, TlsTerminator
+from streams.kernel.kafka_access import AclBinding
 
 __all__ = [
+    "BrokerSasl",
     "ClusterMetadata",
     "KafkaBroker",
     "KafkaCluster",
@@ -96,8 +102,9 @@ logger.state.name = state.change.logger
 logger.state.level = WARN
 logger.request.name = kafka.request.logger
 logger.request.level = WARN
+# A SASL broker's authorizer logs each refused request at INFO (what an ACL lacks).
 logger.authorizer.name = kafka.authorizer.logger
-logger.authorizer.level = WARN
+logger.authorizer.level = INFO
 # Every config object logs its ~300 values at INFO: 2,700 lines per start.
 logger.config.name = org.apache.kafka.common.config.AbstractConfig
 logger.config.level = WARN
@@ -274,6 +281,68 @@ def kafka_metadata(
     return ClusterMetadata(tuple(brokers), cluster_id, described)
 
 
+# --------------------------------------------------------------------------- SASL and ACLs
+
+
+SCRAM_MECHANISM = "SCRAM-SHA-512"
+"""The clients' SASL mechanism on a SASL broker: what Strimzi's ``KafkaUser``
+(``authentication: scram-sha-512``) gives production."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BrokerSasl:
+    """A broker whose clients log in (SASL_PLAINTEXT, SCRAM-SHA-512) and are authorized by ACL.
+
+    ``users``: user name -> password, besides the admin. The SCRAM credentials are written
+    into the metadata log when the storage is formatted (``kafka-storage format
+    --add-scram``), so they exist before the broker takes its first request. The admin is a
+    super user (it creates the ACLs, :meth:`KafkaBroker.create_acls`); so is ``ANONYMOUS``,
+    the principal of the node's own plaintext listeners (inter-broker, controller), which
+    bind to 127.0.0.1 and are never advertised to clients. Any other user may do only what
+    an ACL allows it (``allow.everyone.if.no.acl.found`` stays false).
+    """
+
+    users: Mapping[str, str]
+    admin_user: str = "admin"
+    admin_password: str = "admin-secret"
+
+    def __post_init__(self) -> None:
+        for name, password in {**self.users, self.admin_user: self.admin_password}.items():
+            # The --add-scram argument is [name=...,password=...]: no separators inside.
+            if not re.fullmatch(r"[A-Za-z0-9._-]+", name) or not re.fullmatch(
+                r"[A-Za-z0-9._-]+", password
+            ):
+                raise ValueError(f"SASL user {name!r}: names and passwords are [A-Za-z0-9._-]")
+
+    def credentials(self) -> dict[str, str]:
+        """Every user and its password, the admin included."""
+        return {**self.users, self.admin_user: self.admin_password}
+
+    def server_properties(self) -> dict[str, str]:
+        """What the node's properties get: the listener's mechanism, the authorizer."""
+        return {
+            "sasl.enabled.mechanisms": SCRAM_MECHANISM,
+            "listener.name.client.scram-sha-512.sasl.jaas.config": (
+                "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+            ),
+            "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            "super.users": f"User:ANONYMOUS;User:{self.admin_user}",
+            "allow.everyone.if.no.acl.found": "false",
+        }
+
+    def format_arguments(self) -> list[str]:
+        """``--add-scram`` for every user, the admin included."""
+        return [
+            f"--add-scram={SCRAM_MECHANISM}=[name={name},password={password}]"
+            for name, password in self.credentials().items()
+        ]
+
+
+_RD_RESOURCE = {"topic": "TOPIC", "group": "GROUP", "transactionalId": "TRANSACTIONAL_ID"}
+"""Strimzi's resource type names -> confluent-kafka's ``ResourceType`` members."""
+_RD_PATTERN = {"literal": "LITERAL", "prefix": "PREFIXED"}
+"""Strimzi's pattern types -> confluent-kafka's ``ResourcePatternType`` members."""
+
 # --------------------------------------------------------------------------- one node
 
 
@@ -298,6 +367,9 @@ class KafkaBroker(StartStop):
     ``tls`` (a :class:`devtools.stack.tls.ServerTls`): clients must use TLS on ``port``, which a
     :class:`devtools.stack.tls.TlsTerminator` serves in front of Kafka's plaintext listener
     (as :class:`devtools.stack.devstack.TansuBroker` does); the node advertises ``port``.
+    ``sasl`` (a :class:`BrokerSasl`): clients log in on ``port`` (SASL_PLAINTEXT,
+    SCRAM-SHA-512) and may do what :meth:`create_acls` allows their user; the readiness
+    probe then goes to the node's own (inter-broker) listener.
 
     :meth:`kill` (SIGKILL) and :meth:`terminate` (SIGTERM: a controlled shutdown) end the
     process and keep its log dirs; :meth:`restart` starts it again on them. :meth:`stop`
@@ -316,6 +388,7 @@ class KafkaBroker(StartStop):
         start_timeout_s: float = 90.0,
         stop_timeout_s: float = 20.0,
         tls: ServerTls | None = None,
+        sasl: BrokerSasl | None = None,
         node_id: int = 1,
         controller_port: int | None = None,
         _quorum: _Quorum | None = None,
@@ -324,6 +397,9 @@ class KafkaBroker(StartStop):
         makes its nodes; a lone node is a quorum of itself."""
         if tls is not None and advertised_port is not None:
             raise DevStackError("a TLS broker advertises its own TLS port: no advertised_port")
+        if sasl is not None and tls is not None:
+            raise DevStackError("a broker is SASL_PLAINTEXT or TLS, not both")
+        self.sasl = sasl
         self._port = port if port is not None else find_free_port()
         self._advertised_port = advertised_port or self._port
         self._tls = tls
@@ -457,7 +533,11 @@ class KafkaBroker(StartStop):
         """
         process = self.process
         deadline = time.monotonic() + self._start_timeout_s
-        wanted = (self.node_id, "127.0.0.1", self._advertised_port)
+        # A SASL listener answers nothing before a login: probe the node's own listener,
+        # which lists the brokers at their addresses on it.
+        probe_port = self._broker_port if self.sasl is not None else self._listen_port
+        advertised = self._broker_port if self.sasl is not None else self._advertised_port
+        wanted = (self.node_id, "127.0.0.1", advertised)
         last_error = "port not accepting connections"
         while True:
             if not process.is_running:
@@ -467,7 +547,7 @@ class KafkaBroker(StartStop):
                     f"{process.log_path}:\n{process.log_tail()}"
                 )
             try:
-                brokers = kafka_metadata(self._listen_port, timeout_s=1.0).brokers
+                brokers = kafka_metadata(probe_port, timeout_s=1.0).brokers
             except (OSError, struct.error, DevStackError) as e:
                 last_error = f"metadata request failed: {e!r}"
             else:
@@ -480,6 +560,69 @@ class KafkaBroker(StartStop):
                     f"kafka node {self.node_id} not ready on 127.0.0.1:{self._listen_port} within "
                     f"{self._start_timeout_s:g} s ({last_error}); last lines of "
                     f"{process.log_path}:\n{process.log_tail()}"
+                )
+            time.sleep(_POLL_INTERVAL_S)
+
+    # --- ACLs ----------------------------------------------------------------------
+
+    def client_config(self, user: str) -> dict[str, str]:
+        """librdkafka's settings for ``user`` of a SASL broker (its password from ``sasl``)."""
+        if self.sasl is None:
+            raise DevStackError(f"{self!r} has no SASL users")
+        return {
+            "bootstrap.servers": self.bootstrap,
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": SCRAM_MECHANISM,
+            "sasl.username": user,
+            "sasl.password": self.sasl.credentials()[user],
+        }
+
+    def create_acls(self, bindings: Sequence[AclBinding], timeout_s: float = 30.0) -> None:
+        """Create ALLOW ``bindings`` (any host) as the admin user, and wait until the node
+        authorizes with them (KRaft applies them from the metadata log a moment later).
+
+        Through confluent-kafka's admin client (librdkafka): aiokafka's has no CreateAcls.
+        """
+        import confluent_kafka.admin
+
+        # Its names are re-exported without __all__ (mypy strict: "not exported"): by attribute.
+        rd: Any = confluent_kafka.admin
+        if self.sasl is None:
+            raise DevStackError(f"{self!r} has no authorizer: start it with sasl=BrokerSasl(...)")
+        # librdkafka's own log on stderr: errors only.
+        admin = rd.AdminClient({**self.client_config(self.sasl.admin_user), "log_level": 3})
+        wanted = [
+            rd.AclBinding(
+                rd.ResourceType[_RD_RESOURCE[b.resource.type.value]],
+                b.resource.name,
+                rd.ResourcePatternType[_RD_PATTERN[b.resource.pattern.value]],
+                b.principal,
+                "*",
+                rd.AclOperation[b.operation.value.upper()],
+                rd.AclPermissionType.ALLOW,
+            )
+            for b in bindings
+        ]
+        for future in admin.create_acls(wanted, request_timeout=timeout_s).values():
+            future.result()
+        any_acl = rd.AclBindingFilter(
+            rd.ResourceType.ANY,
+            None,
+            rd.ResourcePatternType.ANY,
+            None,
+            None,
+            rd.AclOperation.ANY,
+            rd.AclPermissionType.ANY,
+        )
+        deadline = time.monotonic() + timeout_s
+        while True:
+            described = admin.describe_acls(any_acl, request_timeout=timeout_s).result()
+            if set(wanted) <= set(described):
+                return
+            if time.monotonic() >= deadline:
+                raise DevStackError(
+                    f"kafka node {self.node_id} shows {len(described)} ACLs after {timeout_s:g} s, "
+                    f"not the {len(wanted)} created"
                 )
             time.sleep(_POLL_INTERVAL_S)
 
@@ -545,7 +688,8 @@ class KafkaBroker(StartStop):
                 f"CLIENT://127.0.0.1:{self._advertised_port},BROKER://127.0.0.1:{self._broker_port}"
             ),
             "listener.security.protocol.map": (
-                "CLIENT:PLAINTEXT,BROKER:PLAINTEXT,CONTROLLER:PLAINTEXT"
+                f"CLIENT:{'SASL_PLAINTEXT' if self.sasl else 'PLAINTEXT'},"
+                "BROKER:PLAINTEXT,CONTROLLER:PLAINTEXT"
             ),
             "inter.broker.listener.name": "BROKER",
             "controller.listener.names": "CONTROLLER",
@@ -577,6 +721,8 @@ class KafkaBroker(StartStop):
             "log.cleaner.threads": "1",
             "log.cleaner.dedupe.buffer.size": str(16 * 1024 * 1024),
         }
+        if self.sasl is not None:
+            properties.update(self.sasl.server_properties())
         properties.update(self._config)
         return properties
 
@@ -617,6 +763,7 @@ class KafkaBroker(StartStop):
             # One argument: a random id may start with "-", which argparse takes for an option.
             f"--cluster-id={self._quorum.cluster_id}",
             f"--config={self.dir / 'server.properties'}",
+            *(self.sasl.format_arguments() if self.sasl is not None else ()),
             heap=("-Xmx128m",),  # a short JVM: a smaller heap than the broker's
         )
         try:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import shutil
 import sys
 import tempfile
@@ -26,15 +27,18 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
+from psycopg import sql
 
 from connectors.ops.topics import ensure_topics
 from connectors.outbox.migrate import migrate
 from devtools.simulator.tcp_proxy import TcpProxy
 from devtools.stack import shared_broker
 from devtools.stack.devstack import ManagedProcess, PostgresCluster, TansuBroker, find_free_port
-from devtools.stack.kafka_broker import KafkaBroker, KafkaCluster, kafka_version
+from devtools.stack.kafka_broker import BrokerSasl, KafkaBroker, KafkaCluster, kafka_version
 from devtools.stack.tls import Pki
 from streams.kernel.contract import TopicNames
+from streams.kernel.kafka_access import access_table, acl_bindings
 from streams.kernel.settings import BrokerFlavor, KafkaSettings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -46,9 +50,21 @@ REFERENCE_KEY = "dev-reference-key-for-local-tests-only"
 """``ZAPSTREAM_REFERENCE_KEY`` of the workers and the webhook (at least 32 characters)."""
 META_APP_SECRET = "dev-meta-app-secret"
 META_VERIFY_TOKEN = "dev-meta-verify-token"
-CONSOLE_DEMO_TOKEN = "dev-console-demo-token"
+CONSOLE_DEMO_TOKEN = "dev-console-demo-token-not-a-secret"
 """The console login of ``make dev`` (operator ``demo``): a fixed demo value, not a secret."""
 CONSOLE_DEMO_TOKENS = {CONSOLE_DEMO_TOKEN: {"operator": "demo", "role": "operator"}}
+LOGIN_ROLES = {
+    "relay": "zs_relay",
+    "worker": "zs_worker",
+    "sink": "zs_sink",
+    "webhook": "zs_webhook",
+    "console": "zs_console",
+    "operator": "zs_operator",
+    "app": "zs_app",
+    "prune": "zs_prune",
+}
+"""The login role of each component with ``per_component_roles`` (a member of its
+``zapstream_<component>`` group role)."""
 BROKERS = ("tansu", "kafka")
 BROKER_ENV = "DEVSTACK_BROKER"
 """Picks the broker of a pipeline that was not given one: ``kafka`` (default) or ``tansu``.
@@ -83,6 +99,8 @@ class LocalPipeline:
         kafka_nodes: int = 1,
         topic_prefix: str = "",
         own_broker: bool = False,
+        per_component_roles: bool = False,
+        sasl: bool = False,
     ) -> None:
         """``broker``: ``"tansu"`` or ``"kafka"`` (Apache Kafka, one KRaft node); default
         :func:`default_broker` (``DEVSTACK_BROKER``, else Apache Kafka). ``kafka_nodes`` (with
@@ -90,6 +108,12 @@ class LocalPipeline:
         factor 3, ``min.insync.replicas`` 2; the topics and Faust's changelogs get RF 3).
 
         ``with_sink``: :meth:`start` also runs ``zapstream sink`` (states into PostgreSQL).
+
+        ``per_component_roles``: the recommended production setup. :meth:`start` applies
+        the group roles (:mod:`connectors.outbox.roles`), creates the publication and the
+        slot as the owner (what ``zapstream db migrate`` does), and one login role per
+        component (:data:`LOGIN_ROLES`, the relay's with REPLICATION); each service then
+        connects as its own (:meth:`component_dsn`), never as the superuser.
 
         ``topic_prefix``: ``ZAPSTREAM_KAFKA_TOPIC_PREFIX`` of :meth:`start`'s ``topics ensure``,
         of every service and of :meth:`kafka_settings` (every topic and group named with it).
@@ -107,7 +131,15 @@ class LocalPipeline:
         ``tls``: Kafka speaks TLS only (the broker's certificate signed by ``tls.ca_file``);
         every service, and :meth:`kafka_settings`, connects with
         ``ZAPSTREAM_KAFKA_SECURITY_PROTOCOL=SSL`` and that CA file.
+        ``sasl`` (Apache Kafka, one node of its own): clients log in (SASL_PLAINTEXT,
+        SCRAM-SHA-512) and the broker authorizes them with the ACLs of
+        :func:`streams.kernel.kafka_access.access_table` for this pipeline's names: one user
+        per component (:attr:`kafka_users`). Each service started here runs as its
+        component's user (the relay as ``zapstream-relay`` ...); :meth:`start`'s topics and
+        :meth:`kafka_settings` use the ``admin`` component's (``zapstream topics ensure``).
         """
+        if sasl and (broker == "tansu" or proxied or tls is not None or kafka_nodes != 1):
+            raise ValueError("sasl needs one Apache Kafka node, neither proxied nor TLS")
         if tls is not None and proxied:
             raise ValueError("a TLS pipeline is not proxied")
         # kafka_nodes > 1: Apache Kafka's KafkaCluster (RF kafka_nodes, min.insync 2), direct.
@@ -125,12 +157,20 @@ class LocalPipeline:
             and kafka_nodes == 1
             and not proxied
             and tls is None
+            and not sasl
         )
         if self.shares_broker and not self.topic_prefix:
             self.topic_prefix = shared_broker.next_prefix()
         self.topics = TopicNames(self.topic_prefix)
         """The names of this pipeline's topics and groups (its prefix applied)."""
         self.tls = tls
+        self.kafka_access = access_table(self.topics) if sasl else {}
+        """Component -> its Kafka access (empty without ``sasl``)."""
+        self.kafka_users = {
+            access.user: f"{access.user}-{secrets.token_hex(8)}"
+            for access in self.kafka_access.values()
+        }
+        """Kafka user -> password (``sasl``)."""
         self._own_dir = base_dir is None
         self.dir = Path(base_dir or tempfile.mkdtemp(prefix="zapstream-"))
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -163,7 +203,11 @@ class LocalPipeline:
         elif self.broker == "kafka" and kafka_nodes > 1:
             self.kafka = KafkaCluster(nodes=kafka_nodes, base_dir=self.dir / "kafka")
         elif self.broker == "kafka":
-            self.kafka = KafkaBroker(base_dir=self.dir / "kafka", tls=server_tls)
+            self.kafka = KafkaBroker(
+                base_dir=self.dir / "kafka",
+                tls=server_tls,
+                sasl=BrokerSasl(self.kafka_users) if sasl else None,
+            )
         else:
             self.kafka = TansuBroker(log_path=self.dir / "tansu.log", tls=server_tls)
         self.sim_port = find_free_port()
@@ -171,6 +215,7 @@ class LocalPipeline:
         self.processes: list[ManagedProcess] = []
         self.with_sink = with_sink
         self.sink: ManagedProcess | None = None
+        self.per_component_roles = per_component_roles
 
     # --- lifecycle -----------------------------------------------------------------
 
@@ -188,7 +233,12 @@ class LocalPipeline:
         self.postgres.start()
         if not self.shares_broker:
             self.kafka.start()
+        if self.kafka_access:
+            assert isinstance(self.kafka, KafkaBroker)
+            self.kafka.create_acls(acl_bindings(self.kafka_access))
         migrate(self.dsn)
+        if self.per_component_roles:
+            self.create_component_roles()
         asyncio.run(ensure_topics(self.kafka_settings()))
         self.simulator = self.process(
             "gateway-sim",
@@ -236,6 +286,43 @@ class LocalPipeline:
             return self.dsn
         return f"postgresql://postgres@127.0.0.1:{self.pg_proxy.port}/postgres"
 
+    def component_dsn(self, component: str) -> str:
+        """The DSN ``component`` connects with: its own login role with ``per_component_roles``
+        (through ``pg_proxy`` when proxied), else :attr:`service_dsn` (the superuser)."""
+        if not self.per_component_roles:
+            return self.service_dsn
+        port = self.pg_proxy.port if self.pg_proxy is not None else self.postgres.port
+        return f"postgresql://{LOGIN_ROLES[component]}@127.0.0.1:{port}/postgres"
+
+    def _database_env(self, component: str) -> dict[str, str]:
+        if not self.per_component_roles:
+            return {}
+        return {"ZAPSTREAM_DATABASE_URL": self.component_dsn(component)}
+
+    def create_component_roles(self) -> None:
+        """Group roles and grants, publication and slot as the owner, and one login role per
+        component in :data:`LOGIN_ROLES` (the cluster trusts local connections: no passwords)."""
+        from connectors.cdc.provisioning import ensure_replication
+        from connectors.cdc.settings import RelaySettings
+        from connectors.outbox.roles import apply_roles, component_role
+
+        apply_roles(self.dsn)
+        defaults = RelaySettings.model_fields
+        ensure_replication(
+            self.dsn,
+            slot=str(defaults["slot"].default),
+            publication=str(defaults["publication"].default),
+        )
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            for component, login in LOGIN_ROLES.items():
+                spec = component_role(component)
+                replication = " REPLICATION" if spec.replication else ""
+                conn.execute(
+                    sql.SQL("CREATE ROLE {} LOGIN{} IN ROLE {}").format(
+                        sql.Identifier(login), sql.SQL(replication), sql.Identifier(spec.role)
+                    )
+                )
+
     @property
     def service_brokers(self) -> str:
         """The bootstrap servers the services use: through ``kafka_proxy`` when proxied."""
@@ -264,6 +351,14 @@ class LocalPipeline:
         security: dict[str, Any] = {}
         if self.tls is not None:
             security = {"security_protocol": "SSL", "ssl_cafile": self.tls.ca_file}
+        if self.kafka_access:
+            user = self.kafka_access["admin"].user
+            security = {
+                "security_protocol": "SASL_PLAINTEXT",
+                "sasl_mechanism": "SCRAM-SHA-512",
+                "sasl_username": user,
+                "sasl_password": self.kafka_users[user],
+            }
         return KafkaSettings(
             brokers=self.kafka.bootstrap,
             flavor=self.flavor,
@@ -276,7 +371,13 @@ class LocalPipeline:
         )
 
     def kafka_security_env(self) -> dict[str, str]:
-        """``ZAPSTREAM_KAFKA_SECURITY_PROTOCOL`` and the CA file when Kafka speaks TLS."""
+        """``ZAPSTREAM_KAFKA_SECURITY_PROTOCOL`` and the CA file when Kafka speaks TLS; the
+        protocol and mechanism with ``sasl`` (the user: :meth:`kafka_user_env`)."""
+        if self.kafka_access:
+            return {
+                "ZAPSTREAM_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+                "ZAPSTREAM_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
+            }
         if self.tls is None:
             return {}
         return {
@@ -309,6 +410,17 @@ class LocalPipeline:
             **self.kafka_security_env(),
         }
 
+    def kafka_user_env(self, component: str) -> dict[str, str]:
+        """``ZAPSTREAM_KAFKA_SASL_USERNAME``/``_PASSWORD`` of ``component``'s Kafka user
+        (``sasl``); empty without ``sasl``."""
+        access = self.kafka_access.get(component)
+        if access is None:
+            return {}
+        return {
+            "ZAPSTREAM_KAFKA_SASL_USERNAME": access.user,
+            "ZAPSTREAM_KAFKA_SASL_PASSWORD": self.kafka_users[access.user],
+        }
+
     # --- processes ----------------------------------------------------------------------
 
     def process(
@@ -318,6 +430,7 @@ class LocalPipeline:
         env: dict[str, str] | None = None,
         *,
         module: str = "connectors.cli",
+        kafka_user: str | None = None,
     ) -> ManagedProcess:
         """A ``python -m module`` subprocess (``zapstream`` by default) with the pipeline's env.
 
@@ -327,7 +440,13 @@ class LocalPipeline:
         pythonpath = os.pathsep.join(
             p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p
         )
-        full_env = {**os.environ, **self.env(), "PYTHONPATH": pythonpath, **(env or {})}
+        full_env = {
+            **os.environ,
+            **self.env(),
+            **(self.kafka_user_env(kafka_user) if kafka_user else {}),
+            "PYTHONPATH": pythonpath,
+            **(env or {}),
+        }
         proc = ManagedProcess(
             [sys.executable, "-m", module, "--log-level", self.log_level, *args],
             env=full_env,
@@ -342,7 +461,14 @@ class LocalPipeline:
     ) -> ManagedProcess:
         """Run a relay; ``env`` adds to (and overrides) its settings."""
         proc = self.process(
-            name, ["relay"], {"ZAPSTREAM_RELAY_STATUS_INTERVAL_S": "0.5", **(env or {})}
+            name,
+            ["relay"],
+            {
+                "ZAPSTREAM_RELAY_STATUS_INTERVAL_S": "0.5",
+                **self._database_env("relay"),
+                **(env or {}),
+            },
+            kafka_user="relay",
         )
         proc.start()
         if wait:
@@ -356,10 +482,11 @@ class LocalPipeline:
         full_env = {
             "ZAPSTREAM_WORKER_WEB_PORT": str(find_free_port()),
             "ZAPSTREAM_WORKER_DATA_DIR": str(self.dir / name),
+            **self._database_env("worker"),
             **self.worker_env,
             **(env or {}),
         }
-        proc = self.process(name, ["worker"], full_env)
+        proc = self.process(name, ["worker"], full_env, kafka_user="worker")
         proc.start()
         if wait:
             proc.wait_for_log(r"\[\^Worker\]: Ready", timeout_s=120)
@@ -375,9 +502,10 @@ class LocalPipeline:
         full_env = {
             "ZAPSTREAM_SINK_METRICS_PORT": str(find_free_port()),
             "ZAPSTREAM_SINK_RETRY_MAX_S": "2",
+            **self._database_env("sink"),
             **(env or {}),
         }
-        proc = self.process(name, ["sink"], full_env)
+        proc = self.process(name, ["sink"], full_env, kafka_user="sink")
         proc.start()
         if wait:
             proc.wait_for_log(r"state sink consuming", timeout_s=60)
@@ -393,7 +521,10 @@ class LocalPipeline:
         """
         port = find_free_port()
         proc = self.process(
-            name, ["lag-monitor"], {"ZAPSTREAM_LAG_METRICS_PORT": str(port), **(env or {})}
+            name,
+            ["lag-monitor"],
+            {"ZAPSTREAM_LAG_METRICS_PORT": str(port), **(env or {})},
+            kafka_user="lag-monitor",
         )
         proc.start()
         proc.wait_for_log(r"lag monitor watching", timeout_s=30)
@@ -421,16 +552,28 @@ class LocalPipeline:
                 "ZAPSTREAM_CONSOLE_TOKENS": json.dumps(tokens or CONSOLE_DEMO_TOKENS),
                 "ZAPSTREAM_CONSOLE_PORT": str(port),
                 "ZAPSTREAM_CONSOLE_LAG_URL": lag_url,
+                **self._database_env("console"),
             },
         )
         proc.start()
         proc.wait_for_log(r"console listening", timeout_s=30)
         return proc, f"http://127.0.0.1:{port}"
 
-    def start_webhook(self, name: str = "webhook") -> str:
-        """Run ``zapstream webhook`` and point the simulator's callbacks at it; return its URL."""
+    def start_webhook(self, name: str = "webhook", *, env: dict[str, str] | None = None) -> str:
+        """Run ``zapstream webhook`` and point the simulator's callbacks at it; return its URL.
+
+        ``env`` adds to (and overrides) its settings."""
         port = find_free_port()
-        proc = self.process(name, ["webhook"], {"ZAPSTREAM_WEBHOOK_PORT": str(port)})
+        proc = self.process(
+            name,
+            ["webhook"],
+            {
+                "ZAPSTREAM_WEBHOOK_PORT": str(port),
+                **self._database_env("webhook"),
+                **(env or {}),
+            },
+            kafka_user="webhook",
+        )
         proc.start()
         url = f"http://127.0.0.1:{port}"
         import time

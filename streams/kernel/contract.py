@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Mapping
+import re
+import types
+import typing
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, TypeVar
 
 import orjson
@@ -190,6 +193,9 @@ class Priority(enum.StrEnum):
     BULK = "bulk"
 
 
+_PRIORITIES = frozenset(p.value for p in Priority)
+
+
 class AttemptOutcome(enum.StrEnum):
     """How one attempt (or a decision not to attempt) ended."""
 
@@ -231,6 +237,123 @@ class ContractError(ValueError):
     """Bytes that do not decode into the record the topic promises."""
 
 
+MAX_ATTEMPTS = 100
+"""The most attempts one job may ask for: past it a typo (``max_attempts=1e9``) would retry
+a message for ever against a gateway that refuses it."""
+
+INSTANCE_ID_MAX = 64
+"""The longest instance id (the outbox article's ``VARCHAR(64)``)."""
+_INSTANCE_ID = re.compile(r"[A-Za-z0-9._~:@+-]{1,64}", re.ASCII)
+
+CANONICAL_RECIPIENT = re.compile(
+    r"[1-9]\d{7,14}(@s\.whatsapp\.net|@c\.us)?|\d{5,30}(-\d{1,20})?@g\.us", re.ASCII
+)
+"""A recipient as the outbox rules normalise it (:mod:`connectors.outbox.recipients`):
+a phone number's digits with its country code, or a person's or group's JID."""
+
+
+def instance_id_problem(value: object) -> str | None:
+    """Why ``value`` cannot be an instance id, or None.
+
+    An instance id is a path segment of the gateway's URL (``/v1/instances/{id}/...``)
+    and a label on metrics and log lines: ASCII letters, digits and ``. _ ~ : @ + -``,
+    1 to 64 of them, and never ``.`` or ``..`` (a URL library would resolve them and
+    call another path). The value is never quoted whole: it may hold control characters.
+    """
+    if not isinstance(value, str):
+        return f"instance_id must be a string, not {type(value).__name__}"
+    if _INSTANCE_ID.fullmatch(value) and value not in (".", ".."):
+        return None
+    shown = value[:20].encode("unicode_escape").decode("ascii").replace("'", "\\'")
+    return (
+        f"instance_id '{shown}' is not 1 to "
+        f"{INSTANCE_ID_MAX} of A-Z a-z 0-9 . _ ~ : @ + - (and not . or ..)"
+    )
+
+
+_JSON_KINDS: dict[Any, tuple[type, ...]] = {
+    int: (int,), float: (float, int), str: (str,), bool: (bool,), type(None): (type(None),),
+}  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _FieldCheck:
+    """How one field of a record is checked: the JSON types it accepts (``exact``, the
+    fast path; a ``str`` subclass such as a :class:`Priority` also passes), and for a
+    list or object the check of its items."""
+
+    name: str
+    exact: frozenset[type]
+    items: Callable[[Any], bool] | None
+    expected: str
+
+    def accepts(self, value: Any) -> bool:
+        kind = type(value)
+        if kind not in self.exact:
+            # bool is an int to Python, never to the contract.
+            if kind is bool or not isinstance(value, tuple(self.exact)):
+                return False
+        return self.items is None or value is None or self.items(value)
+
+
+def _field_check(name: str, hint: Any) -> _FieldCheck:
+    """The check of a field annotated ``hint``: JSON gives ``int``, ``float``, ``str``,
+    ``bool``, ``None``, ``list`` and ``dict``; the records use those, ``Any``, ``list[str]``,
+    ``dict[str, ...]`` and their ``| None``."""
+    if hint is Any:
+        return _FieldCheck(name, frozenset(), None, "anything")
+    args = (
+        typing.get_args(hint)
+        if typing.get_origin(hint) in (types.UnionType, typing.Union)
+        else (hint,)
+    )
+    exact: set[type] = set()
+    items: Callable[[Any], bool] | None = None
+    names = []
+    for arg in args:
+        origin = typing.get_origin(arg)
+        if origin is list:
+            exact.add(list)
+            items = _items_check(typing.get_args(arg)[0], list)
+            names.append("a list")
+        elif origin is dict:
+            exact.add(dict)
+            items = _items_check(typing.get_args(arg)[1], dict)
+            names.append("an object")
+        elif arg in _JSON_KINDS:
+            exact.update(_JSON_KINDS[arg])
+            names.append(_json_kind(arg()) if arg is not type(None) else "null")
+        else:
+            raise TypeError(f"no JSON check for the record field type {hint!r}")
+    return _FieldCheck(name, frozenset(exact), items, " or ".join(names))
+
+
+def _items_check(item: Any, container: type) -> Callable[[Any], bool] | None:
+    """The check of a list's items or an object's keys and values (None: any item)."""
+    if item is Any:
+        if container is dict:
+            return lambda v: all(type(k) is str for k in v)
+        return None
+    check = _field_check("item", item)
+    if container is dict:
+        return lambda v: all(type(k) is str and check.accepts(x) for k, x in v.items())
+    return lambda v: all(check.accepts(x) for x in v)
+
+
+_FIELD_CHECKS: dict[type, tuple[_FieldCheck, ...]] = {}
+"""Per record class: the check of every field, built once."""
+
+
+def _field_checks(cls: type) -> tuple[_FieldCheck, ...]:
+    checks = _FIELD_CHECKS.get(cls)
+    if checks is None:
+        hints = typing.get_type_hints(cls)
+        checks = _FIELD_CHECKS[cls] = tuple(
+            _field_check(f.name, hints[f.name]) for f in dataclasses.fields(cls)
+        )
+    return checks
+
+
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class Record:
     """Base of every record on a zapstream topic."""
@@ -262,11 +385,34 @@ class Record:
         schema = data.get("schema")
         if schema != cls.SCHEMA:
             raise ContractError(f"expected schema {cls.SCHEMA!r}, got {schema!r}")
-        names = {f.name for f in dataclasses.fields(cls)}
+        values = {}
+        for check in _field_checks(cls):
+            name = check.name
+            if name in data:
+                value = data[name]
+                if check.exact and not check.accepts(value):
+                    # The value is never quoted: it may be a phone number or a text.
+                    raise ContractError(
+                        f"{cls.SCHEMA}: {name} must be {check.expected}, not {_json_kind(value)}"
+                    )
+                values[name] = value
         try:
-            return cls(**{k: v for k, v in data.items() if k in names})
+            record = cls(**values)
         except TypeError as exc:
             raise ContractError(f"{cls.SCHEMA}: {exc}") from exc
+        problem = record.problem()
+        if problem is not None:
+            raise ContractError(f"{cls.SCHEMA}: {problem}")
+        return record
+
+    def problem(self) -> str | None:
+        """Why this record breaks its schema's rules beyond its fields' types, or None.
+
+        A record read from Kafka is checked before anything acts on it: a producer
+        other than zapstream's (or a bug) must not make the worker send, cancel or
+        settle what the contract does not allow.
+        """
+        return None
 
     @classmethod
     def loads(cls: type[R], raw: bytes | str) -> R:
@@ -305,6 +451,17 @@ class IntentCaptured(Record):
     @property
     def partition_key(self) -> bytes:
         return conversation_partition_key(self.instance_id, self.conversation_key)
+
+    def problem(self) -> str | None:
+        if not 1 <= self.max_attempts <= MAX_ATTEMPTS:
+            return f"max_attempts must be from 1 to {MAX_ATTEMPTS}"
+        if self.priority not in _PRIORITIES:
+            return "priority must be one of " + ", ".join(sorted(_PRIORITIES))
+        if not CANONICAL_RECIPIENT.fullmatch(self.to):
+            return "to is not a normalised recipient (digits with country code, or a JID)"
+        if not self.text or not self.message_type or not self.conversation_key:
+            return "text, message_type and conversation_key must not be empty"
+        return instance_id_problem(self.instance_id)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -564,6 +721,14 @@ class ParkedConversation(Record):
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ContractError(f"{cls.SCHEMA}: {exc!r}") from exc
+
+
+def _json_kind(value: object) -> str:
+    """``value``'s JSON kind, for an error message that must not quote it."""
+    if value is None:
+        return "null"
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+            list: "a list", dict: "an object"}.get(type(value), type(value).__name__)  # fmt: skip
 
 
 def decode_topic_record(raw: bytes) -> Record:

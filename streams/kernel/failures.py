@@ -15,8 +15,9 @@ must do). A classified failure is a :class:`~streams.kernel.errors.Failure`:
   it starts and once when it ends (:class:`~streams.kernel.runtime.outage.OutageLog`).
 - **permanent**: a retry fails the same way: class 28 (authentication), 3D000 (no such
   database), 42P01 (no outbox tables), whatever else the caller's hints name; a TLS
-  handshake the client refuses or a SASL login the broker refuses
-  (:func:`classify_kafka_security`). One line for the operator, naming the setting or the
+  handshake the client refuses, a SASL login the broker refuses, or a request its ACLs
+  refuse (topic, group, cluster, transactional id: :func:`classify_kafka_security`). One
+  line for the operator, naming the setting or the
   command; a deployable that meets one at start raises :class:`StartRefused` (exit 2).
 
 libpq reports a failed connection with a message and no SQLSTATE, so
@@ -70,6 +71,10 @@ KAFKA_SASL_HINT = (
     "check ZAPSTREAM_KAFKA_SASL_USERNAME and ZAPSTREAM_KAFKA_SASL_PASSWORD "
     "(and ZAPSTREAM_KAFKA_SASL_MECHANISM)"
 )
+KAFKA_ACL_HINT = (
+    "check ZAPSTREAM_KAFKA_SASL_USERNAME (each component has a Kafka user of its own) and "
+    "grant that user its component's ACLs (docs/guides/security.md)"
+)
 KAFKA_MECHANISM_HINT = (
     "set ZAPSTREAM_KAFKA_SASL_MECHANISM to one the brokers enable (PLAIN, SCRAM-SHA-256, "
     "SCRAM-SHA-512)"
@@ -77,12 +82,13 @@ KAFKA_MECHANISM_HINT = (
 
 
 def classify_kafka_security(exc: BaseException) -> str | None:
-    """One line for a TLS or SASL failure no retry will fix; None for anything else.
+    """One line for a TLS, SASL or ACL failure no retry will fix; None for anything else.
 
     Permanent: the broker's certificate does not verify, the TLS handshake is refused
     (an alert, a listener that does not speak TLS), the broker refuses the SASL login
-    or the mechanism. A connection closed mid-handshake (EOF, reset) is not: the
-    broker may be restarting.
+    or the mechanism, or its ACLs refuse the user a topic, a group, a transactional id
+    or the cluster (:func:`is_kafka_authorization_error`). A connection closed
+    mid-handshake (EOF, reset) is not: the broker may be restarting.
     """
     from aiokafka.errors import SaslAuthenticationFailed, UnsupportedSaslMechanismError
 
@@ -100,7 +106,39 @@ def classify_kafka_security(exc: BaseException) -> str | None:
         return f"Kafka does not enable this SASL mechanism ({one_line(str(exc))}): " + (
             KAFKA_MECHANISM_HINT
         )
+    if is_kafka_authorization_error(exc):
+        what = _AUTHORIZATION_WHAT.get(type(exc).__name__, "this")
+        detail = one_line(str(exc)) or type(exc).__name__
+        return f"Kafka's ACLs refuse {what} to this user ({detail}): {KAFKA_ACL_HINT}"
     return None
+
+
+_AUTHORIZATION_WHAT = {
+    "TopicAuthorizationFailedError": "a topic",
+    "GroupAuthorizationFailedError": "a consumer group",
+    "ClusterAuthorizationFailedError": "a cluster operation",
+    "TransactionalIdAuthorizationFailed": "a transactional id",
+}
+
+
+def is_kafka_authorization_error(exc: BaseException) -> bool:
+    """The broker's ACLs refused the request (topic, group, cluster or transactional id):
+    it will refuse it again until an operator grants the ACL. aiokafka marks these errors
+    not ``retriable``, but Kafka errors are otherwise transient."""
+    from aiokafka.errors import (
+        ClusterAuthorizationFailedError,
+        GroupAuthorizationFailedError,
+        TopicAuthorizationFailedError,
+        TransactionalIdAuthorizationFailed,
+    )
+
+    return isinstance(
+        exc,
+        TopicAuthorizationFailedError
+        | GroupAuthorizationFailedError
+        | ClusterAuthorizationFailedError
+        | TransactionalIdAuthorizationFailed,
+    )
 
 
 def one_line(text: str) -> str:
@@ -153,14 +191,16 @@ def is_transient(exc: BaseException) -> bool:
     """
     if isinstance(exc, Failure):
         return exc.retriable
-    from aiokafka.errors import KafkaError
+    from aiokafka.errors import KafkaError, SaslAuthenticationFailed
 
+    if is_kafka_authorization_error(exc) or isinstance(exc, SaslAuthenticationFailed):
+        return False  # refused by the broker's users or ACLs: the same again until fixed
     return isinstance(exc, KafkaError | OSError | TimeoutError)
 
 
 def classify_kafka(exc: BaseException) -> Failure:
-    """A Kafka client's failure: permanent for TLS/SASL refusals, transient for the rest of
-    aiokafka's errors and the network; a bug (anything else) is permanent without a hint."""
+    """A Kafka client's failure: permanent for TLS/SASL/ACL refusals, transient for the rest
+    of aiokafka's errors and the network; a bug (anything else) is permanent without a hint."""
     problem = classify_kafka_security(exc)
     if problem is not None:
         return Failure(problem, dependency="kafka", retriable=False)

@@ -26,17 +26,9 @@ from collections.abc import Iterator
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaConnectionError, KafkaError
 
-from streams.kernel.contract import (
-    BULK_INTENTS,
-    CONTROLS,
-    DEAD,
-    INTENTS,
-    INVALID,
-    STATE,
-    TopicSpec,
-    topic_specs,
-)
+from streams.kernel.contract import TopicSpec, topic_specs
 from streams.kernel.failures import StartRefused, classify_kafka_security
+from streams.kernel.kafka_access import DOCS, component_topics
 from streams.kernel.runtime.backoff import Backoff
 from streams.kernel.runtime.outage import OutageLog
 from streams.kernel.settings import KafkaSettings
@@ -54,12 +46,10 @@ class KafkaSecurityRefused(StartRefused):
     """The brokers' TLS certificate does not verify, or they refuse the SASL login."""
 
 
-_NEEDS: dict[str, tuple[str, ...] | None] = {
-    "worker": None,  # every topic: it reads intents and controls, writes the rest, owns changelogs
-    "relay": (INTENTS, BULK_INTENTS, INVALID, CONTROLS),
-    "sink": (STATE, INVALID, DEAD),
-    "webhook": (INTENTS, DEAD),
-}
+_NEEDS = ("relay", "worker", "sink", "webhook")
+"""The deployables that check their topics at start: each the topics its Kafka access
+(:mod:`streams.kernel.kafka_access`) says it reads or writes, and no other (with ACLs
+it may not even see another)."""
 
 
 def all_topic_specs(kafka: KafkaSettings) -> list[TopicSpec]:
@@ -69,17 +59,13 @@ def all_topic_specs(kafka: KafkaSettings) -> list[TopicSpec]:
 
 def deployable_topic_specs(deployable: str, kafka: KafkaSettings) -> list[TopicSpec]:
     """The topics ``zapstream <deployable>`` reads or writes, with their partition counts."""
-    logical = _NEEDS[deployable]
-    specs = all_topic_specs(kafka)
-    if logical is None:
-        return specs
-    names = kafka.names
-    wanted = {names.topic(t) for t in logical}
-    return [s for s in specs if s.name in wanted]
+    wanted = set(component_topics(deployable, kafka.names))
+    return [s for s in all_topic_specs(kafka) if s.name in wanted]
 
 
 def worker_topic_specs(kafka: KafkaSettings) -> list[TopicSpec]:
-    """Every topic ``zapstream worker`` reads or writes, changelogs (state, parked) included."""
+    """Every topic ``zapstream worker`` reads or writes, changelogs (state, parked) included
+    (not ``zapstream.invalid``: the relay writes it, the sink reads it)."""
     return deployable_topic_specs("worker", kafka)
 
 
@@ -178,6 +164,22 @@ def topic_problems(counts: dict[str, int], specs: list[TopicSpec]) -> list[str]:
     return problems
 
 
+def acl_hidden_message(kafka: KafkaSettings, topics: list[str], deployable: str | None) -> str:
+    """A topic the SASL user cannot see: missing, or hidden by the broker's ACLs."""
+    from streams.kernel.kafka_access import access_table
+
+    user = kafka.sasl_username
+    more = f" (and {len(topics) - 1} more)" if len(topics) > 1 else ""
+    access = access_table(kafka.names).get(deployable or "")
+    needs = f"; {access.needs_line(topics[0])}" if access is not None else ""
+    return (
+        f"Kafka user {user} cannot see topic {topics[0]}{more}: it does not exist ({ENSURE_HINT}) "
+        f"or the broker's ACLs do not allow this user to describe it: check "
+        f"ZAPSTREAM_KAFKA_SASL_USERNAME (each component has a Kafka user of its own) and the "
+        f"user's ACLs ({DOCS}){needs}"
+    )
+
+
 def mismatch_message(spec: TopicSpec, have: int) -> str:
     if spec.partitions == 1:
         need = f"zapstream needs {spec.partitions} partition"
@@ -216,13 +218,23 @@ async def partition_counts_when_reachable(
         return counts
 
 
-async def require_topics(kafka: KafkaSettings, specs: list[TopicSpec]) -> None:
+async def require_topics(
+    kafka: KafkaSettings, specs: list[TopicSpec], deployable: str | None = None
+) -> None:
     """Refuse to start (:class:`TopicMismatch`) unless every topic exists as ``specs`` say.
 
     Run before a worker or relay starts, so it never runs on auto-created topics.
     An unreachable broker is waited for (:func:`partition_counts_when_reachable`).
+    With SASL, a broker lists only the topics the user may describe: a missing topic
+    may be one its ACLs hide, and the line says so, naming the user and what
+    ``deployable`` needs on it.
     """
-    problems = topic_problems(await partition_counts_when_reachable(kafka), specs)
+    counts = await partition_counts_when_reachable(kafka)
+    if kafka.security_protocol.uses_sasl:
+        hidden = [s.name for s in specs if s.name not in counts]
+        if hidden:
+            raise TopicMismatch(acl_hidden_message(kafka, hidden, deployable))
+    problems = topic_problems(counts, specs)
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise TopicMismatch(problems[0] + more)

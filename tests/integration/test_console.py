@@ -7,8 +7,10 @@ cancelled one), and then ``make dev``'s demo mix (:mod:`devtools.stack.demo_mix`
 DEAD, UNCERTAIN, EXPIRED, INVALID, cancelled, and a second paused instance holding
 two). The console runs as a ``zapstream console`` subprocess with
 operator tokens; Chromium (Debian's ``chromium`` and ``chromium-driver``, through
-Selenium) logs in, filters by state, opens a job's history and cancels a PENDING
-job with a reason; PostgreSQL then says the job is CANCELLED by that operator.
+Selenium) logs in (the cookie holds a session id, not the token), filters by state,
+opens a job's history and cancels a PENDING job with a reason; PostgreSQL then says
+the job is CANCELLED by that operator. A bulk reprocess of jobs that may be sent twice
+is refused until its box is ticked; logging out ends the session on the server.
 The overview page's figures (jobs by state, oldest waiting per instance, paused
 instances, lag) are checked against PostgreSQL and the lag monitor.
 The jobs list is saved as a screenshot (path printed; copied to
@@ -62,6 +64,7 @@ TOKENS = {
     VIEWER_TOKEN: {"operator": "victor", "role": "viewer"},
     ADMIN_TOKEN: {"operator": "ada", "role": "admin"},
 }
+SESSION_COOKIE = "zapstream_session"
 SENT, HELD = "shop-sent", "shop-held"
 TEXT = "your order 4711 has shipped"
 
@@ -209,7 +212,17 @@ def test_without_a_token_it_is_401_and_a_viewer_cannot_act(stage: Stage) -> None
     assert bad.status_code == 401
     job_id = _job_id(stage.pipeline.dsn, stage.keys["PENDING"][-1])
     viewer = {"Authorization": f"Bearer {VIEWER_TOKEN}"}
-    listed = httpx.get(f"{stage.url}/jobs", headers=viewer)
+    # One wrong token holds this address up for a second, the right token included.
+    throttled = httpx.get(f"{stage.url}/jobs", headers=viewer)
+    assert throttled.status_code == 429 and throttled.headers["retry-after"] == "1"
+    answers: list[httpx.Response] = []
+
+    def let_through() -> bool:
+        answers.append(httpx.get(f"{stage.url}/jobs", headers=viewer))
+        return answers[-1].status_code != 429
+
+    wait_until(let_through, 10, "the login throttle's wait after one wrong token", 0.25)
+    listed = answers[-1]
     assert listed.status_code == 200 and "victor" in listed.text
     refused = httpx.post(
         f"{stage.url}/jobs/{job_id}/cancel", data={"reason": "try"}, headers=viewer
@@ -271,6 +284,12 @@ def test_an_operator_logs_in_filters_reads_a_history_and_cancels(
     browser.get(f"{stage.url}/jobs")
     browser.find_element(By.ID, "token").send_keys(OPERATOR_TOKEN)
     _navigate(browser, By.ID, "login")
+    # The browser holds a session id (bound to 127.0.0.1: plain HTTP, no __Host- prefix).
+    cookies = {c["name"]: c for c in browser.get_cookies()}
+    assert set(cookies) == {SESSION_COOKIE}, set(cookies)
+    session = cookies[SESSION_COOKIE]
+    assert session["value"] != OPERATOR_TOKEN and session["httpOnly"]
+    assert session["sameSite"] == "Strict"
     rows = browser.find_elements(By.CSS_SELECTOR, "#jobs tr.job")
     states = {row.get_attribute("data-status") for row in rows}
     assert {"ACCEPTED", "FAILED", "PENDING", "CANCELLED"} <= states, states
@@ -453,3 +472,34 @@ def test_the_lag_page_charts_partitions_and_the_slot(stage: Stage, browser: WebD
     slots = browser.find_element(By.ID, "slots").text
     assert "zapstream" in slots.lower()
     _screenshot(browser, stage, "console-lag.png")
+
+
+def test_a_bulk_reprocess_that_may_send_twice_is_refused_until_accepted(stage: Stage) -> None:
+    """The mix's UNCERTAIN job may have been delivered: the confirmation alone is not enough."""
+    operator = {"Authorization": f"Bearer {OPERATOR_TOKEN}", "Origin": stage.url}
+    form = {"action": "reprocess", "reason": "retry the uncertain ones", "state": "UNCERTAIN"}
+    preview = httpx.post(f"{stage.url}/jobs/bulk", data=form, headers=operator)
+    assert preview.status_code == 200 and 'name="accept_duplicate"' in preview.text
+    refused = httpx.post(
+        f"{stage.url}/jobs/bulk", data={**form, "confirm": "yes"}, headers=operator
+    )
+    assert refused.status_code == 409 and "may be sent twice" in refused.text
+    with psycopg.connect(stage.pipeline.dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM outbox_commands c JOIN outbox_jobs j ON j.id = c.job_id"
+            " WHERE j.status = 'UNCERTAIN' AND c.command = 'reprocess'"
+        ).fetchone()
+    assert row is not None and row[0] == 0
+
+
+def test_logging_out_ends_the_session_on_the_server(stage: Stage, browser: WebDriver) -> None:
+    _log_in(browser, stage)
+    session = browser.get_cookie(SESSION_COOKIE)
+    assert session is not None
+    _navigate(browser, By.CSS_SELECTOR, "header form button")  # Log out
+    assert browser.find_elements(By.ID, "token")
+    # The cookie's value, replayed from elsewhere, opens nothing any more.
+    replayed = httpx.get(
+        f"{stage.url}/jobs", cookies={SESSION_COOKIE: session["value"]}, follow_redirects=False
+    )
+    assert replayed.status_code == 303 and replayed.headers["location"].startswith("/login")

@@ -38,7 +38,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 BROKER = default_broker()
 UP_S = 60.0
 """The worker (Faust) takes longest to come up: a group join on a fresh namespace."""
-CONSOLE_TOKENS = '{"contract-token-0123456789": {"operator": "ci", "role": "viewer"}}'
+CONSOLE_TOKENS = '{"contract-token-0123456789abcdefgh": {"operator": "ci", "role": "viewer"}}'
 
 
 @dataclasses.dataclass(frozen=True)

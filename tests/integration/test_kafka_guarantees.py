@@ -49,7 +49,7 @@ from devtools.stack.kafka_broker import KafkaBroker, kafka_metadata
 from devtools.stack.local_pipeline import REPO_ROOT, LocalPipeline
 from streams.kernel.contract import HEADER_JOB_ID, INTENTS
 from streams.kernel.settings import KafkaSettings
-from streams.kernel.topics_check import deployable_topic_specs
+from streams.kernel.topics_check import all_topic_specs
 from tests.integration.support import Arrivals, enqueue_conversations, wait_until, zapstream
 from tests.integration.topic_reader import read_topic
 
@@ -454,7 +454,7 @@ def test_topics_ensure_creates_the_contract_and_services_refuse_missing_or_wrong
     refused start creates nothing either."""
     node = production_broker
     env = _service_env(stack.pipeline, node.bootstrap)
-    specs = deployable_topic_specs("worker", KafkaSettings(partitions=PARTITIONS))
+    specs = all_topic_specs(KafkaSettings(partitions=PARTITIONS))  # what topics ensure creates
     names = [s.name for s in specs]
     broker_config, _ = asyncio.run(_describe(node.bootstrap, []))
     assert broker_config["auto.create.topics.enable"] == "false"

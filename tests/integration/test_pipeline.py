@@ -9,13 +9,19 @@ from collections.abc import Iterator
 import orjson
 import psycopg
 import pytest
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from connectors.outbox.enqueue import enqueue
 from devtools.stack.delivery_audit import demo_key, demo_text
 from devtools.stack.local_pipeline import LocalPipeline
-from streams.kernel.contract import IntentRejected
+from streams.kernel.contract import (
+    IntentCaptured,
+    IntentRejected,
+    JobDead,
+    conversation_partition_key,
+)
 from tests.integration.support import Arrivals, count_rows, wait_for_status, wait_until
+from tests.integration.topic_reader import read_topic
 
 pytestmark = pytest.mark.integration
 
@@ -206,3 +212,58 @@ def test_no_process_logged_a_full_phone_number_or_message_text(pipeline: LocalPi
     ]
     leaks = [(name, s) for name, text in logs.items() for s in secrets if s in text]
     assert not leaks, leaks
+
+
+def test_forged_intents_of_the_wrong_shape_go_to_the_dead_letters_and_send_nothing(
+    pipeline: LocalPipeline,
+) -> None:
+    """Anyone who can produce to ``zapstream.intents`` must not make the worker send what
+    the contract forbids: each forged record is dead-lettered with the field it breaks,
+    and the good intent behind it on the same partition is sent."""
+    run = uuid.uuid4().hex[:12]
+    to = "5511955550000"
+    valid = IntentCaptured(
+        job_id=10**12 + 1,
+        instance_id="shop-9",
+        conversation_key=to,
+        idempotency_key=f"forged-{run}",
+        message_type="text",
+        to=to,
+        text=f"forged [{run}]",
+    ).to_dict()
+    forged = {
+        "job_id must be an integer": {**valid, "job_id": str(valid["job_id"])},
+        "to must be a string": {**valid, "to": int(to)},
+        "max_attempts must be from 1 to 100": {**valid, "max_attempts": -1},
+        "instance_id '..' is not": {**valid, "instance_id": ".."},
+    }
+    key = conversation_partition_key("shop-9", to)
+
+    async def produce() -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=pipeline.kafka.bootstrap, acks="all")
+        await producer.start()
+        try:
+            for record in forged.values():
+                await producer.send_and_wait(pipeline.topics.intents, orjson.dumps(record), key=key)
+        finally:
+            await producer.stop()
+
+    asyncio.run(produce())
+    good = f"after-forged-{run}"
+    with psycopg.connect(pipeline.dsn) as conn:
+        enqueue(conn, instance_id="shop-9", to=to, text=f"ok [{good}:0]", idempotency_key=good)
+    wait_for_status(pipeline.dsn, [good], "ACCEPTED", 60)
+
+    def dead_reasons() -> list[str]:
+        reasons = []
+        for r in read_topic(pipeline.kafka.bootstrap, pipeline.topics.dead, timeout_s=5):
+            dead = JobDead.loads(r.value)
+            if dead.record is not None and run in str(dead.record.get("value", "")):
+                reasons.append(dead.reason)
+        return reasons
+
+    wait_until(lambda: len(dead_reasons()) == len(forged), 30, "the forged records dead-lettered")
+    reasons = dead_reasons()
+    for expected in forged:
+        assert any(expected in reason for reason in reasons), (expected, reasons)
+    assert not [m for m in Arrivals(pipeline).refresh() if m["text"] == f"forged [{run}]"]

@@ -26,6 +26,11 @@ Readiness = Callable[[], tuple[bool, str]]
 
 log = logging.getLogger(__name__)
 
+IDLE_CONNECTION_TIMEOUT_S = 75.0
+"""How long an HTTP server of zapstream's (metrics and health, the webhook, the console) keeps
+an idle keep-alive connection: aiohttp's own default is an hour, so a client that opens
+connections and leaves them idle would pile up sockets."""
+
 
 def add_health_routes(app: web.Application, readiness: Readiness) -> None:
     """Serve ``/metrics``, ``/healthz`` and ``/readyz`` on ``app`` (the one implementation)."""
@@ -100,7 +105,12 @@ class HealthEndpoint(Service):
 
         app = web.Application()
         add_health_routes(app, self._readiness)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        runner = web.AppRunner(
+            app,
+            access_log=None,
+            handle_signals=False,
+            keepalive_timeout=IDLE_CONNECTION_TIMEOUT_S,
+        )
         await runner.setup()
         try:
             await web.TCPSite(runner, self.host, self.port).start()

@@ -72,3 +72,38 @@ def test_log_lines_and_tracebacks_are_masked() -> None:
     )
     line = formatter.format(record)
     assert SECRET not in line and "OperationalError" in line, line
+
+
+def test_every_log_record_is_masked_whatever_the_handler_s_formatter() -> None:
+    """Faust installs handlers with formatters of its own: the record itself is masked."""
+    import io
+    import logging
+
+    from connectors.startup import mask_every_log_record
+
+    previous = logging.getLogRecordFactory()
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("%(name)s %(message)s"))  # not ours
+    logger = logging.getLogger("faust.test_masking")
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        logging.setLogRecordFactory(logging.LogRecord)  # whatever other tests installed
+        mask_every_log_record()
+        installed = logging.getLogRecordFactory()
+        mask_every_log_record()  # idempotent: one wrapper
+        assert logging.getLogRecordFactory() is installed is not logging.LogRecord
+        logger.warning("connecting to %s", "postgresql://relay:s3cr%40t@db:5432/app")
+        try:
+            raise RuntimeError("cannot parse postgresql//relay:hunter2@db/app")
+        except RuntimeError:
+            logger.exception("startup failed")
+        logger.warning("bad format %d", "x")  # logging's own error, not the caller's crash
+    finally:
+        logging.setLogRecordFactory(previous)
+        logger.removeHandler(handler)
+    out = stream.getvalue()
+    assert "s3cr%40t" not in out and "hunter2" not in out, out
+    assert "postgresql://relay:***@db:5432/app" in out
+    assert "startup failed" in out and "Traceback" in out

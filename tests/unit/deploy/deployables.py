@@ -53,7 +53,9 @@ def write_secret_files(directory: Path, names: Iterator[str] | list[str]) -> dic
     """A plausible value for each secret file a deployable mounts; returns them."""
     values = {
         "ZAPSTREAM_DATABASE_URL": "postgresql://zapstream:pw@db.example:5432/app",
-        "ZAPSTREAM_CONSOLE_TOKENS": '{"tok-0123456789abcdef": {"operator": "o", "role": "admin"}}',
+        "ZAPSTREAM_CONSOLE_TOKENS": (
+            '{"tok-0123456789abcdef0123456789abcdef": {"operator": "o", "role": "admin"}}'
+        ),
         # At least 32 characters, as the webhook and the worker require.
         "ZAPSTREAM_WEBHOOK_SECRET": "demo-webhook-secret-0123456789abcdef",
         "ZAPSTREAM_REFERENCE_KEY": "demo-reference-key-0123456789abcdef",

@@ -302,22 +302,96 @@ def _dotenv(path: Path) -> dict[str, str]:
 
 
 def test_the_demo_secrets_fit_together(compose: dict[str, Any]) -> None:
-    """.env.example defines every secret's variable with an obvious demo value, and the DSN
-    names the PostgreSQL the compose file starts, with its password."""
+    """.env.example defines every secret's variable with an obvious demo value (one zapstream
+    refuses without ZAPSTREAM_ALLOW_DEMO_SECRETS=1), the migrate DSN names the superuser of
+    the PostgreSQL the compose file starts, and each component's DSN the login role its init
+    script creates with that component's password."""
+    from connectors.demo_secrets import DEMO_MARKER
+
     env = _dotenv(ENV_EXAMPLE)
     for name, spec in compose["secrets"].items():
         assert "environment" in spec, name  # never a file: no secret value in the repository
         assert spec["environment"] in env, name
         assert "demo" in env[spec["environment"]], name
+        assert DEMO_MARKER in env[spec["environment"]], name
     postgres = compose["services"]["postgres"]["environment"]
-    dsn = env["ZAPSTREAM_DATABASE_URL"]
-    assert dsn == (
+    assert env["MIGRATE_DATABASE_URL"] == (
         f"postgresql://{postgres['POSTGRES_USER']}:{env['POSTGRES_PASSWORD']}"
         f"@postgres:5432/{postgres['POSTGRES_DB']}"
     )
     assert postgres["POSTGRES_PASSWORD_FILE"] == "/run/secrets/POSTGRES_PASSWORD"
+    script = compose["configs"]["postgres-login-roles"]["content"]
+    mounted = {s["source"] for s in compose["services"]["postgres"]["secrets"]}
+    for component in DATABASE_LOGINS:
+        upper = component.upper()
+        assert env[f"{upper}_DATABASE_URL"] == (
+            f"postgresql://{component}:{env[f'{upper}_DB_PASSWORD']}@postgres:5432/"
+            f"{postgres['POSTGRES_DB']}"
+        )
+        assert f"{upper}_DB_PASSWORD" in mounted
+        attributes = "REPLICATION" if component == "relay" else "NOREPLICATION"
+        assert f"{component}:{attributes}" in script
+    assert "IN ROLE %I" in script and "'zapstream_' || :'component'" in script
     assert parse_tokens(env["ZAPSTREAM_CONSOLE_TOKENS"])
     assert ".env" in (ROOT / ".gitignore").read_text().splitlines()
+
+
+DATABASE_LOGINS = {
+    "relay": ("relay", "relay-standby"),
+    "worker": ("worker-1", "worker-2"),
+    "sink": ("sink",),
+    "webhook": ("webhook",),
+    "console": ("console",),
+}
+"""Each component's compose login role and the services that connect as it."""
+
+
+def _dsn_source(svc: dict[str, Any]) -> str | None:
+    return next(
+        (src for src, name in cc.mounts(svc, "secrets") if name == "ZAPSTREAM_DATABASE_URL"),
+        None,
+    )
+
+
+def test_each_workload_gets_its_own_database_login(compose: dict[str, Any]) -> None:
+    """One DSN secret per component: no service mounts another component's login, and only
+    `migrate` (the schema owner) gets the superuser's."""
+    services = compose["services"]
+    sources = {name: _dsn_source(services[name]) for name in ZAPSTREAM_SERVICES}
+    assert sources["migrate"] == "MIGRATE_DATABASE_URL"
+    for component, names in DATABASE_LOGINS.items():
+        for name in names:
+            assert sources[name] == f"{component.upper()}_DATABASE_URL", name
+    assert sources["lag-monitor"] is None and sources["topics"] is None
+    from connectors.outbox.roles import COMPONENTS
+
+    assert set(DATABASE_LOGINS) <= set(COMPONENTS)
+
+
+def test_the_compose_demo_refuses_its_public_secrets_unless_allowed(
+    compose: dict[str, Any], tmp_path: Path
+) -> None:
+    """Each zapstream service started with .env.example's values exits 2 in one line naming
+    the secret (never its value) unless ZAPSTREAM_ALLOW_DEMO_SECRETS=1."""
+    from connectors.demo_secrets import ALLOW_VARIABLE, refuse_demo_secrets
+    from streams.kernel.failures import StartRefused
+
+    demo = _dotenv(ENV_EXAMPLE)
+    for service in ("console", "webhook", "relay", "migrate"):
+        svc = compose["services"][service]
+        secrets_dir = tmp_path / service
+        secrets_dir.mkdir()
+        for source, filename in cc.mounts(svc, "secrets"):
+            (secrets_dir / filename).write_text(demo[compose["secrets"][source]["environment"]])
+        env = {**cc.environment(svc), "ZAPSTREAM_SECRETS_DIR": str(secrets_dir)}
+        assert env[ALLOW_VARIABLE] == "${ZAPSTREAM_ALLOW_DEMO_SECRETS:-0}"  # off by default
+        env[ALLOW_VARIABLE] = "0"
+        with pytest.raises(StartRefused) as refused:
+            refuse_demo_secrets(env)
+        line = str(refused.value)
+        assert "ZAPSTREAM_DATABASE_URL" in line and f"{ALLOW_VARIABLE}=1" in line, line
+        assert "\n" not in line and "change-me" not in line, line
+        refuse_demo_secrets({**env, ALLOW_VARIABLE: "1"})
 
 
 def test_the_simulator_and_its_clients_share_key_and_secret(compose: dict[str, Any]) -> None:
@@ -381,7 +455,8 @@ def test_each_service_starts_from_its_environment_and_secret_files(
     assert unknown_env_lines(env) == []
 
     settings = settings_of(cc.command(svc))
-    dsn = demo["ZAPSTREAM_DATABASE_URL"]
+    source = _dsn_source(svc)
+    dsn = demo[compose["secrets"][source]["environment"]] if source else None
     if cc.command(svc) == ["db", "migrate"]:
         assert settings[0].url.get_secret_value() == dsn
     for block in ("postgres",):

@@ -68,12 +68,15 @@ class Deployable:
         env: dict[str, str],
         secrets: set[str],
         optional: frozenset[str] = frozenset(),
+        files: frozenset[str] = frozenset(),
     ) -> None:
         self.where = where
         self.argv = argv
         self.env = env
         self.secrets = secrets
         self.optional = optional
+        self.files = files
+        """Paths of the Secret and ConfigMap files the container mounts (e.g. a CA file)."""
 
     @property
     def command(self) -> str:
@@ -125,6 +128,21 @@ def _secret_files(
     return required, frozenset(optional)
 
 
+def mounted_files(pod: dict[str, Any], container: dict[str, Any]) -> frozenset[str]:
+    """``<mountPath>/<path>`` of every item of a Secret or ConfigMap the container mounts."""
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    files = set()
+    for mount in container.get("volumeMounts", []):
+        volume = volumes.get(mount["name"], {})
+        sources = [s for s in volume.get("projected", {}).get("sources", [])]
+        sources += [{k: volume[k]} for k in ("secret", "configMap") if k in volume]
+        for source in sources:
+            for kind in ("secret", "configMap"):
+                for item in source.get(kind, {}).get("items", []):
+                    files.add(f"{mount['mountPath']}/{item['path']}")
+    return frozenset(files)
+
+
 def _k8s(objects: list[dict[str, Any]], overlay: str) -> list[Deployable]:
     maps = {o["metadata"]["name"]: o.get("data", {}) for o in objects if o["kind"] == "ConfigMap"}
     found = []
@@ -145,7 +163,8 @@ def _k8s(objects: list[dict[str, Any]], overlay: str) -> list[Deployable]:
             directory = env.get("ZAPSTREAM_SECRETS_DIR", "")
             secrets, optional = _secret_files(pod, container, directory)
             where = f"k8s/overlays/{overlay} {obj['kind']} {obj['metadata']['name']}"
-            found.append(Deployable(where, container["args"], env, secrets, optional))
+            files = mounted_files(pod, container)
+            found.append(Deployable(where, container["args"], env, secrets, optional, files))
     return found
 
 
@@ -212,6 +231,11 @@ def test_every_deployable_builds_its_settings_from_what_its_container_gets(
         secrets_dir.mkdir()
         written = write_secret_files(secrets_dir, sorted(d.secrets))
         env = {**d.env, "ZAPSTREAM_SECRETS_DIR": str(secrets_dir)}
+        for name, value in d.env.items():
+            if value in d.files:  # a file the container mounts (ZAPSTREAM_KAFKA_SSL_CAFILE)
+                mounted = tmp_path / f"{i}-{name}"
+                mounted.write_text("mounted\n")
+                env[name] = str(mounted)
         assert unknown_env_lines(env) == [], d.where
         assert required <= set(env) | d.secrets, (d.where, sorted(required - set(env)))
         isolate_environment(monkeypatch, env)

@@ -111,10 +111,15 @@ BROKEN: dict[str, tuple[Callable[[Path], None], str]] = {
         lambda k: _add_resource(
             k,
             "user.yaml",
-            "apiVersion: kafka.strimzi.io/v1beta2\nkind: KafkaUser\nmetadata:\n  name: zapstream\n"
-            "spec: {}\n",
+            "apiVersion: kafka.strimzi.io/v1beta2\nkind: KafkaConnector\nmetadata:\n"
+            "  name: zapstream\nspec: {}\n",
         ),
-        "KafkaUser/zapstream: unknown kind KafkaUser (kafka.strimzi.io/v1beta2)",
+        "KafkaConnector/zapstream: unknown kind KafkaConnector (kafka.strimzi.io/v1beta2)",
+    ),
+    "kafka user operation typo": (
+        lambda k: _edit(k / "overlays" / "prod" / "kafka-users.yaml", "- Describe", "- Descibe"),
+        "KafkaUser/zapstream-relay: spec.authorization.acls.0.operations.1: 'Descibe' is not "
+        "one of",
     ),
     "unknown built-in kind": (
         lambda k: _add_resource(
@@ -138,9 +143,29 @@ BROKEN: dict[str, tuple[Callable[[Path], None], str]] = {
         "('honourLabels' was unexpected)",
     ),
     "missing secret": (
-        lambda k: _edit(k / "base" / "sink.yaml", "name: zapstream-secrets", "name: sink-secrets"),
-        "Deployment/zapstream-sink: volume secrets: secret sink-secrets is neither rendered nor "
-        "the external zapstream-secrets",
+        lambda k: _edit(
+            k / "base" / "webhook.yaml", "name: zapstream-secrets", "name: webhook-secrets"
+        ),
+        "Deployment/zapstream-webhook: volume secrets: secret webhook-secrets is neither rendered "
+        "nor the external zapstream-secrets",
+    ),
+    "another workload's database login": (
+        lambda k: _edit(
+            k / "base" / "webhook.yaml",
+            "name: zapstream-webhook-database",
+            "name: zapstream-relay-database",
+        ),
+        "Deployment/zapstream-webhook: mounts zapstream-relay-database: each workload mounts its "
+        "own, zapstream-webhook-database",
+    ),
+    "the database login in the shared secret": (
+        lambda k: _edit(
+            k / "base" / "sink.yaml",
+            "name: zapstream-sink-database",
+            "name: zapstream-secrets",
+        ),
+        "Deployment/zapstream-sink: ZAPSTREAM_DATABASE_URL comes from zapstream-sink-database, "
+        "not from zapstream-secrets",
     ),
     "secret key that is no setting": (
         lambda k: _edit(

@@ -61,7 +61,7 @@ RECORDS: list[Record] = [
         conversation_key="c",
         idempotency_key="k",
         message_type="text",
-        to="1",
+        to="12345678",
         text="x",
     ),
     IntentRejected(job_id=None, reason="payload is not JSON", row={}),

@@ -1,7 +1,11 @@
-"""Who a request is, what each role may do, and how the tokens setting is read."""
+"""Who a request is, what each role may do, and how the tokens setting is read.
+
+Sessions, the login throttle and the app's other hardening: test_sessions.py.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 
@@ -10,15 +14,22 @@ from aiohttp.test_utils import TestClient, TestServer
 from pydantic import ValidationError
 
 from connectors.console.app import build_app
-from connectors.console.auth import COOKIE, authenticate, bearer_token
-from connectors.console.settings import ConsoleSettings, Operator, Role, parse_tokens
+from connectors.console.auth import authenticate, bearer_token, cookie_name
+from connectors.console.settings import (
+    ConsoleSettings,
+    Operator,
+    Role,
+    parse_tokens,
+    token_digest,
+)
 
-ALICE = "alice-token-0123456789"
-VICTOR = "victor-token-0123456789"
+ALICE = "alice-token-0123456789abcdef0123456789"
+VICTOR = "victor-token-0123456789abcdef0123456789"
 OPERATORS = {
-    ALICE: Operator("alice", Role.OPERATOR),
-    VICTOR: Operator("victor", Role.VIEWER),
+    token_digest(ALICE): Operator("alice", Role.OPERATOR),
+    token_digest(VICTOR): Operator("victor", Role.VIEWER),
 }
+COOKIE = cookie_name(secure=False)  # the tests' console is bound to 127.0.0.1
 TOKENS_JSON = json.dumps(
     {
         ALICE: {"operator": "alice", "role": "operator"},
@@ -42,14 +53,9 @@ def test_bearer_token(header: str | None, token: str | None) -> None:
     assert bearer_token(header) == token
 
 
-def test_a_known_token_is_its_operator_from_the_header_or_the_cookie() -> None:
-    assert authenticate(OPERATORS, authorization=f"Bearer {ALICE}", cookie=None) == OPERATORS[ALICE]
-    assert authenticate(OPERATORS, authorization=None, cookie=VICTOR) == OPERATORS[VICTOR]
-
-
-def test_the_header_wins_over_the_cookie() -> None:
-    found = authenticate(OPERATORS, authorization=f"Bearer {VICTOR}", cookie=ALICE)
-    assert found == OPERATORS[VICTOR]
+def test_a_known_token_is_its_operator() -> None:
+    assert authenticate(OPERATORS, ALICE) == Operator("alice", Role.OPERATOR)
+    assert authenticate(OPERATORS, VICTOR) == Operator("victor", Role.VIEWER)
 
 
 @pytest.mark.parametrize(
@@ -58,7 +64,7 @@ def test_the_header_wins_over_the_cookie() -> None:
     [None, "", "nope", ALICE[:-1], ALICE + "x", ALICE.upper(), "\udcff" + ALICE, ALICE + "é"],
 )
 def test_anything_else_is_nobody(cookie: str | None) -> None:
-    assert authenticate(OPERATORS, authorization=None, cookie=cookie) is None
+    assert authenticate(OPERATORS, cookie) is None
 
 
 def test_roles() -> None:
@@ -69,7 +75,20 @@ def test_roles() -> None:
 
 def test_tokens_are_parsed_and_names_trimmed() -> None:
     raw = json.dumps({ALICE: {"operator": " alice ", "role": "ADMIN"}})
-    assert parse_tokens(raw) == {ALICE: Operator("alice", Role.ADMIN)}
+    assert parse_tokens(raw) == {token_digest(ALICE): Operator("alice", Role.ADMIN)}
+
+
+def test_a_token_may_be_configured_as_its_sha256() -> None:
+    hashed = "sha256:" + hashlib.sha256(ALICE.encode()).hexdigest().upper()
+    operators = parse_tokens(json.dumps({hashed: {"operator": "alice", "role": "admin"}}))
+    assert authenticate(operators, ALICE) == Operator("alice", Role.ADMIN)
+    assert authenticate(operators, hashed) is None  # the hash is not the token
+
+
+def test_a_token_of_16_characters_is_too_short_now() -> None:
+    with pytest.raises(ValueError, match="at least 32"):
+        parse_tokens(json.dumps({"a" * 31: {"operator": "a", "role": "viewer"}}))
+    assert parse_tokens(json.dumps({"a" * 32: {"operator": "a", "role": "viewer"}}))
 
 
 @pytest.mark.parametrize(
@@ -78,7 +97,21 @@ def test_tokens_are_parsed_and_names_trimmed() -> None:
         ("{not json", "not valid JSON"),
         ("[]", "must be a JSON object"),
         ("{}", "must be a JSON object"),
-        (json.dumps({"short": {"operator": "a", "role": "viewer"}}), "at least 16"),
+        (json.dumps({"short": {"operator": "a", "role": "viewer"}}), "at least 32"),
+        (json.dumps({"sha256:abc": {"operator": "a", "role": "viewer"}}), "64 hexadecimal"),
+        (json.dumps({"x" * 40 + "\n": {"operator": "a", "role": "viewer"}}), "printable"),
+        (
+            json.dumps(
+                {
+                    ALICE: {"operator": "a", "role": "viewer"},
+                    "sha256:" + hashlib.sha256(ALICE.encode()).hexdigest(): {
+                        "operator": "b",
+                        "role": "admin",
+                    },
+                }
+            ),
+            "the same token",
+        ),
         (json.dumps({ALICE: {"role": "viewer"}}), "operator (a name) is required"),
         (json.dumps({ALICE: {"operator": "a", "role": "root"}}), "role must be one of"),
         (json.dumps({ALICE: "viewer"}), "must be"),
@@ -99,6 +132,35 @@ def test_settings_read_the_environment_and_keep_the_tokens_secret(
     assert settings.port == 7000 and settings.bind_local and settings.lag_url == ""
     assert settings.operators() == OPERATORS
     assert ALICE not in repr(settings)
+    assert settings.session_idle_s == 1800 and settings.session_max_s == 12 * 3600
+    assert not settings.cookie_secure  # bound to 127.0.0.1: plain HTTP
+
+
+def test_a_console_listening_beyond_loopback_sends_a_secure_host_cookie(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ZAPSTREAM_CONSOLE_TOKENS", TOKENS_JSON)
+    monkeypatch.setenv("ZAPSTREAM_CONSOLE_BIND_LOCAL", "false")
+    assert ConsoleSettings().cookie_secure
+    monkeypatch.setenv("ZAPSTREAM_CONSOLE_SECURE_COOKIE", "false")
+    assert not ConsoleSettings().cookie_secure
+    assert cookie_name(True) == "__Host-zapstream_session"
+
+
+def test_a_short_token_refuses_the_start_in_one_line_naming_the_setting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from connectors.startup import startup_failure_lines
+
+    short = "short-token-0123456789"  # 22 characters: accepted before
+    monkeypatch.setenv(
+        "ZAPSTREAM_CONSOLE_TOKENS", json.dumps({short: {"operator": "a", "role": "viewer"}})
+    )
+    with pytest.raises(ValidationError) as exc:
+        ConsoleSettings()
+    lines = startup_failure_lines(exc.value, {})
+    assert len(lines) == 1 and lines[0].startswith("ZAPSTREAM_CONSOLE_TOKENS: ")
+    assert "at least 32" in lines[0] and short not in lines[0]
 
 
 def test_settings_without_tokens_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -154,7 +216,7 @@ async def test_login_sets_an_http_only_strict_cookie(client: TestClient) -> None
     response = await client.post("/login", data={"token": ALICE}, allow_redirects=False)
     assert response.status == 303 and response.headers["Location"] == "/jobs"
     cookie = response.cookies[COOKIE]
-    assert cookie.value == ALICE and cookie["httponly"] and cookie["samesite"] == "Strict"
+    assert cookie["httponly"] and cookie["samesite"] == "Strict" and cookie["path"] == "/"
 
 
 @pytest.mark.parametrize("path", ["/jobs/1/cancel", "/jobs/1/reprocess", "/jobs/bulk"])

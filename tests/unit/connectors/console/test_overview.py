@@ -20,7 +20,7 @@ from connectors.sink.pipeline_sql import STATUSES
 
 NOW = dt.datetime(2026, 1, 31, 12, tzinfo=dt.UTC)
 ALICE = Operator("alice", Role.OPERATOR)
-TOKEN = "alice-token-0123456789"
+TOKEN = "alice-token-0123456789abcdef0123456789"
 
 
 def _overview(**counts: int) -> Overview:

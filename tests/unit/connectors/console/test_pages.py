@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 
 import pytest
@@ -196,3 +197,45 @@ def test_an_unreadable_lag_monitor_is_said() -> None:
     lag = ConsumerLag("http://lag/metrics", error="cannot read http://lag/metrics: refused")
     html = lag_page(consumer=lag, slots=[], operator=Operator("a", Role.VIEWER))
     assert 'id="lag-error"' in html and "refused" in html
+
+
+ECHOED = "zapapi: HTTP 400: Your code is 482913. Do not share it."
+
+
+def test_a_gateways_message_reaches_only_admins_whole() -> None:
+    story = _story("FAILED")
+    story.events[1] = JobEvent(2, 2, "ATTEMPTING", "FAILED", "worker", ECHOED, NOW)
+    story = dataclasses.replace(story, job=dataclasses.replace(story.job, last_error=ECHOED))
+    admin = job_page(story, Operator("ada", Role.ADMIN), text=None)
+    assert "482913" in admin
+    for role in (Role.VIEWER, Role.OPERATOR):
+        html = job_page(story, Operator("v", role), text=None)
+        assert "482913" not in html and "share" not in html
+        assert "zapapi: HTTP 400: [message hidden: admins see it]" in html
+    listed = PageOfJobs(
+        jobs=[ListedJob(7, "shop", PHONE, "FAILED", 2, NOW, ECHOED, NOW)],
+        total=1,
+        page=1,
+        page_size=50,
+    )
+    assert "482913" not in jobs_page(listed, {}, Operator("v", Role.VIEWER), now=NOW)
+    assert "482913" in jobs_page(listed, {}, Operator("ada", Role.ADMIN), now=NOW)
+
+
+def test_a_risky_bulk_preview_asks_for_the_box_and_says_why_it_refused() -> None:
+    operator = Operator("alice", Role.OPERATOR)
+    fields = {"action": "reprocess", "reason": "fixed"}
+    html = bulk_preview_page(
+        action="reprocess",
+        count=3,
+        risky=1,
+        limit=10,
+        fields=fields,
+        operator=operator,
+        refused="not reprocessed: tick the box",
+    )
+    assert 'name="accept_duplicate"' in html and 'id="notice"' in html
+    calm = bulk_preview_page(
+        action="reprocess", count=3, risky=0, limit=10, fields=fields, operator=operator
+    )
+    assert 'name="accept_duplicate"' not in calm

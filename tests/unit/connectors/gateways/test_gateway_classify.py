@@ -428,3 +428,18 @@ def test_a_disconnected_instance_is_the_instance_not_the_message(status: int, bo
 def test_a_plain_503_is_still_transient_for_the_message() -> None:
     err = error_for_response(response(503, b'{"error":"service unavailable"}'), gateway="g")
     assert type(err) is TransientGatewayError
+
+
+@pytest.mark.parametrize(
+    ("text", "masked"),
+    [
+        ("invalid number +55 11 98765-4321 sent", "invalid number 55*******4321 sent"),
+        ("recipient (11) 98765-4321 blocked", "recipient 11*******21 blocked"),
+        ("55-11-98765-4321.", "55*******4321."),
+        ("at 2026-12-04 21:30:02 to 5511987654321", "at 2026-12-04 21:30:02 to 55*******4321"),
+        ("since 2026-12-04 5511987654321", "since 2026-12-04 55*******4321"),
+        ("HTTP 503 after 30 s, 10.0.0.12:8080", "HTTP 503 after 30 s, 10.0.0.12:8080"),
+    ],
+)
+def test_mask_text_masks_numbers_written_with_separators(text: str, masked: str) -> None:
+    assert mask_text(text) == masked

@@ -27,6 +27,7 @@ from streams.kernel.contract import IntentCaptured, IntentRejected, Priority
 
 AWARE = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
 PRIORITIES = "use one of operational, bulk"
+INSTANCE_RULE = "instance_id '{}' is not 1 to 64 of A-Z a-z 0-9 . _ ~ : @ + - (and not . or ..)"
 NOT_A_PHONE = "is not an international phone number (8 to 15 digits with country code)"
 
 
@@ -237,6 +238,11 @@ def test_the_same_intent_is_valid_at_both_ends() -> None:
         ({"to": ""}, "recipient is missing"),
         ({"priority": "urgent"}, f"unknown priority 'urgent'; {PRIORITIES}"),
         ({"max_attempts": 0}, "max_attempts must be an integer from 1 to 100, not 0"),
+        # The gateway's URL path would resolve '..' and call another endpoint.
+        ({"instance_id": ".."}, INSTANCE_RULE.format("..")),
+        ({"instance_id": "shop/1"}, INSTANCE_RULE.format("shop/1")),
+        ({"instance_id": "shop\x1b[2J"}, INSTANCE_RULE.format("shop\\x1b[2J")),
+        ({"instance_id": "i" * 65}, INSTANCE_RULE.format("i" * 20)),
     ],
 )
 def test_api_and_relay_reject_by_the_same_rule(overrides: dict[str, object], reason: str) -> None:

@@ -273,3 +273,22 @@ async def test_a_crash_on_bug_timer_waits_out_outages_and_raises_a_bug_from_run(
         with pytest.raises(ValueError, match="broken invariant"):
             await asyncio.wait_for(timer.run(), 5)
     assert outcomes == [] and timer.runs == 2 and timer.outage.outages == 1
+
+
+async def test_health_endpoint_closes_an_idle_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    """aiohttp keeps an idle keep-alive connection for an hour unless told otherwise."""
+    import streams.kernel.runtime.health as health
+
+    monkeypatch.setattr(health, "IDLE_CONNECTION_TIMEOUT_S", 0.3)
+    port = _free_port()
+    async with HealthEndpoint(port, bind_local=True, name="t"):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+            await writer.drain()
+            assert (await reader.readline()).startswith(b"HTTP/1.1 200")
+            # The server, not the client, ends the idle connection: read until EOF.
+            await asyncio.wait_for(reader.read(), timeout=10)
+            assert reader.at_eof()
+        finally:
+            writer.close()

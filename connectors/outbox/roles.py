@@ -1,0 +1,361 @@
+"""One PostgreSQL group role per component, with exactly the privileges its SQL needs.
+
+The owner of the outbox schema (the role ``zapstream db migrate`` connects as) owns the
+tables and grants; every other component connects as a login role that is a member of
+one NOLOGIN group role below and holds nothing else. :data:`COMPONENT_ROLES` is the
+single definition, read from the SQL each component runs:
+
+=========  ====================  ========================================================
+component  group role            what it runs
+=========  ====================  ========================================================
+relay      zapstream_relay       the replication connection (REPLICATION, a login
+                                 attribute), catalog reads to check the publication and
+                                 slot, the WAL heartbeat; counts PENDING jobs when it
+                                 re-creates a dropped slot
+worker     zapstream_worker      the job history of late redeliveries (status, version,
+                                 attempts of one job; its ATTEMPTING events)
+sink       zapstream_sink        states into ``outbox_jobs``, events into
+                                 ``outbox_job_events``, the pipeline gauges' counts
+webhook    zapstream_webhook     finds the job of a receipt: five columns, no payload
+console    zapstream_console     reads jobs and their history, writes cancel/reprocess
+operator   zapstream_operator    the CLI: the console's rights plus pause/resume
+app        zapstream_app         applications: enqueue, cancel, pause/resume, backlog
+prune      zapstream_prune       ``zapstream outbox prune``: redacts settled jobs
+=========  ====================  ========================================================
+
+The lag monitor and ``topics ensure`` never connect to PostgreSQL; ``outbox restream``
+(recovery after a lost slot, with ``db migrate`` re-creating it) runs as the owner:
+it locks job rows (``FOR UPDATE``), which needs UPDATE on ``outbox_jobs``.
+
+Why the relay gets no SELECT on the published tables: the walsender decodes the rows
+under the REPLICATION attribute; table SELECT is only needed to copy a table's existing
+rows, which a subscription does and the relay never does. The publication (which only
+the tables' owner may create or extend) and the slot are created by ``db migrate``; the
+relay re-creates a dropped slot itself (REPLICATION allows it).
+
+:func:`roles_sql` is the idempotent SQL (create the group roles if missing, reset and
+grant); ``zapstream db roles --print`` prints it for a DBA, and ``zapstream db migrate``
+applies it (:func:`apply_roles`), creating the group roles when it may (CREATEROLE) and
+otherwise granting to those that exist. Login roles and passwords are never zapstream's:
+``CREATE ROLE relay LOGIN REPLICATION PASSWORD '...' IN ROLE zapstream_relay``
+(docs/guides/security.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import psycopg
+
+log = logging.getLogger(__name__)
+
+JOBS = "outbox_jobs"
+EVENTS = "outbox_job_events"
+COMMANDS = "outbox_commands"
+REPLAYS = "outbox_replays"
+CONTROLS = "outbox_controls"
+CONTROLS_VIEW = "zapstream_controls"
+MIGRATIONS = "schema_migrations"
+TABLES = (JOBS, EVENTS, COMMANDS, REPLAYS, CONTROLS, CONTROLS_VIEW, MIGRATIONS)
+"""Every relation the group roles are granted on (reset on each apply)."""
+SEQUENCES = tuple(f"{t}_id_seq" for t in (JOBS, EVENTS, COMMANDS, REPLAYS, CONTROLS))
+WRITES = ("INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER")
+"""Table privileges beyond reading."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Grant:
+    """One privilege on one relation, on some columns (empty: the whole relation)."""
+
+    privilege: str
+    relation: str
+    columns: tuple[str, ...] = ()
+
+    def sql(self, role: str) -> str:
+        cols = f" ({', '.join(self.columns)})" if self.columns else ""
+        return f"GRANT {self.privilege}{cols} ON {self.relation} TO {role};"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ComponentRole:
+    """A component's group role and everything it is granted."""
+
+    component: str
+    purpose: str
+    grants: tuple[Grant, ...]
+    sequences: tuple[str, ...] = ()
+    """Sequences it may draw ids from (USAGE): those of the tables it INSERTs into."""
+    replication: bool = False
+    """Its login role needs the REPLICATION attribute (not grantable through membership)."""
+
+    @property
+    def role(self) -> str:
+        return f"zapstream_{self.component}"
+
+
+def _cols(*names: str) -> tuple[str, ...]:
+    return names
+
+
+_VERSIONS = Grant("SELECT", MIGRATIONS)  # lets `zapstream doctor` run as any component
+_COMMAND_INSERT = Grant(
+    "INSERT", COMMANDS, _cols("job_id", "idempotency_key", "command", "reason", "actor")
+)
+_CONTROL_INSERT = Grant("INSERT", CONTROLS, _cols("kind", "target", "action", "reason", "actor"))
+_READ_ALL = (
+    Grant("SELECT", JOBS),
+    Grant("SELECT", EVENTS),
+    Grant("SELECT", COMMANDS),
+    Grant("SELECT", REPLAYS),
+    Grant("SELECT", CONTROLS_VIEW),
+)
+
+COMPONENT_ROLES: tuple[ComponentRole, ...] = (
+    ComponentRole(
+        "relay",
+        "streams outbox inserts (logical replication); re-creates a dropped slot",
+        (Grant("SELECT", JOBS, _cols("status")), _VERSIONS),
+        replication=True,
+    ),
+    ComponentRole(
+        "worker",
+        "looks up the state of a job a late redelivery names",
+        (
+            Grant(
+                "SELECT", JOBS, _cols("id", "status", "state_version", "attempts", "gateway_job_id")
+            ),
+            Grant("SELECT", EVENTS, _cols("job_id", "from_status", "to_status")),
+            _VERSIONS,
+        ),
+    ),
+    ComponentRole(
+        "sink",
+        "writes job states and their events; counts jobs for its gauges",
+        (
+            Grant(
+                "SELECT",
+                JOBS,
+                _cols(
+                    "id",
+                    "instance_id",
+                    "purpose",
+                    "status",
+                    "attempts",
+                    "state_version",
+                    "gateway_job_id",
+                    "last_error",
+                    "sent_at",
+                    "created_at",
+                ),
+            ),
+            Grant(
+                "UPDATE",
+                JOBS,
+                _cols(
+                    "status",
+                    "state_version",
+                    "attempts",
+                    "gateway_job_id",
+                    "last_error",
+                    "sent_at",
+                    "updated_at",
+                ),
+            ),
+            Grant(
+                "INSERT",
+                EVENTS,
+                _cols(
+                    "job_id",
+                    "from_status",
+                    "to_status",
+                    "version",
+                    "actor",
+                    "reason",
+                    "at",
+                    "outcome",
+                    "command_id",
+                ),
+            ),
+            # ON CONFLICT (job_id, version) DO NOTHING reads the arbiter index's columns.
+            Grant("SELECT", EVENTS, _cols("job_id", "version")),
+            _VERSIONS,
+        ),
+        sequences=(f"{EVENTS}_id_seq",),
+    ),
+    ComponentRole(
+        "webhook",
+        "finds the job a receipt names (never its payload)",
+        (
+            Grant(
+                "SELECT",
+                JOBS,
+                _cols("id", "idempotency_key", "instance_id", "conversation_key", "gateway_job_id"),
+            ),
+            _VERSIONS,
+        ),
+    ),
+    ComponentRole(
+        "console",
+        "reads jobs and their history; requests cancel and reprocess",
+        (*_READ_ALL, _COMMAND_INSERT, _VERSIONS),
+        sequences=(f"{COMMANDS}_id_seq",),
+    ),
+    ComponentRole(
+        "operator",
+        "the zapstream CLI: jobs, status, doctor, cancel/reprocess, pause/resume",
+        (*_READ_ALL, Grant("SELECT", CONTROLS), _COMMAND_INSERT, _CONTROL_INSERT, _VERSIONS),
+        sequences=(f"{COMMANDS}_id_seq", f"{CONTROLS}_id_seq"),
+    ),
+    ComponentRole(
+        "app",
+        "applications: enqueue, cancel, pause/resume, backlog and should_hold",
+        (
+            Grant("SELECT", JOBS),
+            Grant(
+                "INSERT",
+                JOBS,
+                _cols(
+                    "instance_id",
+                    "payload",
+                    "idempotency_key",
+                    "conversation_key",
+                    "priority",
+                    "purpose",
+                    "expires_at",
+                    "max_attempts",
+                ),
+            ),
+            Grant("SELECT", COMMANDS, _cols("id")),
+            _COMMAND_INSERT,
+            Grant("SELECT", CONTROLS, _cols("id")),
+            _CONTROL_INSERT,
+            Grant("SELECT", CONTROLS_VIEW),
+            _VERSIONS,
+        ),
+        sequences=(f"{JOBS}_id_seq", f"{COMMANDS}_id_seq", f"{CONTROLS}_id_seq"),
+    ),
+    ComponentRole(
+        "prune",
+        "zapstream outbox prune: redacts settled jobs, deletes their earlier events",
+        (
+            Grant("SELECT", JOBS, _cols("id", "status", "updated_at", "payload")),
+            Grant("UPDATE", JOBS, _cols("payload", "conversation_key")),
+            Grant("SELECT", COMMANDS, _cols("job_id", "payload")),
+            Grant("UPDATE", COMMANDS, _cols("payload", "conversation_key")),
+            Grant("SELECT", REPLAYS, _cols("job_id", "payload")),
+            Grant("UPDATE", REPLAYS, _cols("payload", "conversation_key")),
+            Grant("SELECT", EVENTS, _cols("job_id", "version")),
+            Grant("DELETE", EVENTS),
+            _VERSIONS,
+        ),
+    ),
+)
+COMPONENTS = tuple(r.component for r in COMPONENT_ROLES)
+
+
+def component_role(component: str) -> ComponentRole:
+    """The role of ``component`` (one of :data:`COMPONENTS`); ValueError otherwise."""
+    for spec in COMPONENT_ROLES:
+        if spec.component == component:
+            return spec
+    raise ValueError(f"unknown component {component!r}: one of {', '.join(COMPONENTS)}")
+
+
+# --- SQL -------------------------------------------------------------------------------------
+
+
+def create_role_sql(spec: ComponentRole) -> str:
+    """Create the group role unless it exists (two concurrent migrations: one wins)."""
+    return (
+        f"DO $$ BEGIN CREATE ROLE {spec.role} NOLOGIN; "
+        "EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$;"
+    )
+
+
+def grant_sql(spec: ComponentRole) -> list[str]:
+    """Reset the role's privileges on zapstream's objects, then grant what it needs.
+
+    ``REVOKE ALL`` on a table also revokes its column privileges, so a privilege a
+    newer version no longer grants goes. Schema USAGE is granted on the current schema
+    (the one ``db migrate`` created the tables in).
+    """
+    role = spec.role
+    statements = [
+        f"DO $$ BEGIN EXECUTE format('GRANT USAGE ON SCHEMA %I TO {role}', current_schema()); "
+        "END $$;",
+        f"REVOKE ALL ON {', '.join(TABLES)} FROM {role};",
+        f"REVOKE ALL ON SEQUENCE {', '.join(SEQUENCES)} FROM {role};",
+    ]
+    statements += [grant.sql(role) for grant in spec.grants]
+    if spec.sequences:
+        statements.append(f"GRANT USAGE ON SEQUENCE {', '.join(spec.sequences)} TO {role};")
+    return statements
+
+
+def roles_sql() -> str:
+    """The whole script: idempotent, for ``psql`` in the outbox's database after migrating."""
+    lines = [
+        "-- zapstream: one NOLOGIN group role per component (zapstream db roles --print).",
+        "-- Run in the outbox's database, after `zapstream db migrate --no-roles`, as the",
+        "-- tables' owner with CREATEROLE (or create the roles first, then run it as the owner).",
+        "-- Idempotent: each run resets the roles' privileges on zapstream's tables.",
+        "BEGIN;",
+    ]
+    for spec in COMPONENT_ROLES:
+        lines.append(f"\n-- {spec.component}: {spec.purpose}")
+        if spec.replication:
+            lines.append(
+                "-- its login role needs REPLICATION: "
+                f"CREATE ROLE ... LOGIN REPLICATION IN ROLE {spec.role}"
+            )
+        lines.append(create_role_sql(spec))
+        lines.extend(grant_sql(spec))
+    lines.append("\nCOMMIT;")
+    return "\n".join(lines) + "\n"
+
+
+# --- applying --------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RolesResult:
+    """What :func:`apply_roles` did."""
+
+    created: list[str]
+    granted: list[str]
+    missing: list[str]
+    """Group roles that do not exist and could not be created (no CREATEROLE)."""
+
+
+def apply_roles(dsn: str) -> RolesResult:
+    """Create missing group roles (when this role may) and reset every one's grants.
+
+    Run as the owner of the outbox tables, after the migrations, in one transaction.
+    """
+    created: list[str] = []
+    granted: list[str] = []
+    missing: list[str] = []
+    with psycopg.connect(dsn) as conn, conn.transaction():
+        row = conn.execute(
+            "SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user"
+        ).fetchone()
+        may_create = bool(row and row[0])
+        existing = {
+            str(name)
+            for (name,) in conn.execute(
+                "SELECT rolname FROM pg_roles WHERE rolname = ANY(%s)",
+                ([s.role for s in COMPONENT_ROLES],),
+            )
+        }
+        for spec in COMPONENT_ROLES:
+            if spec.role not in existing:
+                if not may_create:
+                    missing.append(spec.role)
+                    continue
+                conn.execute(create_role_sql(spec).encode())
+                created.append(spec.role)
+            for statement in grant_sql(spec):
+                conn.execute(statement.encode())
+            granted.append(spec.role)
+    return RolesResult(created, granted, missing)
