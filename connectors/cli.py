@@ -246,15 +246,18 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
     from connectors.gateways.factory import build_gateway
     from connectors.sink.job_history import PostgresJobHistory
+    from streams.kernel.attempt_reference import load_reference_key
     from streams.worker import build_worker_app
     from streams.worker_settings import WorkerSettings
 
     settings = WorkerSettings()
+    references = load_reference_key(settings.gateway.reference_key.get_secret_value())
     _require_topics(settings.kafka, "worker")
     app, _ = build_worker_app(
         settings,
         build_gateway(settings.gateway),
         history=PostgresJobHistory(settings.postgres),
+        references=references,
     )
     worker = faust.Worker(app, loglevel=args.log_level, quiet=True)
     worker.execute_from_commandline()
@@ -274,9 +277,12 @@ def _cmd_sink(args: argparse.Namespace) -> int:
 def _cmd_webhook(args: argparse.Namespace) -> int:
     from connectors.webhook.intake import WebhookIntake
     from connectors.webhook.settings import WebhookSettings
+    from streams.kernel.attempt_reference import load_reference_key
     from streams.kernel.runtime.run import run_until_signalled
 
     settings = WebhookSettings()
+    # Refused before Kafka is asked anything: a configuration fault is one line, exit 2.
+    load_reference_key(settings.gateway.reference_key.get_secret_value())
     _require_topics(settings.kafka, "webhook")
     return run_until_signalled(lambda: WebhookIntake(settings))
 

@@ -46,6 +46,7 @@ from typing import Protocol, TypeVar
 from streams.controls import HOLD_S, Controls
 from streams.failure_log import FailureLog
 from streams.instance_pauses import InstancePauses, PermanentStreaks
+from streams.kernel.attempt_reference import ReferenceKey, legacy_reference
 from streams.kernel.contract import (
     AttemptFinished,
     AttemptOutcome,
@@ -241,8 +242,12 @@ class JobProcessor:
         listings: InstanceListings | None = None,
         reconcile_max_wait_s: float = 600.0,
         first_sight: Callable[[str], None] | None = None,
+        references: ReferenceKey | None = None,
     ) -> None:
         self.gateway = gateway
+        self.references = references
+        """Makes the attempt references the gateway is told and verifies receipts' (None:
+        legacy ``<job>-<seq>`` references, which bind nothing; tests and tools only)."""
         self.first_sight = first_sight
         """Told each intent's instance (cheap): probes an instance the start did not ask about
         once (:meth:`streams.gateway_check.GatewayStartCheck.first_sight`)."""
@@ -415,6 +420,7 @@ class JobProcessor:
         attempts = (current.attempts if current else 0) + 1
         seq = (current.attempt_seq if current else 0) + 1
         attempt_id = f"{intent.job_id}-{seq}"
+        reference = self.reference(intent.instance_id, intent.job_id, seq)
         journal = await self._put(
             transition(
                 ref,
@@ -429,7 +435,7 @@ class JobProcessor:
         if not probe:
             await self.pacer.before_send(intent.instance_id)
         attempt = _Attempt(intent, ref, journal, partition, seq, self.now(), probe)
-        message = TextMessage(intent.instance_id, intent.to, intent.text, attempt_id)
+        message = TextMessage(intent.instance_id, intent.to, intent.text, reference)
         try:
             accepted = await self.gateway.send_text(message)
         except GatewayError as exc:
@@ -613,6 +619,7 @@ class JobProcessor:
             authoritative=self.listing_authoritative,
             attempt_seq=current.attempt_seq,
             created_at=intent.created_at or intent.committed_at,
+            reference_of=lambda seq: self.references_of(intent.instance_id, intent.job_id, seq),
         )
         if watch.refused is not None:
             # The listing was refused for the instance: the job stays ATTEMPTING (it is
@@ -876,7 +883,7 @@ class JobProcessor:
                 )
             )
             return None
-        ignored = ignored_because(current, receipt)
+        ignored = ignored_because(current, receipt, gateway=self.gateway.name, key=self.references)
         if ignored is not None:
             RECEIPTS_IGNORED.labels(ignored.reason).inc()
             log.info(
@@ -913,6 +920,19 @@ class JobProcessor:
         return await self._put(dataclasses.replace(moved, receipt_events=events), partition)
 
     # --- helpers ----------------------------------------------------------------------
+
+    def reference(self, instance_id: str, job_id: int, seq: int) -> str:
+        """The reference attempt ``seq`` of ``job_id`` tells the gateway."""
+        if self.references is None:
+            return legacy_reference(job_id, seq)
+        return self.references.reference(self.gateway.name, instance_id, job_id, seq)
+
+    def references_of(self, instance_id: str, job_id: int, seq: int) -> list[str]:
+        """Every reference attempt ``seq`` may have been sent with: the tagged one and the
+        legacy one (an attempt made before the upgrade), for reconciliation's listing."""
+        references = [self.reference(instance_id, job_id, seq)]
+        legacy = legacy_reference(job_id, seq)
+        return references if legacy in references else [*references, legacy]
 
     async def recall(self, ref: JobRef) -> StatusChanged | None:
         """The job's state: the table's, else, for a job the dedup horizon forgot, what
@@ -1042,6 +1062,7 @@ class JobProcessor:
             conversation_key=intent.conversation_key,
             attempt=seq,
             attempt_id=f"{intent.job_id}-{seq}",
+            reference=self.reference(intent.instance_id, intent.job_id, seq) if seq else None,
             outcome=outcome,
             gateway=self.gateway.name,
             started_at=(started or finished).isoformat(),

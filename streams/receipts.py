@@ -1,11 +1,16 @@
-"""Which receipts may change a job: the current attempt's, each event once (sans-IO).
+"""Which receipts may change a job: the current attempt's, bound to it, each event once (sans-IO).
 
 A gateway callback is about one attempt of a job: its ``reference`` is the
-attempt id we sent (``<job>-<seq>``) and its gateway job id is what that attempt
-was answered. After an operator reprocessed a job, callbacks about the earlier
-attempt may still arrive (late, retried or replayed); they must not move the job
-the new attempt put where it is. And a gateway retries a callback with the same
-``event_id``: the job keeps the last :data:`MAX_RECEIPT_EVENTS` event ids it
+attempt reference we sent (``<job>-<seq>-<tag>``, :mod:`streams.kernel.attempt_reference`,
+whose HMAC tag binds it to the gateway, the instance and this deployment) and its
+gateway job id is what that attempt was answered. A receipt changes a job only when it
+*binds* to the job's current attempt: the gateway of its webhook path is the attempt's,
+its reference verifies and names the current attempt, its gateway job id is the one the
+attempt recorded, and for Meta its ``phone_number_id`` is the job's instance
+(:func:`ignored_because`). So a callback replayed to another gateway's path, about an
+earlier attempt (late, retried or replayed after an operator reprocessed the job), or
+about another gateway job, changes nothing. And a gateway retries a callback with the
+same ``event_id``: the job keeps the last :data:`MAX_RECEIPT_EVENTS` event ids it
 applied and drops a receipt whose id is among them.
 
 :func:`ignored_because` says why a receipt changes nothing (``None``: apply it
@@ -19,10 +24,14 @@ from __future__ import annotations
 
 import dataclasses
 
+from streams.kernel.attempt_reference import ParsedReference, ReferenceKey, parse_reference
 from streams.kernel.contract import JobStatus, ReceiptReceived, StatusChanged
 from streams.kernel.state_machine import RECEIPT_RANK
 
 S = JobStatus
+
+META = "meta"
+"""The gateway whose receipts carry the business number (``metadata.phone_number_id``)."""
 
 MAX_RECEIPT_EVENTS = 16
 """Event ids kept per job: a job gets a handful of receipts (sent, delivered, read)."""
@@ -38,45 +47,113 @@ class Ignored:
 
 def attempt_of(reference: str | None, job_id: int) -> str | None:
     """The attempt id ``reference`` names for ``job_id`` (``"<job_id>-<seq>"``), else None."""
-    if not reference:
+    parsed = parse_reference(reference)
+    if parsed is None or parsed.job_id != job_id:
         return None
-    job, sep, seq = reference.strip().rpartition("-")
-    if not sep or job != str(job_id) or not seq.isdigit():
-        return None
-    return f"{job_id}-{int(seq)}"
+    return parsed.attempt_id
 
 
-def ignored_because(current: StatusChanged, receipt: ReceiptReceived) -> Ignored | None:
-    """Why ``receipt`` must not change ``current``, or None.
+def _current_seq(current: StatusChanged) -> int | None:
+    if current.attempt_seq:
+        return current.attempt_seq
+    parsed = parse_reference(current.attempt_id)
+    return parsed.seq if parsed is not None else None
 
-    The receipt is about the current attempt when its gateway job id is the job's
-    or its reference is the job's current attempt id. It is about another attempt
-    when its reference names another attempt of this job, or, without a usable
-    reference, when the job has a gateway job id and the receipt another one.
-    With nothing to compare (no reference, no gateway id on the job) it is applied.
+
+def ignored_because(
+    current: StatusChanged,
+    receipt: ReceiptReceived,
+    *,
+    gateway: str,
+    key: ReferenceKey | None,
+) -> Ignored | None:
+    """Why ``receipt`` must not change ``current``, or None (it binds to the current attempt).
+
+    ``gateway`` is the gateway this worker sends through (the attempt's, unless a verified
+    reference proves another); ``key`` verifies references (None: none verifies). A
+    receipt binds when every check holds, in this order:
+
+    - its event id was not applied yet (``duplicate_event``);
+    - Meta: its ``phone_number_id`` is the job's instance (``other_phone_number``);
+    - its reference, when it is one of ours, names this job and, when tagged, verifies for
+      the receipt's gateway and the job's instance (``bad_reference``: made for another
+      gateway, instance or deployment, or forged);
+    - it is about the current attempt: its reference names it, or its gateway job id is
+      the one the job recorded (an earlier attempt adopted by reconciliation)
+      (``other_attempt``); when the job recorded a gateway job id, the receipt's is that
+      one, even with a verified reference (``other_gateway_job``);
+    - without a verified reference (none, a legacy ``<job>-<seq>`` one, or one that is not
+      ours) the receipt's gateway is ``gateway`` (``other_gateway``) and its gateway job id
+      matched the job's (``unbound``: nothing ties it to the attempt).
     """
     if receipt.event_id in current.receipt_events:
         return Ignored("duplicate_event", f"event {receipt.event_id} was already applied")
+    if receipt.gateway == META and receipt.phone_number_id != current.instance_id:
+        return Ignored(
+            "other_phone_number",
+            f"about phone number id {receipt.phone_number_id}; "
+            f"the job's instance is {current.instance_id}",
+        )
+    parsed = parse_reference(receipt.reference)
+    refused = _refused_reference(current, receipt, parsed, key)
+    if refused is not None:
+        return refused
+    proven = parsed is not None and parsed.tag is not None  # verified just above
     same_gateway_job = (
         current.gateway_job_id is not None and receipt.gateway_job_id == current.gateway_job_id
     )
-    attempt = attempt_of(receipt.reference, receipt.job_id)
-    if same_gateway_job or (attempt is not None and attempt == current.attempt_id):
-        return None
-    if attempt is not None:
+    if parsed is not None and parsed.seq != _current_seq(current) and not same_gateway_job:
         return Ignored(
             "other_attempt",
-            f"about attempt {attempt} (gateway job {receipt.gateway_job_id}); "
+            f"about attempt {parsed.attempt_id} (gateway job {receipt.gateway_job_id}); "
             f"the current attempt is {current.attempt_id} "
             f"(gateway job {current.gateway_job_id})",
         )
-    if current.gateway_job_id is not None:
+    if current.gateway_job_id is not None and not same_gateway_job:
         return Ignored(
             "other_gateway_job",
             f"about gateway job {receipt.gateway_job_id}; "
             f"the current one is {current.gateway_job_id}",
         )
+    if proven:
+        return None
+    if receipt.gateway != gateway:
+        return Ignored(
+            "other_gateway",
+            f"from {receipt.gateway} without a verified reference; "
+            f"the attempt went through {gateway}",
+        )
+    if not same_gateway_job:
+        return Ignored(
+            "unbound",
+            "neither a verified reference nor a gateway job id ties it to the current attempt",
+        )
     return None
+
+
+def _refused_reference(
+    current: StatusChanged,
+    receipt: ReceiptReceived,
+    parsed: ParsedReference | None,
+    key: ReferenceKey | None,
+) -> Ignored | None:
+    """``bad_reference`` when the receipt's reference names another job or carries a tag
+    that does not verify; None for a verified, legacy, missing or foreign reference."""
+    if parsed is None:
+        return None
+    if parsed.job_id != receipt.job_id:
+        return Ignored("bad_reference", f"the reference names job {parsed.job_id}")
+    if parsed.tag is None:
+        return None
+    if key is not None and key.verifies(
+        parsed, gateway=receipt.gateway, instance_id=current.instance_id
+    ):
+        return None
+    return Ignored(
+        "bad_reference",
+        f"the reference of attempt {parsed.attempt_id} does not verify for "
+        f"{receipt.gateway} and instance {current.instance_id}",
+    )
 
 
 def moves_forward(status: JobStatus, target: JobStatus) -> bool:

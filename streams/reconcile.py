@@ -128,13 +128,21 @@ def match(
 
 
 def listing_query(
-    job_id: int, attempt_seq: int, created_at: str | None
+    job_id: int,
+    attempt_seq: int,
+    created_at: str | None,
+    reference_of: Callable[[int], Sequence[str]] | None = None,
 ) -> tuple[list[str], dt.datetime | None]:
-    """``(references, since)`` to ask the listing for: every attempt id of the job so far
-    (an earlier attempt may be the one the gateway took) and the job's creation time
-    minus :data:`SINCE_MARGIN`. The gateway client decides how many references fit in
-    its URL; the rest it recognises in the answer."""
-    references = [f"{job_id}-{n}" for n in range(1, attempt_seq + 1)]
+    """``(references, since)`` to ask the listing for: every reference of every attempt of
+    the job so far (an earlier attempt may be the one the gateway took; ``reference_of``
+    gives an attempt's, default its attempt id) and the job's creation time minus
+    :data:`SINCE_MARGIN`. The gateway client decides how many references fit in its URL;
+    the rest it recognises in the answer."""
+    references = [
+        ref
+        for n in range(1, attempt_seq + 1)
+        for ref in (reference_of(n) if reference_of is not None else [f"{job_id}-{n}"])
+    ]
     since: dt.datetime | None = None
     if created_at:
         try:
@@ -158,9 +166,10 @@ async def reconcile(
     authoritative: bool,
     attempt_seq: int = 0,
     created_at: str | None = None,
+    reference_of: Callable[[int], Sequence[str]] | None = None,
 ) -> Reconciliation:
     """Look the job up at the gateway (narrowly, see :func:`listing_query`) and decide."""
-    references, since = listing_query(job_id, attempt_seq, created_at)
+    references, since = listing_query(job_id, attempt_seq, created_at, reference_of)
     try:
         listed = await gateway.list_for_reconciliation(
             instance_id, references=references, since=since

@@ -25,6 +25,7 @@ from streams.gateway_check import GatewayStartCheck
 from streams.health import add_health_pages, readiness
 from streams.instance_pauses import InstancePauses
 from streams.job_processor import JobProcessor, RetryPolicy
+from streams.kernel.attempt_reference import ReferenceKey
 from streams.kernel.contract import (
     DEFAULT_NAMES,
     ContractError,
@@ -111,8 +112,11 @@ def build_worker_app(
     resources: Sequence[Resource] = (),
     *,
     history: JobHistory | None = None,
+    references: ReferenceKey | None = None,
 ) -> tuple[WorkerApp, Dispatcher]:
-    """``history``: the long-term record of jobs; without it the jobs table never forgets."""
+    """``history``: the long-term record of jobs; without it the jobs table never forgets.
+    ``references``: the deployment's attempt reference key (``zapstream worker`` refuses to
+    start without one; None, in tests only, sends legacy references)."""
     names = settings.kafka.names
     horizon_s = settings.dedup_horizon_s if history is not None else 0.0
     late = None
@@ -204,6 +208,7 @@ def build_worker_app(
         ),
         reconcile_max_wait_s=settings.reconcile_max_wait_s,
         first_sight=check.first_sight if check is not None else None,
+        references=references,
         pauses=pauses,
         failures=FailureLog(
             summary_interval_s=settings.failure_summary_interval_s,

@@ -5,7 +5,8 @@ Every gateway calls us back when a message is sent, delivered, read or fails:
 - ``POST /v1/webhooks/zapapi`` and ``POST /v1/webhooks/stackzap`` (the gateway is
   the last path segment), body ``{"event_id"?, "id", "status", "reference"?,
   "timestamp"?}``; ``id`` is the gateway's job id, ``reference`` the
-  ``Idempotency-Key`` we sent (``"<job_id>-<attempt>"``).
+  ``Idempotency-Key`` we sent (``"<job_id>-<attempt>-<tag>"``,
+  :mod:`streams.kernel.attempt_reference`).
 - ``GET /v1/webhooks/meta`` (the Cloud API's subscription handshake) and ``POST
   /v1/webhooks/meta`` (its notifications, signed ``X-Hub-Signature-256``): see
   "Meta" below.
@@ -16,20 +17,29 @@ Every gateway calls us back when a message is sent, delivered, read or fails:
 Every callback must be signed (the scheme gateways must implement; see
 :mod:`connectors.webhook.signature`)::
 
-    X-Zap-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>" + "." + raw body)>
+    X-Zap-Signature: t=<unix seconds>,v2=<hex HMAC-SHA256(secret, "<t>.<gateway>." + raw body)>
 
 ``t`` is when the gateway signed (whole seconds, UTC epoch) and is covered by the
-HMAC, so it cannot be changed without the secret. A callback is refused with 401
-(nothing published or written) when the signature is missing, malformed, the old
-untimestamped ``sha256=<hex>`` form, does not match, is older than
-``ZAPSTREAM_WEBHOOK_REPLAY_WINDOW_S`` (default 300 s) or more than
-``ZAPSTREAM_WEBHOOK_CLOCK_SKEW_S`` (default 30 s) in the future, or when the
-configured secret is empty. Several ``v1=`` entries may be sent while a secret
-is rotated. A gateway retrying a callback later than the window must sign it
-again with a fresh ``t``. Worked example: secret ``s3cret``, body
-``{"id":"g-1","status":"read"}`` signed at ``t=1767225600``: the HMAC input is
-the bytes ``1767225600.{"id":"g-1","status":"read"}`` and the header is
-``t=1767225600,v1=97c20acb621ca0693954e5acf7c064c7bb00fab3c18e10f7d1628b1da5a9f016``.
+HMAC, so it cannot be changed without the secret; ``<gateway>`` is the last segment of
+the path, so the same bytes replayed to another gateway's path do not verify. A callback
+is refused with 401 (nothing published or written) when the signature is missing,
+malformed, the old untimestamped ``sha256=<hex>`` or gateway-less ``v1=`` form, does
+not match, is older than ``ZAPSTREAM_WEBHOOK_REPLAY_WINDOW_S`` (default 300 s) or more
+than ``ZAPSTREAM_WEBHOOK_CLOCK_SKEW_S`` (default 30 s) in the future, or when the
+configured secret is empty (allowed only with ``ZAPSTREAM_GATEWAY=meta``; otherwise a
+secret under 32 characters refuses the start). Several ``v2=`` entries may be sent
+while a secret is rotated. A gateway retrying a callback later than the window must
+sign it again with a fresh ``t``. Worked example: secret ``s3cret``, body
+``{"id":"g-1","status":"read"}`` POSTed to ``/v1/webhooks/stackzap`` at
+``t=1767225600``: the HMAC input is the bytes
+``1767225600.stackzap.{"id":"g-1","status":"read"}`` and the header is
+``t=1767225600,v2=4faeac64faf2364b7c335d2278cca9aeb720ee0b95a575d761768fc81724ddea``.
+
+A signed body nested deeper than 32 levels, or with an ``id``, ``status``,
+``reference`` or ``event_id`` longer than its cap (:mod:`connectors.webhook.limits`),
+is refused with 400 and the reason. Every refusal is counted
+(``zapstream_webhook_rejected_total``) and logged at most once a minute per kind
+(:mod:`connectors.webhook.rejections`).
 
 A verified callback is looked up in ``outbox_jobs`` (by the job id in
 ``reference`` first, because the state sink may not have written
@@ -40,7 +50,12 @@ configured labels (unknown -> REVIEW) and published as a
 conversation key, so the worker applies it in order with everything else of the
 conversation. A callback for a job we cannot find becomes a
 :class:`~streams.kernel.contract.JobDead` on the dead-letter topic: accepted for review,
-never lost.
+never lost; its copy there keeps only allow-listed scalars (:data:`DEAD_LETTER_KEYS`).
+A callback that does not bind to the job it names (:func:`unbound_because`: a tagged
+reference that does not verify for the path's gateway and the job's instance, a Meta
+status about another ``phone_number_id``) is dead-lettered the same way with the reason
+and counted (``zapstream_webhook_receipts_unbound_total``); the worker checks the rest
+against the attempt (:mod:`streams.receipts`).
 
 The answer (202) is given only after Kafka acknowledged the record. When Kafka
 or PostgreSQL fails the answer is 503 and the gateway retries; a retried
@@ -49,7 +64,7 @@ gateway, id and label), so the worker drops the duplicate (it keeps the last
 event ids of each job). The body's ``timestamp`` is not used (the signed ``t`` is):
 the worker orders receipts by status, not by clock. The ``reference`` travels
 with the receipt, so the worker applies a receipt only to the job's current
-attempt: a late callback about an earlier attempt changes nothing.
+attempt it binds to: a late callback about an earlier attempt changes nothing.
 
 Meta (WhatsApp Cloud API). The handshake ``GET /v1/webhooks/meta?hub.mode=subscribe
 &hub.verify_token=<t>&hub.challenge=<c>`` answers ``c`` (200, text/plain) when ``t``
@@ -62,10 +77,13 @@ is found by ``biz_opaque_callback_data`` (our ``<job_id>-<attempt>`` reference, 
 with the message) or else by the ``wamid``; the label is mapped with
 ``ZAPSTREAM_META_LABELS`` (unknown -> REVIEW); a status with ``errors`` carries the
 first error's code, title and details as the receipt's ``reason``; the event id is
-the digest of (``meta``, wamid, status). Meta's signature has no timestamp, so a
-captured notification verifies forever: a replay is the same event id (dropped by
-the worker), a receipt never moves a job backwards and applies only to the attempt
-its reference names. Meta is answered 200 once every status is in Kafka (503 when
+the digest of (``meta``, wamid, status); ``metadata.phone_number_id`` must be the
+job's instance. Meta's signature has no timestamp, so a captured notification
+verifies forever: a status (number, wamid, status) published within the last
+:data:`META_SEEN_MAX` is answered without publishing it again
+(``zapstream_webhook_meta_replays_total``); after a restart a replay is the same
+event id (dropped by the worker), a receipt never moves a job backwards and applies
+only to the attempt it binds to. Meta is answered 200 once every status is in Kafka (503 when
 not: Meta sends the whole body again). Inbound messages and other fields are counted
 as ``ignored``.
 
@@ -76,6 +94,7 @@ body, a phone number, a text, the secret or a signature.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import datetime
 import hashlib
@@ -91,8 +110,24 @@ from aiokafka.errors import KafkaError
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from connectors.gateways.labels import map_label
-from connectors.outbox.recipients import mask_phone
-from connectors.webhook.meta import MalformedMetaCallback, handshake_challenge, parse_notification
+from connectors.webhook.limits import (
+    MAX_EVENT_ID_CHARS,
+    MAX_GATEWAY_ID_CHARS,
+    MAX_LABEL_CHARS,
+    MAX_REFERENCE_CHARS,
+    CallbackTooDeep,
+    check_depth,
+    scalar,
+    too_long,
+)
+from connectors.webhook.meta import (
+    MalformedMetaCallback,
+    MetaStatus,
+    handshake_challenge,
+    parse_notification,
+)
+from connectors.webhook.metrics import META_REPLAYS, REJECTED, UNBOUND
+from connectors.webhook.rejections import RejectionLog
 from connectors.webhook.settings import WebhookSettings
 from connectors.webhook.signature import (
     HUB_SIGNATURE_HEADER,
@@ -102,6 +137,8 @@ from connectors.webhook.signature import (
     check_signature,
     check_verify_token,
 )
+from streams.kernel.attempt_reference import ReferenceKey, load_reference_key
+from streams.kernel.attempt_reference import parse_reference as parse_attempt_reference
 from streams.kernel.contract import (
     HEADER_JOB_ID,
     HEADER_SCHEMA,
@@ -122,10 +159,12 @@ MAX_BODY_BYTES = 64 * 1024
 POOL_MAX_CONNECTIONS = 4
 """Each lookup is one indexed SELECT; a handful of connections keeps up with Kafka's acks."""
 
-# Body keys that may carry the recipient, masked before a body goes to the dead letters.
-_RECIPIENT_KEYS = frozenset(
-    {"to", "recipient", "recipient_id", "wa_id", "phone", "from", "chat_id", "chatId"}
-)
+DEAD_LETTER_KEYS = ("id", "status", "reference", "event_id", "timestamp")
+"""What a callback's dead-letter copy keeps: these keys' scalar values, cut to length.
+Anything else a body carries (recipients, texts, nested objects) is left out."""
+META_SEEN_MAX = 65_536
+"""Meta statuses (number, message id, status) remembered as published: a replay of one
+within the last this-many is answered 200 and not published again."""
 
 _BY_ID = "SELECT id, idempotency_key, instance_id, conversation_key FROM outbox_jobs WHERE id = %s"
 # Newest first: a gateway id is unique per gateway, but nothing in the schema promises it.
@@ -143,15 +182,10 @@ class MalformedCallback(ValueError):
 
 
 def parse_reference(reference: str | None) -> int | None:
-    """The job id in our ``Idempotency-Key`` (``"<job_id>-<attempt>"``), or ``None``."""
-    if not reference:
-        return None
-    job, sep, attempt = reference.strip().rpartition("-")
-    if not sep or not job.isdigit() or not attempt.isdigit():
-        return None
-    job_id = int(job)
-    # outbox_jobs.id is a BIGSERIAL: anything outside it cannot be one of ours.
-    return job_id if 0 < job_id < 2**63 else None
+    """The job id in our reference (``"<job_id>-<seq>-<tag>"``, or a legacy
+    ``"<job_id>-<seq>"``), or ``None``."""
+    parsed = parse_attempt_reference(reference)
+    return parsed.job_id if parsed is not None else None
 
 
 def receipt_event_id(gateway: str, gateway_job_id: str, label: str) -> str:
@@ -168,6 +202,10 @@ def _callback_fields(raw: bytes) -> tuple[dict[str, Any], str, str, str | None, 
         raise MalformedCallback("body is not JSON") from exc
     if not isinstance(body, dict):
         raise MalformedCallback("body is not a JSON object")
+    try:
+        check_depth(body)
+    except CallbackTooDeep as exc:
+        raise MalformedCallback(str(exc)) from None
     job = body.get("id")
     if isinstance(job, int) and not isinstance(job, bool):
         job = str(job)
@@ -182,15 +220,21 @@ def _callback_fields(raw: bytes) -> tuple[dict[str, Any], str, str, str | None, 
     event_id = body.get("event_id")
     if event_id is not None and not isinstance(event_id, str):
         raise MalformedCallback("'event_id' must be a string")
+    problem = (
+        too_long("id", job, MAX_GATEWAY_ID_CHARS)
+        or too_long("status", label, MAX_LABEL_CHARS)
+        or too_long("reference", reference, MAX_REFERENCE_CHARS)
+        or too_long("event_id", event_id, MAX_EVENT_ID_CHARS)
+    )
+    if problem is not None:
+        raise MalformedCallback(problem)
     return body, job.strip(), label.strip(), reference, event_id or None
 
 
-def masked_body(body: Mapping[str, Any]) -> dict[str, Any]:
-    """``body`` with every recipient-like string value masked, for the dead letters."""
-    return {
-        key: mask_phone(value) if key in _RECIPIENT_KEYS and isinstance(value, str) else value
-        for key, value in body.items()
-    }
+def dead_letter_record(gateway: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    """A callback's copy for the dead letters: the gateway and the allow-listed
+    :data:`DEAD_LETTER_KEYS`, scalars only and cut to length; never a recipient or a text."""
+    return {"gateway": gateway, **{key: scalar(body.get(key)) for key in DEAD_LETTER_KEYS}}
 
 
 def _now_iso() -> str:
@@ -213,6 +257,39 @@ class _Job:
 
 class _Unavailable(Exception):
     """PostgreSQL or Kafka could not do its part now; the gateway should retry (503)."""
+
+
+def unbound_because(
+    gateway: GatewayKind,
+    job: _Job,
+    reference: str | None,
+    phone_number_id: str | None,
+    key: ReferenceKey,
+) -> tuple[str, str] | None:
+    """``(reason, detail)`` when a verified callback does not bind to ``job``, else None.
+
+    The intake checks what it can before publishing (the worker checks again, with the
+    attempt): a tagged reference must verify for the gateway of the webhook path and the
+    job's instance and name the job; a Meta status must name the job's business number
+    (``metadata.phone_number_id`` is the instance id). A legacy or missing reference is
+    left to the worker, which then binds by the attempt's gateway job id.
+    """
+    parsed = parse_attempt_reference(reference)
+    if parsed is not None and parsed.job_id != job.id:
+        return "other_job", f"the reference names job {parsed.job_id}, found job {job.id}"
+    if parsed is not None and parsed.tag is not None:
+        if not key.verifies(parsed, gateway=gateway.value, instance_id=job.instance_id):
+            return (
+                "bad_reference",
+                f"the reference of attempt {parsed.attempt_id} does not verify for "
+                f"{gateway.value} and instance {job.instance_id}",
+            )
+    if gateway is GatewayKind.META and phone_number_id != job.instance_id:
+        return (
+            "other_phone_number",
+            f"phone number id {phone_number_id} is not job {job.id}'s instance",
+        )
+    return None
 
 
 # --- the service ------------------------------------------------------------------------
@@ -245,10 +322,17 @@ class WebhookIntake(Service):
             "unauthorized": 0,
             "stale": 0,
             "malformed": 0,
+            "unbound": 0,
+            "replayed": 0,
             "unavailable": 0,
             "ignored": 0,
         }
         """What the intake answered, by outcome, for the closing summary and tests."""
+        self._rejections = RejectionLog(log)
+        self._references: ReferenceKey | None = None
+        self._meta_seen: collections.OrderedDict[tuple[str | None, str, str], None] = (
+            collections.OrderedDict()
+        )
 
     @property
     def port(self) -> int:
@@ -260,9 +344,13 @@ class WebhookIntake(Service):
         return f"http://{self.settings.host}:{self._port}"
 
     async def on_start(self) -> None:
+        self._references = load_reference_key(
+            self.settings.gateway.reference_key.get_secret_value()
+        )
         if not self.settings.secret.get_secret_value():
-            # Still start (health checks pass) but say loudly why every callback gets 401.
-            log.warning("webhook secret is empty: every callback will be rejected with 401")
+            # Only with ZAPSTREAM_GATEWAY=meta (settings refuse it otherwise): Meta signs
+            # with its app secret; the other gateways' paths answer 401.
+            log.warning("webhook secret is empty: every non-Meta callback will get 401")
         gateway_settings = self.settings.gateway
         if (
             gateway_settings.kind is GatewayKind.META
@@ -370,6 +458,7 @@ class WebhookIntake(Service):
             self.settings.secret.get_secret_value(),
             raw,
             header,
+            gateway=gateway.value,
             window_s=self.settings.replay_window_s,
             skew_s=self.settings.clock_skew_s,
         )
@@ -377,20 +466,18 @@ class WebhookIntake(Service):
             self.stats["unauthorized"] += 1
             if check in (SignatureCheck.EXPIRED, SignatureCheck.FUTURE):
                 self.stats["stale"] += 1
-            log.warning(
-                "rejected %s callback from %s: %s (%s, %d bytes)",
-                gateway.value,
-                request.remote,
-                check.value,
-                self.settings.signature_header,
-                len(raw),
+            self._refused(
+                gateway,
+                "unauthorized",
+                f"{check.value} ({self.settings.signature_header}, from {request.remote}, "
+                f"{len(raw)} bytes)",
             )
             return _json({"error": "invalid signature"}, 401)
         try:
             body, gateway_job_id, label, reference, event_id = _callback_fields(raw)
         except MalformedCallback as exc:
             self.stats["malformed"] += 1
-            log.warning("malformed %s callback: %s (%d bytes)", gateway.value, exc, len(raw))
+            self._refused(gateway, "malformed", f"{exc} ({len(raw)} bytes)")
             return _json({"error": str(exc)}, 400)
         event_id = event_id or receipt_event_id(gateway.value, gateway_job_id, label)
         try:
@@ -400,7 +487,7 @@ class WebhookIntake(Service):
                 label=label,
                 reference=reference,
                 event_id=event_id,
-                dead_record={"gateway": gateway.value, **masked_body(body)},
+                dead_record=dead_letter_record(gateway.value, body),
             )
         except _Unavailable as exc:
             self.stats["unavailable"] += 1
@@ -418,13 +505,20 @@ class WebhookIntake(Service):
         event_id: str,
         dead_record: Mapping[str, Any],
         reason: str | None = None,
+        phone_number_id: str | None = None,
     ) -> None:
         """Publish one verified status as a receipt, or to the dead letters when no job
-        matches; counted. Raises :class:`_Unavailable` when PostgreSQL or Kafka fail."""
+        matches or it does not bind to its job (:func:`unbound_because`); counted. Raises
+        :class:`_Unavailable` when PostgreSQL or Kafka fail."""
         job = await self._lookup(gateway_job_id, parse_reference(reference))
         if job is None or job.conversation_key is None:
             await self._publish_dead(gateway, dead_record, gateway_job_id, reference, job)
             self.stats["unknown_job"] += 1
+            return
+        assert self._references is not None, "on_start loads the key before listening"
+        unbound = unbound_because(gateway, job, reference, phone_number_id, self._references)
+        if unbound is not None:
+            await self._publish_unbound(gateway, dead_record, gateway_job_id, job, *unbound)
             return
         receipt = ReceiptReceived(
             event_id=event_id,
@@ -439,6 +533,7 @@ class WebhookIntake(Service):
             received_at=_now_iso(),
             reference=reference,
             reason=reason,
+            phone_number_id=phone_number_id,
         )
         await self._publish(self._names.intents, receipt, key=receipt.partition_key, job_id=job.id)
         self.stats["accepted"] += 1
@@ -479,37 +574,57 @@ class WebhookIntake(Service):
         )
         if check is not HubSignatureCheck.VALID:
             self.stats["unauthorized"] += 1
-            log.warning(
-                "rejected meta callback from %s: %s (%d bytes)",
-                request.remote,
-                check.value,
-                len(raw),
+            self._refused(
+                GatewayKind.META,
+                "unauthorized",
+                f"{check.value} (from {request.remote}, {len(raw)} bytes)",
             )
             return _json({"error": "invalid signature"}, 401)
         try:
             notification = parse_notification(raw)
         except MalformedMetaCallback as exc:
             self.stats["malformed"] += 1
-            log.warning("malformed meta callback: %s (%d bytes)", exc, len(raw))
+            self._refused(GatewayKind.META, "malformed", f"{exc} ({len(raw)} bytes)")
             return _json({"error": str(exc)}, 400)
         self.stats["ignored"] += notification.ignored
         try:
             for status in notification.statuses:
-                await self._receive(
-                    GatewayKind.META,
-                    gateway_job_id=status.wamid,
-                    label=status.status,
-                    reference=status.reference,
-                    event_id=receipt_event_id(GatewayKind.META.value, status.wamid, status.status),
-                    dead_record=status.dead_letter_record(),
-                    reason=status.reason,
-                )
+                await self._receive_meta(status)
         except _Unavailable as exc:
             self.stats["unavailable"] += 1
             log.warning("meta callback: %s", exc)
             return _json({"error": "temporarily unavailable"}, 503)
         # Meta wants a 200; anything else is retried and, repeated, disables the webhook.
         return _json({"accepted": len(notification.statuses)}, 200)
+
+    async def _receive_meta(self, status: MetaStatus) -> None:
+        """One Meta status, unless it was published recently: Meta's signature has no
+        timestamp, so a captured notification verifies for ever; a replay of a status
+        already in Kafka is counted and answered without publishing it again."""
+        seen = (status.phone_number_id, status.wamid, status.status.lower())
+        if seen in self._meta_seen:
+            self._meta_seen.move_to_end(seen)
+            self.stats["replayed"] += 1
+            META_REPLAYS.inc()
+            return
+        await self._receive(
+            GatewayKind.META,
+            gateway_job_id=status.wamid,
+            label=status.status,
+            reference=status.reference,
+            event_id=receipt_event_id(GatewayKind.META.value, status.wamid, status.status),
+            dead_record=status.dead_letter_record(),
+            reason=status.reason,
+            phone_number_id=status.phone_number_id,
+        )
+        self._meta_seen[seen] = None
+        if len(self._meta_seen) > META_SEEN_MAX:
+            self._meta_seen.popitem(last=False)
+
+    def _refused(self, gateway: GatewayKind, reason: str, detail: str) -> None:
+        """A request refused before anything was published: counted, logged rate-limited."""
+        REJECTED.labels(gateway.value, reason).inc()
+        self._rejections.refused(gateway.value, reason, detail)
 
     async def _lookup(self, gateway_job_id: str, job_id: int | None) -> _Job | None:
         """The job by ``job_id`` (from our reference), else by ``gateway_job_id``."""
@@ -556,8 +671,30 @@ class WebhookIntake(Service):
                 reason=reason,
                 record=dict(record),
             )
-        log.warning("%s (to %s)", reason, self._names.dead)
+        self._rejections.refused(gateway.value, "unknown_job", f"{reason} (to {self._names.dead})")
         await self._publish(self._names.dead, dead, key=gateway_job_id.encode(), job_id=dead.job_id)
+
+    async def _publish_unbound(
+        self,
+        gateway: GatewayKind,
+        record: Mapping[str, Any],
+        gateway_job_id: str,
+        job: _Job,
+        why: str,
+        detail: str,
+    ) -> None:
+        """A verified callback that does not bind to its job: dead-lettered with the reason,
+        counted, logged rate-limited; the job is not touched."""
+        reason = f"receipt does not bind to job {job.id} ({why}): {detail}"
+        dead = JobDead(
+            job_id=job.id, idempotency_key=job.idempotency_key, reason=reason, record=dict(record)
+        )
+        await self._publish(self._names.dead, dead, key=gateway_job_id.encode(), job_id=job.id)
+        self.stats["unbound"] += 1
+        UNBOUND.labels(gateway.value, why).inc()
+        self._rejections.refused(
+            gateway.value, f"unbound {why}", f"{reason} (to {self._names.dead})"
+        )
 
     async def _publish(self, topic: str, record: Record, *, key: bytes, job_id: int | None) -> None:
         """Send one record and wait for Kafka's acknowledgement; :class:`_Unavailable` if not."""

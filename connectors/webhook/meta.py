@@ -33,6 +33,15 @@ import orjson
 
 from connectors.gateways.classify import MAX_REASON_CHARS, mask_text
 from connectors.outbox.recipients import mask_phone
+from connectors.webhook.limits import (
+    MAX_GATEWAY_ID_CHARS,
+    MAX_LABEL_CHARS,
+    MAX_REFERENCE_CHARS,
+    CallbackTooDeep,
+    check_depth,
+    scalar,
+    too_long,
+)
 
 OBJECT = "whatsapp_business_account"
 
@@ -56,14 +65,15 @@ class MetaStatus:
     recipient_id: str | None = dataclasses.field(default=None, repr=False)
 
     def dead_letter_record(self) -> dict[str, Any]:
-        """What goes to the dead letters when no job matches: the recipient masked."""
+        """What goes to the dead letters when no job matches or the status does not bind:
+        allow-listed scalars only, cut to length, the recipient masked, the reason masked."""
         return {
             "gateway": "meta",
-            "id": self.wamid,
-            "status": self.status,
-            "biz_opaque_callback_data": self.reference,
-            "phone_number_id": self.phone_number_id,
-            "timestamp": self.timestamp,
+            "id": scalar(self.wamid),
+            "status": scalar(self.status),
+            "biz_opaque_callback_data": scalar(self.reference),
+            "phone_number_id": scalar(self.phone_number_id),
+            "timestamp": scalar(self.timestamp),
             "recipient_id": mask_phone(self.recipient_id) if self.recipient_id else None,
             "reason": self.reason,
         }
@@ -122,6 +132,14 @@ def _status(item: Any, phone_number_id: str | None) -> MetaStatus:
     reference = item.get("biz_opaque_callback_data")
     if reference is not None and not isinstance(reference, str):
         raise MalformedMetaCallback("'biz_opaque_callback_data' must be a string")
+    problem = (
+        too_long("id", wamid, MAX_GATEWAY_ID_CHARS)
+        or too_long("status", label, MAX_LABEL_CHARS)
+        or too_long("biz_opaque_callback_data", reference, MAX_REFERENCE_CHARS)
+        or too_long("phone_number_id", phone_number_id, MAX_GATEWAY_ID_CHARS)
+    )
+    if problem is not None:
+        raise MalformedMetaCallback(problem)
     recipient = _str(item.get("recipient_id"))
     return MetaStatus(
         wamid=wamid,
@@ -142,6 +160,10 @@ def parse_notification(raw: bytes) -> MetaNotification:
         raise MalformedMetaCallback("body is not JSON") from exc
     if not isinstance(body, dict):
         raise MalformedMetaCallback("body is not a JSON object")
+    try:
+        check_depth(body)
+    except CallbackTooDeep as exc:
+        raise MalformedMetaCallback(str(exc)) from None
     if body.get("object") != OBJECT:
         raise MalformedMetaCallback(f"'object' must be {OBJECT!r}")
     entries = body.get("entry")

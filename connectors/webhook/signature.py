@@ -1,23 +1,27 @@
-"""The callback signature, timestamped so an old callback cannot be replayed.
+"""The callback signature, timestamped and bound to the gateway's path.
 
 The header (``X-Zap-Signature`` by default) carries a Unix timestamp and one or
 more HMAC-SHA256 signatures, in the style of Stripe's ``Stripe-Signature``::
 
-    X-Zap-Signature: t=1767225600,v1=<64 lower-case hex digits>
+    X-Zap-Signature: t=1767225600,v2=<64 lower-case hex digits>
 
 - ``t``: when the gateway signed, in whole seconds since the Unix epoch (UTC),
   decimal digits only.
-- ``v1``: lower-case hex of ``HMAC-SHA256(secret, "<t>" + "." + raw body)``,
-  where ``<t>`` is exactly the digits of ``t`` and the raw body is the request's
-  bytes as sent (never re-serialised JSON). Several ``v1=`` entries may be given
-  (while a secret is rotated); one matching is enough.
+- ``v2``: lower-case hex of ``HMAC-SHA256(secret, "<t>" + "." + "<gateway>" + "." +
+  raw body)``, where ``<t>`` is exactly the digits of ``t``, ``<gateway>`` the last
+  segment of the webhook path the callback is POSTed to (``stackzap`` for
+  ``/v1/webhooks/stackzap``, ``zapapi``) and the raw body is the request's bytes as
+  sent (never re-serialised JSON). Several ``v2=`` entries may be given (while a
+  secret is rotated); one matching is enough.
 - Entries are separated by ``,``, whitespace around them is ignored; unknown keys
-  are ignored (room for a later ``v2``).
+  are ignored (room for a later ``v3``).
 
-A callback is accepted only when a ``v1`` matches *and* ``t`` is within the
+A callback is accepted only when a ``v2`` matches *and* ``t`` is within the
 replay window: at most ``window_s`` seconds old and at most ``skew_s`` seconds in
-the future (clocks differ a little). The previous scheme (``sha256=<hex>`` of
-the body alone) is refused: it has no timestamp, so it could be replayed forever.
+the future (clocks differ a little). Refused: the first scheme (``sha256=<hex>`` of
+the body alone: no timestamp, replayable forever) and ``v1`` (``"<t>." + body``:
+it does not name the gateway, so the same signed bytes verified on every gateway's
+path).
 
 Meta's Cloud API signs its webhooks its own way (``X-Hub-Signature-256:
 sha256=<hex HMAC-SHA256(app secret, raw body)>``, no timestamp): see
@@ -35,7 +39,9 @@ import hashlib
 import hmac
 import time
 
-SIGNATURE_VERSION = "v1"
+SIGNATURE_VERSION = "v2"
+UNBOUND_VERSION = "v1"
+"""The refused scheme without the gateway: recognised only to say why it is refused."""
 LEGACY_PREFIX = "sha256="
 """The refused, untimestamped scheme: recognised only to say why it is refused."""
 DEFAULT_WINDOW_S = 300.0
@@ -49,32 +55,36 @@ class SignatureCheck(enum.StrEnum):
     VALID = "valid"
     NO_SECRET = "no secret configured"
     MISSING = "no signature header"
-    MALFORMED = "signature header is not t=<unix seconds>,v1=<hex>"
-    LEGACY = "untimestamped sha256= signature (the t=,v1= scheme is required)"
+    MALFORMED = "signature header is not t=<unix seconds>,v2=<hex>"
+    LEGACY = "untimestamped sha256= signature (the t=,v2= scheme is required)"
+    UNBOUND = "v1 signature does not cover the gateway (the t=,v2= scheme is required)"
     MISMATCH = "signature mismatch"
     EXPIRED = "timestamp older than the replay window"
     FUTURE = "timestamp in the future beyond the allowed clock skew"
 
 
-def signed_payload(timestamp: int, body: bytes) -> bytes:
-    """What is signed: ``b"<timestamp>." + body``."""
-    return str(timestamp).encode() + b"." + body
+def signed_payload(timestamp: int, gateway: str, body: bytes) -> bytes:
+    """What is signed: ``b"<timestamp>.<gateway>." + body``."""
+    return f"{timestamp}.{gateway}.".encode() + body
 
 
-def _digest(secret: str, timestamp: int, body: bytes) -> str:
-    return hmac.new(secret.encode(), signed_payload(timestamp, body), hashlib.sha256).hexdigest()
+def _digest(secret: str, timestamp: int, gateway: str, body: bytes) -> str:
+    payload = signed_payload(timestamp, gateway, body)
+    return hmac.new(secret.encode(), payload, hashlib.sha256).hexdigest()
 
 
-def sign(secret: str, body: bytes, *, timestamp: int | None = None) -> str:
-    """The header value for ``body``: ``t=<timestamp>,v1=<hex>`` (``timestamp`` default: now)."""
+def sign(secret: str, body: bytes, *, gateway: str, timestamp: int | None = None) -> str:
+    """The header value for ``body`` POSTed to ``/v1/webhooks/<gateway>``:
+    ``t=<timestamp>,v2=<hex>`` (``timestamp`` default: now)."""
     t = int(time.time()) if timestamp is None else int(timestamp)
-    return f"t={t},{SIGNATURE_VERSION}={_digest(secret, t, body)}"
+    return f"t={t},{SIGNATURE_VERSION}={_digest(secret, t, gateway, body)}"
 
 
-def _parse(header: str) -> tuple[int, list[str]] | None:
-    """``(t, [v1 signatures])`` or ``None`` when the header does not have that shape."""
+def _parse(header: str) -> tuple[int, list[str], bool] | None:
+    """``(t, [v2 signatures], any v1)`` or ``None`` when the header does not have that shape."""
     timestamp: int | None = None
     signatures: list[str] = []
+    unbound = False
     for part in header.split(","):
         key, sep, value = part.strip().partition("=")
         if not sep:
@@ -88,9 +98,11 @@ def _parse(header: str) -> tuple[int, list[str]] | None:
             timestamp = int(value)
         elif key == SIGNATURE_VERSION:
             signatures.append(value)
-    if timestamp is None or not signatures:
+        elif key == UNBOUND_VERSION:
+            unbound = True
+    if timestamp is None or not (signatures or unbound):
         return None
-    return timestamp, signatures
+    return timestamp, signatures, unbound
 
 
 def check_signature(
@@ -98,11 +110,13 @@ def check_signature(
     body: bytes,
     header: str | None,
     *,
+    gateway: str,
     now: float | None = None,
     window_s: float = DEFAULT_WINDOW_S,
     skew_s: float = DEFAULT_SKEW_S,
 ) -> SignatureCheck:
-    """Whether ``header`` signs ``body`` under ``secret`` within the replay window, and why not.
+    """Whether ``header`` signs ``body`` POSTed to ``gateway``'s path under ``secret`` within
+    the replay window, and why not.
 
     An empty secret verifies nothing: an unconfigured intake must not accept
     callbacks anyone could sign. Comparisons are constant-time.
@@ -116,8 +130,10 @@ def check_signature(
     parsed = _parse(header)
     if parsed is None:
         return SignatureCheck.MALFORMED
-    timestamp, signatures = parsed
-    expected = _digest(secret, timestamp, body).encode()
+    timestamp, signatures, unbound = parsed
+    if not signatures and unbound:
+        return SignatureCheck.UNBOUND
+    expected = _digest(secret, timestamp, gateway, body).encode()
     # Every candidate is compared, so the time taken does not tell which one matched.
     matched = False
     for candidate in signatures:
@@ -137,15 +153,16 @@ def verify_signature(
     body: bytes,
     header: str | None,
     *,
+    gateway: str,
     now: float | None = None,
     window_s: float = DEFAULT_WINDOW_S,
     skew_s: float = DEFAULT_SKEW_S,
 ) -> bool:
     """:func:`check_signature` is ``VALID``."""
-    return (
-        check_signature(secret, body, header, now=now, window_s=window_s, skew_s=skew_s)
-        is SignatureCheck.VALID
+    check = check_signature(
+        secret, body, header, gateway=gateway, now=now, window_s=window_s, skew_s=skew_s
     )
+    return check is SignatureCheck.VALID
 
 
 # --- Meta (WhatsApp Cloud API) ------------------------------------------------------------
@@ -174,9 +191,12 @@ def check_hub_signature(app_secret: str, body: bytes, header: str | None) -> Hub
     """Whether ``header`` (``X-Hub-Signature-256``) signs the raw ``body`` under ``app_secret``.
 
     Meta signs the body alone, without a timestamp, so a captured callback verifies
-    forever; the intake relies on what a replay can do instead (the same event id,
-    dropped as a duplicate; a receipt never moves a job backwards). An empty secret
-    verifies nothing. The comparison is constant-time.
+    forever; the intake relies on what a replay can do instead (a status it published
+    recently is not published again; the same event id, dropped as a duplicate by the
+    worker; a receipt binds only to its job's number and attempt and never moves a job
+    backwards). The header is only accepted on Meta's path, and Meta's app secret is not
+    the other gateways' secret. An empty secret verifies nothing. The comparison is
+    constant-time.
     """
     if not app_secret:
         return HubSignatureCheck.NO_SECRET

@@ -57,7 +57,8 @@ signed callback per ``callback_statuses`` label, in order, each after
 real gateway's state moves first. The body is ``{"event_id", "id", "status",
 "reference", "timestamp"}`` and ``X-Zap-Signature`` is
 :func:`connectors.webhook.signature.sign` of it under ``callback_secret``
-(``t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>." + body)>``). Callbacks are not
+(``t=<unix seconds>,v2=<hex HMAC-SHA256(secret, "<t>.<gateway>." + body)>``, the
+gateway being the last segment of ``callback_url``'s path). Callbacks are not
 retried; a failure (no connection, non-2xx) is logged and counted in
 ``callbacks_failed``, a 2xx in ``callbacks_sent``. ``/_sim/callbacks/emit`` relabels
 nothing, so it can replay old labels out of order or twice.
@@ -114,6 +115,7 @@ from typing import Annotated, Any, Literal
 
 import aiohttp
 import orjson
+import yarl
 from aiohttp import web
 from pydantic import (
     AfterValidator,
@@ -1113,7 +1115,9 @@ class GatewaySimulator(Service):
         if signed and msg.api == META:
             headers[HUB_SIGNATURE_HEADER] = sign_hub(secret, raw)
         elif signed:
-            headers[SIGNATURE_HEADER] = sign(secret, raw, timestamp=signed_at)
+            # v2 names the gateway: the last segment of the webhook path it is POSTed to.
+            gateway = yarl.URL(url).path.rstrip("/").rsplit("/", 1)[-1]
+            headers[SIGNATURE_HEADER] = sign(secret, raw, gateway=gateway, timestamp=signed_at)
         session = self._session
         if session is None:
             raise RuntimeError("GatewaySimulator is not started")

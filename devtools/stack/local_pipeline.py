@@ -44,7 +44,10 @@ from streams.kernel.settings import BrokerFlavor, KafkaSettings
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SIM_API_KEY = "dev-stackzap-key"
 SIM_TOKEN = "dev-zap-token"
-WEBHOOK_SECRET = "dev-webhook-secret"
+WEBHOOK_SECRET = "dev-webhook-secret-for-local-tests-only"
+"""At least 32 characters, as ``zapstream webhook`` requires."""
+REFERENCE_KEY = "dev-reference-key-for-local-tests-only"
+"""``ZAPSTREAM_REFERENCE_KEY`` of the workers and the webhook (at least 32 characters)."""
 META_APP_SECRET = "dev-meta-app-secret"
 META_VERIFY_TOKEN = "dev-meta-verify-token"
 CONSOLE_DEMO_TOKEN = "dev-console-demo-token-not-a-secret"
@@ -398,6 +401,7 @@ class LocalPipeline:
             "ZAP_API_URL": self.sim_url,
             "ZAP_TOKEN": SIM_TOKEN,
             "ZAPSTREAM_WEBHOOK_SECRET": WEBHOOK_SECRET,
+            "ZAPSTREAM_REFERENCE_KEY": REFERENCE_KEY,
             # The simulator speaks the Cloud API too (ZAPSTREAM_GATEWAY=meta picks it).
             "META_GRAPH_URL": self.sim_url,
             "META_ACCESS_TOKEN": SIM_TOKEN,

@@ -498,6 +498,9 @@ class AttemptFinished(Record):
     started_at: str | None = None
     finished_at: str | None = None
     committed_at: str | None = None
+    reference: str | None = None
+    """The reference the gateway was told (``<job>-<seq>-<tag>``,
+    :mod:`streams.kernel.attempt_reference`); None in records from before it was sent."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -637,6 +640,7 @@ class ReceiptReceived(Record):
     instance_id: str
     conversation_key: str
     gateway: str
+    """The gateway the callback came from: the last segment of the webhook path."""
     gateway_job_id: str
     label: str
     """The gateway's own label, as received."""
@@ -644,12 +648,17 @@ class ReceiptReceived(Record):
     """Our mapping of ``label`` (:class:`JobStatus`); REVIEW when the label is unknown."""
     received_at: str = ""
     reference: str | None = None
-    """The callback's ``reference``: the attempt id (``<job>-<seq>``) the gateway saw as
-    ``Idempotency-Key``, when it echoes it. A receipt about another attempt than the
-    job's current one changes nothing."""
+    """The callback's ``reference``: the attempt reference (``<job>-<seq>-<tag>``,
+    :mod:`streams.kernel.attempt_reference`) the gateway was told, when it echoes it. A
+    receipt about another attempt than the job's current one, or whose reference does not
+    verify for its gateway and instance, changes nothing (:mod:`streams.receipts`)."""
     reason: str | None = None
     """Why the gateway failed the message (Meta's error code, title and details, masked),
     when it said; ``None`` otherwise."""
+    phone_number_id: str | None = None
+    """Meta only: the notification's ``metadata.phone_number_id``, the business number the
+    status is about; it must be the job's instance. None for other gateways (and in
+    receipts from before it was carried, which then do not bind for Meta)."""
 
     @property
     def partition_key(self) -> bytes:

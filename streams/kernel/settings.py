@@ -622,6 +622,16 @@ class GatewaySettings(SettingsBase):
     )
     """The token typed into the app dashboard for the webhook subscription handshake
     (``hub.verify_token``); empty: the handshake is refused."""
+    reference_key: SecretStr = Field(
+        default=SecretStr(""),
+        validation_alias=AliasChoices("ZAPSTREAM_REFERENCE_KEY", "reference_key"),
+    )
+    """The key of the attempt references the gateway is told (``<job>-<seq>-<HMAC tag>``,
+    :mod:`streams.kernel.attempt_reference`): the worker makes them, the webhook verifies
+    receipts with them. The same value on every worker and webhook of a deployment, at least
+    32 characters (both refuse to start otherwise), different between deployments; a
+    secret, also read from ``ZAPSTREAM_SECRETS_DIR``. Changing it makes the receipts of
+    attempts in flight unbound (they change nothing)."""
     meta_labels: dict[str, str] = Field(
         default_factory=_default_meta_labels,
         validation_alias=AliasChoices("ZAPSTREAM_META_LABELS", "meta_labels"),

@@ -80,7 +80,8 @@ def env() -> Iterator[dict[str, str]]:
                 "ZAPSTREAM_GATEWAY": "stackzap",
                 "STACKZAP_API_URL": f"http://127.0.0.1:{closed}",
                 "STACKZAP_API_KEY": "contract-key",
-                "ZAPSTREAM_WEBHOOK_SECRET": "contract-secret",
+                "ZAPSTREAM_WEBHOOK_SECRET": "contract-secret-0123456789abcdef01",
+                "ZAPSTREAM_REFERENCE_KEY": "contract-reference-key-0123456789ab",
                 "ZAPSTREAM_WEBHOOK_HOST": "127.0.0.1",
                 "ZAPSTREAM_CONSOLE_TOKENS": CONSOLE_TOKENS,
             }

@@ -227,7 +227,9 @@ def test_a_callback_older_than_the_replay_window_gets_401_and_a_duplicated_event
     old = httpx.post(
         f"{pipeline.webhook}/v1/webhooks/stackzap",  # type: ignore[attr-defined]
         content=body,
-        headers={"X-Zap-Signature": sign(WEBHOOK_SECRET, body, timestamp=now - 301)},
+        headers={
+            "X-Zap-Signature": sign(WEBHOOK_SECRET, body, gateway="stackzap", timestamp=now - 301)
+        },
         timeout=10,
     )
     assert old.status_code == 401

@@ -29,7 +29,7 @@ from connectors.outbox.migrate import shipped_migrations
 from devtools.stack import shared_broker
 from devtools.stack.devstack import ManagedProcess, PostgresCluster, TansuBroker, find_free_port
 from devtools.stack.kafka_broker import KafkaBroker
-from devtools.stack.local_pipeline import default_broker
+from devtools.stack.local_pipeline import REFERENCE_KEY, WEBHOOK_SECRET, default_broker
 from streams.kernel.contract import TopicNames
 from streams.kernel.settings import KafkaSettings
 from streams.kernel.topics_check import partition_counts
@@ -140,6 +140,9 @@ def base_env(
             "ZAPSTREAM_GATEWAY": "stackzap",
             "STACKZAP_API_URL": sim_url,
             "STACKZAP_API_KEY": API_KEY,
+            # What the worker and the webhook refuse to start without (checked before Kafka).
+            "ZAPSTREAM_REFERENCE_KEY": REFERENCE_KEY,
+            "ZAPSTREAM_WEBHOOK_SECRET": WEBHOOK_SECRET,
         }
     )
     env.update(extra)
@@ -323,6 +326,10 @@ def test_misspelt_variable_is_named_with_a_suggestion(command: str) -> None:
             "[1,",
             "ZAPSTREAM_WORKER_RETRY_SCHEDULE_S: not valid JSON",
         ),
+        # Issue 18, findings 2 and 8: short keys are refused, by name, never shown.
+        ("webhook", "ZAPSTREAM_WEBHOOK_SECRET", "short", "ZAPSTREAM_WEBHOOK_SECRET is shorter"),
+        ("worker", "ZAPSTREAM_REFERENCE_KEY", "short", "ZAPSTREAM_REFERENCE_KEY is shorter"),
+        ("webhook", "ZAPSTREAM_REFERENCE_KEY", "", "ZAPSTREAM_REFERENCE_KEY is not set"),
     ],
 )
 def test_invalid_value_is_one_line_naming_the_variable(

@@ -34,7 +34,12 @@ from connectors.cdc.settings import RelaySettings
 from connectors.outbox.enqueue import enqueue
 from devtools.stack.devstack import TansuBroker
 from devtools.stack.kafka_broker import KafkaBroker
-from devtools.stack.local_pipeline import LocalPipeline, default_broker
+from devtools.stack.local_pipeline import (
+    REFERENCE_KEY,
+    WEBHOOK_SECRET,
+    LocalPipeline,
+    default_broker,
+)
 from devtools.stack.tls import Pki, ServerTls, make_pki
 from streams.kafka_reader import group_less_consumer
 from streams.kernel.contract import INTENTS
@@ -73,6 +78,9 @@ def kafka_env(bootstrap: str, **extra: str) -> dict[str, str]:
             "ZAPSTREAM_KAFKA_FLAVOR": BROKER,
             "ZAPSTREAM_KAFKA_PARTITIONS": str(PARTITIONS),
             "ZAPSTREAM_KAFKA_SECURITY_PROTOCOL": "SSL",
+            # What the worker and the webhook refuse to start without (checked before Kafka).
+            "ZAPSTREAM_REFERENCE_KEY": REFERENCE_KEY,
+            "ZAPSTREAM_WEBHOOK_SECRET": WEBHOOK_SECRET,
         }
     )
     env.update(extra)

@@ -156,7 +156,7 @@ def test_normal_send_is_accepted_once_and_receipts_end_read(pipeline: LocalPipel
     wait_for_status(pipeline.dsn, [key], "READ", 60)
     status, attempts, wamid = _job(pipeline.dsn, job_id)
     assert (status, attempts, wamid) == ("READ", 1, msg["id"])
-    assert msg["reference"] == f"{job_id}-1"
+    assert str(msg["reference"]).startswith(f"{job_id}-1-"), "the attempt reference, tagged"
     assert _history(pipeline.dsn, job_id)[:2] == ["ATTEMPTING", "ACCEPTED"]
 
 
@@ -273,19 +273,70 @@ def test_failed_status_fails_the_job_with_metas_reason(pipeline: LocalPipeline) 
     assert str(mine[0]["reason"]).startswith("131026 Message undeliverable")
 
 
-def _notification(wamid: str, status: str, **extra: object) -> bytes:
+def _notification(
+    wamid: str, status: str, *, phone_number_id: str = PHONE_NUMBER_ID, **extra: object
+) -> bytes:
     item = {"id": wamid, "status": status, "timestamp": "1750263773", **extra}
     change = {
         "field": "messages",
         "value": {
             "messaging_product": "whatsapp",
-            "metadata": {"phone_number_id": PHONE_NUMBER_ID},
+            "metadata": {"phone_number_id": phone_number_id},
             "statuses": [item],
         },
     }
     return orjson.dumps(
         {"object": "whatsapp_business_account", "entry": [{"id": "waba", "changes": [change]}]}
     )
+
+
+def _post_signed(pipeline: LocalPipeline, body: bytes) -> int:
+    answer = httpx.post(
+        f"{pipeline.webhook_url}/v1/webhooks/meta",  # type: ignore[attr-defined]
+        content=body,
+        headers={"X-Hub-Signature-256": sign_hub(META_APP_SECRET, body)},
+        timeout=10,
+    )
+    return answer.status_code
+
+
+def test_a_status_for_another_phone_number_id_or_replayed_changes_nothing(
+    pipeline: LocalPipeline,
+) -> None:
+    """Issue 18, finding 2: ``metadata.phone_number_id`` was never compared with the job's
+    instance, and a captured notification was published again on every replay."""
+    pipeline.sim_config(callback_statuses=[])
+    key = f"{_run()}-other-number"
+    job_id = _enqueue(pipeline, key, "5511900000711")
+    msg = _settled_once(pipeline, key, job_id)
+    wamid, reference = str(msg["id"]), str(msg["reference"])
+    assert len(reference.split("-")) == 3, "the reference carries its HMAC tag"
+    # Signed by Meta (the app secret), but about another business number of the app.
+    other = _notification(
+        wamid, "read", phone_number_id="999999999999999", biz_opaque_callback_data=reference
+    )
+    assert _post_signed(pipeline, other) == 200
+    wait_until(
+        lambda: any(
+            b"other_phone_number" in r.value and str(job_id).encode() in r.value
+            for r in read_topic(pipeline.kafka.bootstrap, pipeline.topics.dead)
+        ),
+        30,
+        "the unbound status dead-lettered",
+    )
+    # The genuine "delivered", then the same notification replayed: published once.
+    genuine = _notification(wamid, "delivered", biz_opaque_callback_data=reference)
+    assert _post_signed(pipeline, genuine) == 200
+    wait_for_status(pipeline.dsn, [key], "DELIVERED", 30)
+    assert _post_signed(pipeline, genuine) == 200
+    assert "READ" not in _history(pipeline.dsn, job_id), "a status of another number applied"
+    receipts = [
+        orjson.loads(r.value)
+        for r in read_topic(pipeline.kafka.bootstrap, pipeline.topics.intents)
+        if b'"zapstream.receipt.v1"' in r.value and str(job_id).encode() in r.value
+    ]
+    mine = [r for r in receipts if r["job_id"] == job_id]
+    assert [(r["label"], r["phone_number_id"]) for r in mine] == [("delivered", PHONE_NUMBER_ID)]
 
 
 def test_unknown_status_goes_to_review_never_dropped(pipeline: LocalPipeline) -> None:

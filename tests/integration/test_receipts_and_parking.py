@@ -13,7 +13,7 @@ import asyncio
 import signal
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import httpx
 import orjson
@@ -134,9 +134,62 @@ def test_unsigned_or_badly_signed_callbacks_get_401_and_change_nothing(
     assert _emit(pipeline, sim_id, "read", signed=False) == "401"
     webhook = str(httpx.get(f"{pipeline.sim_url}/_sim/config").json()["callback_url"])
     body = f'{{"id": "{sim_id}", "status": "read", "reference": "{job_id}-1"}}'.encode()
-    forged = httpx.post(webhook, content=body, headers={"X-Zap-Signature": sign("wrong", body)})
+    forged = httpx.post(
+        webhook, content=body, headers={"X-Zap-Signature": sign("wrong", body, gateway="stackzap")}
+    )
     assert forged.status_code == 401
     # The next signed receipt is applied; the forged ones before it were not.
+    assert _emit(pipeline, sim_id, "delivered") == "202"
+    wait_for_status(pipeline.dsn, [key], "DELIVERED", 30)
+    assert (
+        count_rows(
+            pipeline.dsn,
+            "SELECT count(*) FROM outbox_job_events WHERE job_id = %s AND to_status = 'READ'",
+            (job_id,),
+        )
+        == 0
+    )
+
+
+def _signed_post(
+    pipeline: LocalPipeline, gateway: str, body: Mapping[str, object], *, signed_for: str
+) -> int:
+    raw = orjson.dumps(body)
+    answer = httpx.post(
+        f"{pipeline.webhook_url}/v1/webhooks/{gateway}",  # type: ignore[attr-defined]
+        content=raw,
+        headers={"X-Zap-Signature": sign(WEBHOOK_SECRET, raw, gateway=signed_for)},
+    )
+    return answer.status_code
+
+
+def test_receipts_replayed_to_another_gateway_or_about_another_gateway_job_change_nothing(
+    pipeline: LocalPipeline,
+) -> None:
+    """Issue 18, finding 2: the reference alone (guessable ``<job>-<seq>``) bound a receipt;
+    the webhook path's gateway and the receipt's gateway job id were not compared, and the
+    signature did not cover the path."""
+    pipeline.sim_config(callback_statuses=[])
+    key = f"{uuid.uuid4().hex[:8]}-bound"
+    job_id, sim_id = _send_one(pipeline, key, "5511900000305")
+    sent = next(m for m in Arrivals(pipeline).refresh() if m["id"] == sim_id)
+    reference = str(sent["reference"])
+    assert reference.startswith(f"{job_id}-1-") and len(reference.split("-")) == 3
+    read = {"id": sim_id, "status": "read", "reference": reference}
+    # The StackZap callback's signed bytes replayed to the ZAP API's path: refused.
+    assert (
+        _signed_post(pipeline, "zapapi", {**read, "event_id": "r1"}, signed_for="stackzap") == 401
+    )
+    # Signed for the ZAP API's path: the reference does not verify there (dead-lettered).
+    assert _signed_post(pipeline, "zapapi", {**read, "event_id": "r2"}, signed_for="zapapi") == 202
+    # The right path and reference, another gateway job id.
+    other = {**read, "id": "sim-other-job", "event_id": "r3"}
+    assert _signed_post(pipeline, "stackzap", other, signed_for="stackzap") == 202
+    # A guessed reference (the old format, or a forged tag) without the gateway job id.
+    for n, guessed in enumerate((f"{job_id}-1", f"{job_id}-1-{'0' * 24}")):
+        body = {"id": "sim-guess", "status": "read", "reference": guessed, "event_id": f"g{n}"}
+        assert _signed_post(pipeline, "stackzap", body, signed_for="stackzap") == 202
+    # The genuine receipt, after them in the same conversation, applies; they did not.
     assert _emit(pipeline, sim_id, "delivered") == "202"
     wait_for_status(pipeline.dsn, [key], "DELIVERED", 30)
     assert (

@@ -34,6 +34,7 @@ from devtools.stack import shared_broker
 from devtools.stack.devstack import TansuBroker
 from devtools.stack.kafka_broker import KafkaBroker
 from devtools.stack.local_pipeline import default_broker
+from streams.kernel.attempt_reference import ReferenceKey
 from streams.kernel.contract import (
     HEADER_JOB_ID,
     HEADER_SCHEMA,
@@ -44,11 +45,18 @@ from streams.kernel.contract import (
     conversation_partition_key,
 )
 from streams.kernel.ports import TextMessage
-from streams.kernel.settings import BrokerFlavor, GatewaySettings, KafkaSettings, PostgresSettings
+from streams.kernel.settings import (
+    BrokerFlavor,
+    GatewayKind,
+    GatewaySettings,
+    KafkaSettings,
+    PostgresSettings,
+)
 
 pytestmark = pytest.mark.integration
 
-SECRET = "webhook-secret-0123456789"
+SECRET = "webhook-secret-0123456789-0123456789"
+REFERENCE_KEY = "reference-key-0123456789-0123456789"
 DEADLINE_S = 20.0
 BROKER = default_broker()
 
@@ -88,14 +96,16 @@ def kafka_settings(broker: Broker) -> KafkaSettings:
     )
 
 
-def webhook_settings(dsn: str, broker: Broker, *, secret: str = SECRET) -> WebhookSettings:
+def webhook_settings(
+    dsn: str, broker: Broker, *, secret: str = SECRET, kind: GatewayKind = GatewayKind.STACKZAP
+) -> WebhookSettings:
     return WebhookSettings(
         host="127.0.0.1",
         port=0,
         secret=SecretStr(secret),
         kafka=kafka_settings(broker),
         postgres=PostgresSettings(url=SecretStr(dsn)),
-        gateway=GatewaySettings(),
+        gateway=GatewaySettings(kind=kind, reference_key=SecretStr(REFERENCE_KEY)),
     )
 
 
@@ -157,7 +167,7 @@ async def post(
     """POST ``raw``; ``signature="sign"`` signs it with the right secret, None sends none."""
     headers = {"Content-Type": "application/json"}
     if signature == "sign":
-        headers["X-Zap-Signature"] = sign(SECRET, raw)
+        headers["X-Zap-Signature"] = sign(SECRET, raw, gateway=gateway)
     elif signature is not None:
         headers["X-Zap-Signature"] = signature
     async with httpx.AsyncClient(base_url=intake.url) as http:
@@ -272,7 +282,7 @@ async def test_unauthenticated_callbacks_get_401_and_publish_nothing(
 ) -> None:
     job = Job(outbox_db)
     rejected_ids = []
-    for signature in (None, sign("wrong-secret", b"x"), "deadbeef", ""):
+    for signature in (None, sign("wrong-secret", b"x", gateway="zapapi"), "deadbeef", ""):
         for reference in (job.reference, None):
             event_id = uuid.uuid4().hex
             rejected_ids.append(event_id)
@@ -285,7 +295,7 @@ async def test_unauthenticated_callbacks_get_401_and_publish_nothing(
     rejected_ids.append(tampered_id)
     original = callback("g-known", "sent", event_id=tampered_id, reference=job.reference)
     tampered = original.replace(b'"sent"', b'"read"')
-    response = await post(intake, tampered, signature=sign(SECRET, original))
+    response = await post(intake, tampered, signature=sign(SECRET, original, gateway="zapapi"))
     assert response.status_code == 401
     assert intake.stats["unauthorized"] == 9
 
@@ -320,7 +330,9 @@ async def test_callbacks_signed_outside_the_replay_window_get_401_and_publish_no
     for signed_at in (now - 301, now - 86_400, now + 120):
         raw = callback("g-known", "read", reference=job.reference)
         rejected.append(orjson.loads(raw)["event_id"])
-        response = await post(intake, raw, signature=sign(SECRET, raw, timestamp=signed_at))
+        response = await post(
+            intake, raw, signature=sign(SECRET, raw, gateway="zapapi", timestamp=signed_at)
+        )
         assert response.status_code == 401, signed_at
     legacy = callback("g-known", "read", reference=job.reference)
     rejected.append(orjson.loads(legacy)["event_id"])
@@ -330,7 +342,9 @@ async def test_callbacks_signed_outside_the_replay_window_get_401_and_publish_no
     # Signed a moment ago (inside the window): accepted, and the only one published.
     fresh = callback("g-known", "read", reference=job.reference)
     assert (
-        await post(intake, fresh, signature=sign(SECRET, fresh, timestamp=now - 5))
+        await post(
+            intake, fresh, signature=sign(SECRET, fresh, gateway="zapapi", timestamp=now - 5)
+        )
     ).status_code == 202
     fresh_event = orjson.loads(fresh)["event_id"]
     records = await read_topic(broker, broker.topics.intents, has_event(fresh_event))
@@ -343,11 +357,14 @@ async def test_callbacks_signed_outside_the_replay_window_get_401_and_publish_no
 async def test_an_empty_configured_secret_rejects_everything(
     outbox_db: str, broker: Broker
 ) -> None:
+    """Only a Meta deployment may leave the X-Zap secret empty (Meta signs with its app
+    secret); its StackZap and ZAP API paths then refuse everything."""
     job = Job(outbox_db)
-    async with WebhookIntake(webhook_settings(outbox_db, broker, secret="")) as intake:
+    settings = webhook_settings(outbox_db, broker, secret="", kind=GatewayKind.META)
+    async with WebhookIntake(settings) as intake:
         raw = callback("g-1", "read", reference=job.reference)
         async with httpx.AsyncClient(base_url=intake.url) as http:
-            for signature in (sign("", raw), sign(SECRET, raw)):
+            for signature in (sign("", raw, gateway="zapapi"), sign(SECRET, raw, gateway="zapapi")):
                 response = await http.post(
                     "/v1/webhooks/zapapi", content=raw, headers={"X-Zap-Signature": signature}
                 )
@@ -394,7 +411,7 @@ async def test_callback_for_an_unknown_job_goes_to_dead_letters(
     assert dead.record is not None
     assert dead.record["id"] == gateway_job_id and dead.record["status"] == "failed"
     assert dead.record["gateway"] == "zapapi"
-    assert dead.record["to"] == "+5********4321"  # six digits or more hidden
+    assert "to" not in dead.record  # allow-listed scalars only (issue 18, finding 8)
     assert b"5511987654321" not in orjson.dumps(value)
     assert key == gateway_job_id.encode()
     assert headers[HEADER_SCHEMA] == JobDead.SCHEMA.encode()
@@ -420,6 +437,62 @@ async def test_malformed_signed_callbacks_get_400(intake: WebhookIntake, raw: by
     response = await post(intake, raw)
     assert response.status_code == 400
     assert intake.stats["malformed"] == 1
+
+
+async def test_a_deeply_nested_callback_for_an_unknown_job_gets_400_not_500(
+    intake: WebhookIntake,
+) -> None:
+    """Issue 18, finding 8: 254+ levels failed orjson's encoding of the dead-letter copy,
+    so the gateway got 500 and retried for ever."""
+    raw = b'{"id":"ghost-deep","status":"read","x":' + b"[" * 300 + b"]" * 300 + b"}"
+    response = await post(intake, raw)
+    assert response.status_code == 400
+    assert "nested deeper than" in response.json()["error"]
+    assert intake.stats["malformed"] == 1 and intake.stats["unknown_job"] == 0
+
+
+async def test_a_reference_made_for_another_gateway_or_instance_is_dead_lettered(
+    intake: WebhookIntake, outbox_db: str, broker: Broker
+) -> None:
+    """Issue 18, finding 2: the intake verifies a tagged reference for the webhook path's
+    gateway and the job's instance; one that does not verify is never published."""
+    job = Job(outbox_db)
+    key = ReferenceKey(REFERENCE_KEY)
+    forged = {
+        "reference (stackzap)": key.reference("stackzap", job.instance_id, job.id, 1),
+        "reference (instance)": key.reference("zapapi", "shop-other", job.id, 1),
+        "reference (deployment)": ReferenceKey("x" * 32).reference(
+            "zapapi", job.instance_id, job.id, 1
+        ),
+    }
+    events = {}
+    for what, reference in forged.items():
+        raw = callback("g-bound", "read", reference=reference)
+        events[orjson.loads(raw)["event_id"]] = what
+        assert (await post(intake, raw, gateway="zapapi")).status_code == 202, what
+    genuine = callback(
+        "g-bound", "read", reference=key.reference("zapapi", job.instance_id, job.id, 1)
+    )
+    assert (await post(intake, genuine, gateway="zapapi")).status_code == 202
+    assert intake.stats["unbound"] == 3 and intake.stats["accepted"] == 1
+
+    def all_dead(records: Consumed) -> bool:
+        seen = {(v.get("record") or {}).get("event_id") for _, v, _ in records}
+        return set(events) <= seen
+
+    dead = await read_topic(broker, broker.topics.dead, all_dead)
+    mine = [
+        JobDead.from_dict(v)
+        for _, v, _ in dead
+        if (v.get("record") or {}).get("event_id") in events
+    ]
+    assert len(mine) == 3
+    assert all(d.job_id == job.id and "does not bind" in d.reason for d in mine)
+    assert all("bad_reference" in d.reason for d in mine)
+    genuine_event = orjson.loads(genuine)["event_id"]
+    intents = await read_topic(broker, broker.topics.intents, has_event(genuine_event))
+    published = {v.get("event_id") for _, v, _ in intents}
+    assert published.isdisjoint(events)
 
 
 async def test_unknown_gateway_path_is_404(intake: WebhookIntake) -> None:
@@ -453,6 +526,8 @@ async def test_kafka_down_answers_503(outbox_db: str) -> None:
                 "unauthorized": 0,
                 "stale": 0,
                 "malformed": 0,
+                "unbound": 0,
+                "replayed": 0,
                 "unavailable": 1,
                 "ignored": 0,
             }

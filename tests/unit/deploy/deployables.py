@@ -56,6 +56,9 @@ def write_secret_files(directory: Path, names: Iterator[str] | list[str]) -> dic
         "ZAPSTREAM_CONSOLE_TOKENS": (
             '{"tok-0123456789abcdef0123456789abcdef": {"operator": "o", "role": "admin"}}'
         ),
+        # At least 32 characters, as the webhook and the worker require.
+        "ZAPSTREAM_WEBHOOK_SECRET": "demo-webhook-secret-0123456789abcdef",
+        "ZAPSTREAM_REFERENCE_KEY": "demo-reference-key-0123456789abcdef",
     }
     written = {}
     for name in names:

@@ -184,7 +184,7 @@ async def test_a_receipt_for_a_forgotten_job_is_applied_from_outbox_jobs() -> No
         idempotency_key="k",
         instance_id="i",
         conversation_key="c",
-        gateway="stackzap",
+        gateway="scripted",  # the gateway the attempt went through
         gateway_job_id="g-1",
         label="read",
         status="READ",
@@ -239,7 +239,7 @@ async def test_a_receipt_waits_while_outbox_jobs_cannot_answer() -> None:
         idempotency_key="k",
         instance_id="i",
         conversation_key="c",
-        gateway="stackzap",
+        gateway="scripted",  # the gateway the attempt went through
         gateway_job_id="g-1",
         label="delivered",
         status="DELIVERED",

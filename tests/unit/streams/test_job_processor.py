@@ -434,7 +434,7 @@ def _receipt(label: str, status: str, event: str) -> ReceiptReceived:
         idempotency_key="k",
         instance_id="i",
         conversation_key="c",
-        gateway="zapapi",
+        gateway="scripted",  # the gateway the attempt went through
         gateway_job_id="g-1",
         label=label,
         status=status,

@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 import pytest
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
 
 from connectors.cdc.outbox_rows import CapturedIntent, row_to_intent
 from connectors.cdc.relay import OutboxRelay
@@ -266,7 +266,7 @@ def test_the_sink_and_the_webhook_take_their_topics_from_the_prefix() -> None:
         f"{PREFIX}zapstream.invalid",
         f"{PREFIX}zapstream.dead",
     )
-    intake = WebhookIntake(WebhookSettings(kafka=kafka))
+    intake = WebhookIntake(WebhookSettings(kafka=kafka, secret=SecretStr("s" * 32)))
     assert (intake._names.intents, intake._names.dead) == (
         f"{PREFIX}zapstream.intents",
         f"{PREFIX}zapstream.dead",
