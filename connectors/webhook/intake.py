@@ -148,7 +148,7 @@ from streams.kernel.contract import (
 )
 from streams.kernel.failures import StartRefused
 from streams.kernel.producer_stop import stop_producer
-from streams.kernel.runtime.health import add_health_routes
+from streams.kernel.runtime.health import IDLE_CONNECTION_TIMEOUT_S, add_health_routes
 from streams.kernel.runtime.service import Service
 from streams.kernel.settings import GatewayKind
 
@@ -367,7 +367,13 @@ class WebhookIntake(Service):
                 app.router.add_post(f"/v1/webhooks/{gateway.value}", self._handler(gateway))
         app.router.add_get("/v1/webhooks/health", self._health)
         add_health_routes(app, self.readiness)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5)
+        runner = web.AppRunner(
+            app,
+            access_log=None,
+            handle_signals=False,
+            shutdown_timeout=5,
+            keepalive_timeout=IDLE_CONNECTION_TIMEOUT_S,
+        )
         await runner.setup()
         # Kept before listening: a failed start (the port taken) is closed by on_stop.
         self._runner = runner
