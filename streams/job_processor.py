@@ -68,6 +68,7 @@ from streams.kernel.errors import (
 )
 from streams.kernel.job_history import LateRedeliveries, LateVerdict
 from streams.kernel.ports import CancelOutcome, Gateway, ListedJob, SendAccepted, TextMessage
+from streams.kernel.runtime.throttled_log import ThrottledLog
 from streams.kernel.state_machine import (
     REPROCESSABLE,
     SENT,
@@ -87,6 +88,7 @@ from streams.receipts import ignored_because, moves_forward, remember_event
 from streams.reconcile import InstanceListings, ListingDeferred, Verdict, reconcile
 
 log = logging.getLogger(__name__)
+_IGNORED_RECEIPTS = ThrottledLog(log, level=logging.INFO)
 S = JobStatus
 _T = TypeVar("_T")
 
@@ -886,12 +888,11 @@ class JobProcessor:
         ignored = ignored_because(current, receipt, gateway=self.gateway.name, key=self.references)
         if ignored is not None:
             RECEIPTS_IGNORED.labels(ignored.reason).inc()
-            log.info(
-                "job %d: %s receipt %r ignored: %s",
-                receipt.job_id,
-                receipt.gateway,
-                receipt.label,
-                ignored.detail,
+            # Rate-limited per reason: forged or replayed receipts come in floods.
+            _IGNORED_RECEIPTS.note(
+                ignored.reason,
+                f"job {receipt.job_id}: {receipt.gateway} receipt {receipt.label!r} ignored: "
+                f"{ignored.detail}",
             )
             return None
         status, target = S(current.status), S(receipt.status)

@@ -127,7 +127,6 @@ from connectors.webhook.meta import (
     parse_notification,
 )
 from connectors.webhook.metrics import META_REPLAYS, REJECTED, UNBOUND
-from connectors.webhook.rejections import RejectionLog
 from connectors.webhook.settings import WebhookSettings
 from connectors.webhook.signature import (
     HUB_SIGNATURE_HEADER,
@@ -150,6 +149,7 @@ from streams.kernel.failures import StartRefused
 from streams.kernel.producer_stop import stop_producer
 from streams.kernel.runtime.health import IDLE_CONNECTION_TIMEOUT_S, add_health_routes
 from streams.kernel.runtime.service import Service
+from streams.kernel.runtime.throttled_log import ThrottledLog
 from streams.kernel.settings import GatewayKind
 
 log = logging.getLogger(__name__)
@@ -328,7 +328,7 @@ class WebhookIntake(Service):
             "ignored": 0,
         }
         """What the intake answered, by outcome, for the closing summary and tests."""
-        self._rejections = RejectionLog(log)
+        self._rejections = ThrottledLog(log)
         self._references: ReferenceKey | None = None
         self._meta_seen: collections.OrderedDict[tuple[str | None, str, str], None] = (
             collections.OrderedDict()
@@ -630,7 +630,9 @@ class WebhookIntake(Service):
     def _refused(self, gateway: GatewayKind, reason: str, detail: str) -> None:
         """A request refused before anything was published: counted, logged rate-limited."""
         REJECTED.labels(gateway.value, reason).inc()
-        self._rejections.refused(gateway.value, reason, detail)
+        self._rejections.note(
+            (gateway.value, reason), f"refused {gateway.value} callback: {reason}: {detail}"
+        )
 
     async def _lookup(self, gateway_job_id: str, job_id: int | None) -> _Job | None:
         """The job by ``job_id`` (from our reference), else by ``gateway_job_id``."""
@@ -677,7 +679,10 @@ class WebhookIntake(Service):
                 reason=reason,
                 record=dict(record),
             )
-        self._rejections.refused(gateway.value, "unknown_job", f"{reason} (to {self._names.dead})")
+        self._rejections.note(
+            (gateway.value, "unknown_job"),
+            f"refused {gateway.value} callback: unknown_job: {reason} (to {self._names.dead})",
+        )
         await self._publish(self._names.dead, dead, key=gateway_job_id.encode(), job_id=dead.job_id)
 
     async def _publish_unbound(
@@ -698,8 +703,9 @@ class WebhookIntake(Service):
         await self._publish(self._names.dead, dead, key=gateway_job_id.encode(), job_id=job.id)
         self.stats["unbound"] += 1
         UNBOUND.labels(gateway.value, why).inc()
-        self._rejections.refused(
-            gateway.value, f"unbound {why}", f"{reason} (to {self._names.dead})"
+        self._rejections.note(
+            (gateway.value, f"unbound {why}"),
+            f"refused {gateway.value} callback: unbound {why}: {reason} (to {self._names.dead})",
         )
 
     async def _publish(self, topic: str, record: Record, *, key: bytes, job_id: int | None) -> None:

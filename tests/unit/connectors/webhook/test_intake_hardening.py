@@ -1,7 +1,7 @@
 """The intake binds receipts to their job and bounds what it accepts (issue 18, findings 2, 8).
 
 Pure parts of :mod:`connectors.webhook.intake`, :mod:`connectors.webhook.limits`,
-:mod:`connectors.webhook.rejections` and the webhook settings; no network."""
+:mod:`streams.kernel.runtime.throttled_log` and the webhook settings; no network."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from pydantic import SecretStr, ValidationError
 
 from connectors.webhook.intake import MalformedCallback, _callback_fields, _Job, unbound_because
 from connectors.webhook.meta import MalformedMetaCallback, parse_notification
-from connectors.webhook.rejections import RejectionLog
 from connectors.webhook.settings import WebhookSettings
 from streams.kernel.attempt_reference import ReferenceKey
+from streams.kernel.runtime.throttled_log import ThrottledLog
 from streams.kernel.settings import GatewayKind, GatewaySettings
 
 KEY = ReferenceKey("the deployment's reference key, 32+ chars")
@@ -99,12 +99,19 @@ def test_refusals_are_logged_once_per_window_with_a_count(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     now = [0.0]
-    rejections = RejectionLog(logging.getLogger("t"), window_s=60, clock=lambda: now[0])
+    rejections = ThrottledLog(logging.getLogger("t"), window_s=60, clock=lambda: now[0])
     with caplog.at_level(logging.WARNING, logger="t"):
-        logged = [rejections.refused("stackzap", "unauthorized", "mismatch") for _ in range(500)]
+        logged = [
+            rejections.note(("stackzap", "unauthorized"), "refused stackzap callback: mismatch")
+            for _ in range(500)
+        ]
         now[0] = 61.0
-        logged.append(rejections.refused("stackzap", "unauthorized", "mismatch"))
-        logged.append(rejections.refused("zapapi", "malformed", "body is not JSON"))
+        logged.append(
+            rejections.note(("stackzap", "unauthorized"), "refused stackzap callback: mismatch")
+        )
+        logged.append(
+            rejections.note(("zapapi", "malformed"), "refused zapapi callback: body is not JSON")
+        )
     assert logged.count(True) == 3
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 3
