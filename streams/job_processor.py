@@ -70,6 +70,7 @@ from streams.kernel.job_history import LateRedeliveries, LateVerdict
 from streams.kernel.ports import CancelOutcome, Gateway, ListedJob, SendAccepted, TextMessage
 from streams.kernel.runtime.throttled_log import ThrottledLog
 from streams.kernel.state_machine import (
+    NOT_HANDED_OVER,
     REPROCESSABLE,
     SENT,
     SETTLED,
@@ -788,7 +789,7 @@ class JobProcessor:
     def cancels_without_gateway(self, command: CommandRequested) -> bool:
         """True when a cancel needs no gateway call: the job was not handed over yet."""
         current = self.store.get(command.job_id)
-        return current is None or S(current.status) in {S.PENDING, S.RETRY_WAIT}
+        return current is None or S(current.status) in NOT_HANDED_OVER
 
     async def on_cancel(self, command: CommandRequested, partition: int) -> StatusChanged | None:
         ref = JobRef(
@@ -798,7 +799,9 @@ class JobProcessor:
         status = S(current.status) if current else S.PENDING
         why = f"cancel requested: {command.reason}"
         command_id = command.command_id
-        if status in {S.PENDING, S.RETRY_WAIT}:
+        if status in NOT_HANDED_OVER:
+            # A SCHEDULED job may never have been an intent here (its release is): it
+            # settles CANCELLED all the same, and the release never releases it.
             return await self._put(
                 transition(
                     ref,
@@ -944,6 +947,9 @@ class JobProcessor:
             return current
         old = await self.late.recall(ref.job_id)
         if old is None or old.status == S.PENDING:
+            return None
+        if old.status == S.SCHEDULED and old.version == 0:
+            # Scheduled at insert and not released yet: no state of it exists anywhere.
             return None
         return StatusChanged(
             job_id=ref.job_id,

@@ -8,7 +8,9 @@ payload of one ``XLogData`` message and returns what it means for the relay:
   becomes (through :class:`~connectors.cdc.shaping.RecordShaper`), the row, and
   whether the row was rejected on its size before anything parsed it,
 - :class:`TxnCommitted` for a Commit (the end LSN the slot may be confirmed to),
-- None for everything else (Relation messages, other tables).
+- None for everything else (Relation messages, other tables, and a valid
+  ``outbox_jobs`` row inserted SCHEDULED: it waits in PostgreSQL until
+  :mod:`connectors.cdc.scheduled_release` releases it).
 
 ``outbox_jobs`` rows are decoded with only the columns an intent is made of
 (the rest are stepped over); :meth:`TransactionAssembler.completed` decodes a
@@ -27,9 +29,10 @@ import dataclasses
 
 from connectors.cdc.lsn import Lsn
 from connectors.cdc.outbox_rows import (
-    INTENT_COLUMNS,
+    CAPTURED_COLUMNS,
     CapturedIntent,
     row_to_intent,
+    waits_for_release,
     with_cut_values,
 )
 from connectors.cdc.pgoutput import Begin, Commit, Insert, Payload, PgOutputDecoder
@@ -90,7 +93,7 @@ class TransactionAssembler:
     ) -> None:
         self._shaper = shaper
         self._decoder = PgOutputDecoder(
-            columns={OUTBOX_TABLE: INTENT_COLUMNS},
+            columns={OUTBOX_TABLE: CAPTURED_COLUMNS},
             max_value_bytes=max_value_bytes,
             oversized_head_bytes=oversized_head_bytes,
         )
@@ -112,6 +115,10 @@ class TransactionAssembler:
             if decoded.oversized is None and decoded.relation.name == OUTBOX_TABLE:
                 # The common case first, in as few calls as it takes (the relay's hot path).
                 intent = row_to_intent(decoded.new, lsn=self.lsn, committed_at=self.committed_at)
+                if type(intent) is CapturedIntent and waits_for_release(decoded.new):
+                    # Scheduled: it waits in PostgreSQL; its release is its intent. (A
+                    # row breaking a rule is rejected now, not at its due time.)
+                    return None
                 return RowCaptured(OUTBOX_TABLE, intent, decoded.new, payload, decoded.complete)
             return self._insert(decoded, payload)
         if kind is Begin:

@@ -48,6 +48,7 @@ from connectors.outbox.rules import (
     check_message_type,
     check_priority,
     check_recipient,
+    check_timezone,
     require_text,
     required,
 )
@@ -59,6 +60,7 @@ from streams.kernel.contract import (
     ControlKind,
     IntentCaptured,
     IntentRejected,
+    JobStatus,
     Priority,
     conversation_partition_key,
     intents_topic,
@@ -179,6 +181,20 @@ these (``PgOutputDecoder(columns=...)``) and the whole row again for a rejection
 which carries every column; a unit test checks no other column is read."""
 
 
+SCHEDULED = JobStatus.SCHEDULED.value
+
+CAPTURED_COLUMNS = INTENT_COLUMNS | {"status"}
+"""The ``outbox_jobs`` columns the relay decodes: the intent's, and ``status``, which says
+whether the row waits for its release (:func:`waits_for_release`)."""
+
+
+def waits_for_release(row: Mapping[str, str | None]) -> bool:
+    """The row was inserted SCHEDULED (migration 0008's trigger: ``next_retry_at`` in the
+    future): the relay publishes nothing for it; its release (an ``outbox_replays`` row
+    written by :mod:`connectors.cdc.scheduled_release` when it is due) is its intent."""
+    return row.get("status") == SCHEDULED
+
+
 def row_to_intent(
     row: Mapping[str, str | None], *, lsn: str, committed_at: str | None
 ) -> CapturedIntent | IntentRejected:
@@ -202,6 +218,9 @@ def row_to_intent(
         # NULL or empty columns take the table's defaults.
         priority = _priority_value(row.get("priority") or Priority.OPERATIONAL.value)
         max_attempts = check_max_attempts(_integer(row.get("max_attempts") or "5"))
+        timezone = payload.get("timezone")
+        if timezone is not None:
+            timezone = check_timezone(timezone)
         # IntentCaptured's fields in declaration order, then its schema (see CapturedIntent).
         return CapturedIntent(
             {
@@ -219,6 +238,7 @@ def row_to_intent(
                 "created_at": _timestamp(row.get("created_at")),
                 "committed_at": committed_at,
                 "lsn": lsn,
+                "timezone": timezone,
                 "schema": _INTENT_SCHEMA,
             }
         )

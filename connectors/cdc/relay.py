@@ -26,7 +26,10 @@ every ``standby_retry_s``, and takes over when the first one's connection ends.
 SIGTERM drains: stop reading WAL, wait for Kafka to acknowledge what is in
 flight (bounded by ``drain_timeout_s``), confirm it, close.
 
-Beside the stream, a :class:`~connectors.cdc.slot_monitor.SlotMonitor` on an
+Beside the stream, while this relay streams the slot,
+:class:`~connectors.cdc.scheduled_release.ScheduledRelease` releases due scheduled
+jobs (``SCHEDULED`` rows, which the relay does not publish) through ``outbox_replays``.
+And a :class:`~connectors.cdc.slot_monitor.SlotMonitor` on an
 ordinary connection exports the slot's lag and retained WAL (also while this
 relay is a standby or waits for Kafka) and, while streaming, writes a WAL
 heartbeat every ``heartbeat_interval_s`` so an idle outbox does not pin WAL.
@@ -85,6 +88,7 @@ from connectors.cdc.failures import Backoff, OutageLog, RelayError, refused
 from connectors.cdc.lsn import Lsn
 from connectors.cdc.metrics import LatencyWindow, RelayStats
 from connectors.cdc.publisher import KeyHashPartitioner, Publisher, build_producer
+from connectors.cdc.scheduled_release import ScheduledRelease
 from connectors.cdc.settings import RelaySettings
 from connectors.cdc.shaping import RecordShaper
 from connectors.cdc.slot_monitor import SlotMonitor
@@ -137,6 +141,7 @@ class OutboxRelay(Service):
         monitor: SlotMonitor | None = None,
         clock: Callable[[], float] = time.time,
         position_reader: Callable[[], Awaitable[KafkaPosition | None]] | None = None,
+        release: ScheduledRelease | None = None,
     ) -> None:
         super().__init__()
         self.settings = settings
@@ -152,6 +157,9 @@ class OutboxRelay(Service):
         if monitor is None and source_factory is None:
             monitor = SlotMonitor.of_relay(settings, streaming=self.is_streaming)
         self._monitor = monitor
+        if release is None and source_factory is None:
+            release = ScheduledRelease.of_relay(settings, streaming=self.is_streaming)
+        self._release = release
         self._stats = RelayStats()
         shaper = RecordShaper(settings, self._stats)
         self._route = shaper.route  # where a record goes (tests of the topic names ask)
@@ -261,6 +269,9 @@ class OutboxRelay(Service):
         if self._monitor is not None:
             # Before Kafka: the slot's lag is exported while the producer waits for brokers.
             await self._monitor.start()
+        if self._release is not None:
+            # Releases only while this relay streams the slot (a standby never does).
+            await self._release.start()
         self._publisher.use(self._publisher.producer)
         # Exactly-once: the transactional producer starts once this relay holds the slot.
         self._producer_live = self._eos is not None or await self._start_producer()
@@ -296,6 +307,8 @@ class OutboxRelay(Service):
         self.request_stop()
         self._supervisor.set_state(SlotState.STOPPED)
         try:
+            if self._release is not None:
+                await self._release.stop()
             if self._monitor is not None:
                 await self._monitor.stop()
             if self._producer_live:
@@ -341,4 +354,5 @@ class OutboxRelay(Service):
             f"rejected ({stats.reduced} reduced), {stats.batches} batches, confirmed "
             f"{self._streamer.reported}, {time.monotonic() - stats.started:.1f}s; "
             f"{self.commit_to_ack.summary()}; {self.commit_to_read.summary()}"
+            + (f"; {self._release.summary()}" if self._release is not None else "")
         )

@@ -53,6 +53,13 @@ class RelaySettings(SettingsBase):
     this long is presumed hung, closed and reopened; after a third of it without a message
     the relay asks the server for a keepalive. 60 s: PostgreSQL's own subscribers'
     ``wal_receiver_timeout`` default (the server's ``wal_sender_timeout`` is 60 s too)."""
+    release_interval_s: float = Field(default=1.0, ge=0, le=60)
+    """While streaming, release due scheduled jobs (``SCHEDULED`` rows whose
+    ``next_retry_at`` passed) this often: at most this long after its time a scheduled job
+    becomes an intent (:mod:`connectors.cdc.scheduled_release`); 0: never (they wait)."""
+    release_batch: int = Field(default=2000, ge=1, le=100_000)
+    """Scheduled jobs released per transaction; a tick releases batch after batch until
+    none is due."""
 
     exactly_once: bool = False
     """Apache Kafka only. Every record is produced inside a Kafka transaction (transactional

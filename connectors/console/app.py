@@ -45,11 +45,13 @@ from connectors.console.queries import fetch_text, slot_lags
 from connectors.console.sessions import Clock, SessionStore
 from connectors.console.settings import ConsoleSettings, Operator
 from connectors.ops.actions import Action, BulkPlan, plan_many, plan_one, request_many, request_one
-from connectors.ops.durations import parse_duration
+from connectors.ops.durations import parse_duration, parse_instant
 from connectors.ops.job_filter import JobFilter
+from connectors.ops.jobs_render import when
 from connectors.ops.jobs_sql import JobHistory, database_now, fetch_history, fetch_page
 from connectors.ops.status import read_consumer_lag
 from connectors.outbox.commands import InvalidCommand
+from connectors.outbox.schedule import NotRescheduled, reschedule
 from streams.kernel.contract import JobStatus
 from streams.kernel.runtime.health import IDLE_CONNECTION_TIMEOUT_S
 from streams.kernel.runtime.outage import OutageLog
@@ -422,6 +424,32 @@ async def _cancel(request: web.Request) -> web.StreamResponse:
     raise _back_to_job(job_id, notice)
 
 
+def _reschedule_one(conn: psycopg.Connection[Any], job_id: int, text: str, actor: str) -> str:
+    """Move the SCHEDULED job to the time the form gave: the notice."""
+    try:
+        send_at = parse_instant(text)
+    except ValueError as exc:
+        return f"not rescheduled: {exc}"
+    try:
+        with conn.transaction():
+            moved = reschedule(conn, job_id, send_at)
+    except NotRescheduled as exc:
+        return f"not rescheduled: {exc}"
+    log.info("console: %s rescheduled job %d to %s", loggable(actor, 100), job_id, moved)
+    return f"rescheduled by {actor}: due {when(moved)} UTC"
+
+
+async def _reschedule(request: web.Request) -> web.StreamResponse:
+    if (refused := _may_act(request)) is not None:
+        return refused
+    operator = _operator(request)
+    job_id = _job_id(request)
+    data = {k: str(v) for k, v in (await request.post()).items()}
+    send_at = data.get("send_at", "").strip()
+    notice = await _db(request, lambda conn: _reschedule_one(conn, job_id, send_at, operator.name))
+    raise _back_to_job(job_id, notice)
+
+
 async def _reprocess(request: web.Request) -> web.StreamResponse:
     if (refused := _may_act(request)) is not None:
         return refused
@@ -544,6 +572,7 @@ def build_app(settings: ConsoleSettings, *, clock: Clock = time.monotonic) -> we
     app.router.add_get("/jobs/{job_id}", _job)
     app.router.add_post("/jobs/{job_id}/cancel", _cancel)
     app.router.add_post("/jobs/{job_id}/reprocess", _reprocess)
+    app.router.add_post("/jobs/{job_id}/reschedule", _reschedule)
     app.router.add_get("/lag", _lag)
     app.router.add_get("/overview", _overview)
     return app

@@ -23,6 +23,7 @@ from connectors.ops.delivery_risk import DeliveryRisk, delivery_risk
 from connectors.ops.jobs_render import cut, human_age, masked, when
 from connectors.ops.jobs_sql import JobHistory, PageOfJobs
 from connectors.ops.status import ConsumerLag, PartitionLag
+from connectors.outbox.schedule import RELEASE_ACTOR
 from streams.kernel.contract import JobStatus
 
 __all__ = [
@@ -239,9 +240,14 @@ def _attempts(story: JobHistory, operator: Operator) -> str:
     )
 
 
+def _replay_kind(actor: str) -> str:
+    """A scheduled job's release or an operator's restream (both are ``outbox_replays``)."""
+    return "release" if actor == RELEASE_ACTOR else "restream"
+
+
 def _commands(story: JobHistory) -> str:
     asked = [(c.id, c.command, c.actor, c.reason, c.created_at) for c in story.commands]
-    asked += [(r.id, "restream", r.actor, r.reason, r.created_at) for r in story.replays]
+    asked += [(r.id, _replay_kind(r.actor), r.actor, r.reason, r.created_at) for r in story.replays]
     if not asked:
         return "<p>No operator actions.</p>"
     rows = "".join(
@@ -265,11 +271,14 @@ def duplicate_warning(risk: DeliveryRisk) -> str:
 
 
 def _actions(story: JobHistory, operator: Operator) -> str:
-    """The cancel and reprocess forms the job's status allows, for an operator who may act."""
+    """The cancel, reschedule and reprocess forms the job's status allows, for an operator
+    who may act."""
     status = story.job.status
     cancellable = offered(Action.CANCEL, status)
     reprocessable = offered(Action.REPROCESS, status)
-    if not operator.role.can_act or not (cancellable or reprocessable):
+    if not operator.role.can_act or not (
+        cancellable or reprocessable or status == JobStatus.SCHEDULED
+    ):
         return ""
     job_id = story.job.id
     actions = '<section class="actions"><h2>Actions</h2>'
@@ -278,6 +287,14 @@ def _actions(story: JobHistory, operator: Operator) -> str:
             f'<form method="post" action="/jobs/{job_id}/cancel" id="cancel">'
             '<label>Reason <input name="reason" id="cancel-reason" required size="40">'
             '</label> <button id="cancel-button">Cancel job</button></form>'
+        )
+    if status == JobStatus.SCHEDULED:
+        due = job_due.isoformat(timespec="seconds") if (job_due := story.job.next_retry_at) else ""
+        actions += (
+            f'<form method="post" action="/jobs/{job_id}/reschedule" id="reschedule">'
+            '<label>Send at <input name="send_at" id="reschedule-at" required size="28" '
+            f'value="{e(due)}"></label> <small>ISO 8601; UTC unless an offset is given</small> '
+            '<button id="reschedule-button">Reschedule</button></form>'
         )
     if reprocessable:
         risk = delivery_risk(status, story.events)
@@ -313,6 +330,7 @@ def job_page(
         ("Updated", e(when(job.updated_at))),
         ("Sent", e(when(job.sent_at))),
         ("Expires", e(when(job.expires_at))),
+        *([("Due", e(when(job.next_retry_at)))] if job.status == JobStatus.SCHEDULED else []),
         ("Gateway job", e(job.gateway_job_id)),
         ("Last error", e(_error(job.last_error, operator))),
     ]

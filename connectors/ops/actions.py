@@ -88,7 +88,7 @@ CANCELLABLE = frozenset(s for s, to in ALLOWED.items() if S.CANCELLED in to)
 BULK_TARGETS: dict[Action, frozenset[JobStatus]] = {
     # A bulk cancel only asks for jobs not handed to the gateway yet: one at the gateway
     # needs its own look (a gateway cancel may be refused or unsupported).
-    Action.CANCEL: frozenset({S.PENDING, S.RETRY_WAIT}),
+    Action.CANCEL: frozenset({S.PENDING, S.SCHEDULED, S.RETRY_WAIT}),
     Action.REPROCESS: REPROCESSABLE,
 }
 """The statuses a bulk action touches."""

@@ -1,4 +1,5 @@
-"""``zapstream jobs list|cancel|reprocess``: what operators see of jobs, and how they act on them.
+"""``zapstream jobs list|cancel|reschedule|reprocess``: what operators see of jobs, and how
+they act on them.
 
 ::
 
@@ -6,6 +7,7 @@
                         [--limit 50] [--page 1] [--json]
     zapstream jobs show ID | --key KEY [--json]
     zapstream jobs cancel ID --reason R --by WHO [--wait 30]
+    zapstream jobs reschedule ID (--at ISO | --in DURATION)
     zapstream jobs reprocess ID --reason R --by WHO [--wait 30] [--yes]
     zapstream jobs reprocess --state S [--state S2] [--instance I] [--since 2h|ISO]
                              [--until ISO] --reason R --by WHO [--dry-run] [--yes]
@@ -23,6 +25,10 @@ these commands poll for it up to ``--wait`` seconds, and a reprocess then for th
 job's next settled state. A command the worker has not handled yet stays
 requested: it is applied when the worker gets to it. An INVALID job (the relay
 rejected its row) is refused here: it was never sent, and its row is malformed.
+
+``reschedule`` moves a SCHEDULED job (one not released yet: see
+:mod:`connectors.outbox.schedule`) to another time, at once, in its own transaction;
+a job already released, cancelled or never scheduled is refused (exit 2).
 
 ``reprocess`` without an ID reprocesses every job matching the filters (oldest
 first, at most ``--limit``): ``--dry-run`` prints how many and a few masked
@@ -89,6 +95,7 @@ from connectors.ops.jobs_render import (
 )
 from connectors.ops.jobs_sql import Job, database_now, fetch_history, fetch_page
 from connectors.outbox.commands import InvalidCommand
+from connectors.outbox.schedule import NotRescheduled, reschedule
 from streams.kernel import state_machine
 from streams.kernel.contract import CommandOutcome, JobStatus
 
@@ -106,6 +113,7 @@ __all__ = [
     "parse_since",
     "reprocess_job",
     "reprocess_matching",
+    "reschedule_job",
     "show_job",
 ]
 
@@ -523,6 +531,24 @@ def _describe(job_filter: JobFilter) -> str:
     return ", ".join(parts)
 
 
+# --- jobs reschedule ----------------------------------------------------------------------
+
+
+def reschedule_job(
+    dsn: str, job_id: int, send_at: dt.datetime, *, out: TextIO | None = None
+) -> int:
+    """Move SCHEDULED job ``job_id`` to ``send_at``; 0 done, 2 refused (with the reason)."""
+    out = out or sys.stdout
+    with psycopg.connect(dsn) as conn, conn.transaction():
+        try:
+            moved = reschedule(conn, job_id, send_at)
+        except NotRescheduled as exc:
+            print(f"not rescheduled: {exc}", file=out)
+            return EXIT_REFUSED
+    print(f"job {job_id} rescheduled: due {when(moved)}", file=out)
+    return EXIT_DONE
+
+
 # --- argparse wiring -----------------------------------------------------------------------
 
 
@@ -594,6 +620,13 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
     return cancel_job(_dsn(), args.job_id, reason=args.reason, actor=args.by, wait_s=args.wait)
 
 
+def _cmd_reschedule(args: argparse.Namespace) -> int:
+    send_at: dt.datetime = args.at
+    if args.within is not None:
+        send_at = dt.datetime.now(dt.UTC) + args.within
+    return reschedule_job(_dsn(), args.job_id, send_at)
+
+
 def _cmd_reprocess(args: argparse.Namespace) -> int:
     filters = {
         "--state": args.state,
@@ -646,8 +679,9 @@ def _add_command_options(parser: argparse.ArgumentParser, *, optional_id: bool =
 
 
 def add_jobs_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register ``jobs list|show|cancel|reprocess``; each sets ``func(args) -> exit code``."""
-    jobs = subparsers.add_parser("jobs", help="list, show, cancel and reprocess jobs")
+    """Register ``jobs list|show|cancel|reschedule|reprocess``; each sets ``func(args) -> exit
+    code``."""
+    jobs = subparsers.add_parser("jobs", help="list, show, cancel, reschedule and reprocess jobs")
     jobs_sub = jobs.add_subparsers(dest="jobs_command", required=True)
 
     ls = jobs_sub.add_parser(
@@ -696,6 +730,26 @@ def add_jobs_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
     cancel = jobs_sub.add_parser("cancel", help="cancel a job that has not been sent yet")
     _add_command_options(cancel)
     cancel.set_defaults(func=_cmd_cancel)
+
+    moved = jobs_sub.add_parser(
+        "reschedule", help="move a SCHEDULED job (not released yet) to another time"
+    )
+    moved.add_argument("job_id", metavar="ID", type=_arg(_positive_int), help="the job's id")
+    due = moved.add_mutually_exclusive_group(required=True)
+    due.add_argument(
+        "--at",
+        type=_arg(parse_instant),
+        metavar="ISO",
+        help="the new time (UTC unless an offset is given)",
+    )
+    due.add_argument(
+        "--in",
+        dest="within",
+        type=_arg(parse_duration),
+        metavar="DURATION",
+        help="the new time, from now (90s, 15m, 1h30m, 2d)",
+    )
+    moved.set_defaults(func=_cmd_reschedule)
 
     reprocess = jobs_sub.add_parser(
         "reprocess",

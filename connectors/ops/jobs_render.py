@@ -236,6 +236,7 @@ def job_history_json(history: JobHistory, *, now: dt.datetime) -> str:
                 "updated_at": _iso(job.updated_at),
                 "sent_at": _iso(job.sent_at),
                 "expires_at": _iso(job.expires_at),
+                "due_at": _iso(job.next_retry_at) if job.status == "SCHEDULED" else None,
             },
             "attempts": [
                 {
@@ -289,6 +290,7 @@ def job_history_text(history: JobHistory, *, now: dt.datetime) -> str:
         ("updated", when(job.updated_at)),
         ("sent", when(job.sent_at)),
         ("expires", when(job.expires_at)),
+        ("due", when(job.next_retry_at) if job.status == "SCHEDULED" else "-"),
         ("gateway job id", job.gateway_job_id or "-"),
         ("last error", cut(job.last_error, 200)),
     ]

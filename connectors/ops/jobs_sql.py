@@ -261,6 +261,8 @@ class JobDetail:
     updated_at: dt.datetime
     sent_at: dt.datetime | None
     expires_at: dt.datetime | None
+    next_retry_at: dt.datetime | None = None
+    """A SCHEDULED job's due time (``send_at``, or the end of quiet hours)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -320,7 +322,7 @@ class JobHistory:
 _DETAIL = """
     SELECT id, instance_id, payload ->> 'to', conversation_key, payload ->> 'type', status,
            priority, purpose, attempts, max_attempts, state_version, gateway_job_id,
-           last_error, created_at, updated_at, sent_at, expires_at
+           last_error, created_at, updated_at, sent_at, expires_at, next_retry_at
     FROM outbox_jobs
 """
 _COMMANDS = """

@@ -13,6 +13,10 @@ commits. The same idempotency key twice returns the existing job's id without
 an error and without a second row. Invalid input raises :class:`InvalidIntent`
 before anything is written; the rules are :mod:`connectors.outbox.rules`, which the
 relay applies again to rows applications INSERT directly.
+
+``send_at`` schedules the job (the column ``next_retry_at``, as the outbox article's
+readers write it by hand): it waits SCHEDULED in PostgreSQL and is released when due
+(:mod:`connectors.cdc.scheduled_release`); :mod:`connectors.outbox.schedule` moves it.
 """
 
 from __future__ import annotations
@@ -34,6 +38,9 @@ from connectors.outbox.rules import (
     check_max_attempts,
     check_priority,
     check_recipient,
+    check_send_at,
+    check_send_window,
+    check_timezone,
     require_text,
     required,
 )
@@ -54,6 +61,7 @@ class _Row:
     purpose: str | None
     expires_at: dt.datetime | None
     max_attempts: int
+    send_at: dt.datetime | None
 
     def params(self) -> tuple[Any, ...]:
         return (
@@ -65,13 +73,14 @@ class _Row:
             self.purpose,
             self.expires_at,
             self.max_attempts,
+            self.send_at,
         )
 
 
 _INSERT = """
     INSERT INTO outbox_jobs (instance_id, payload, idempotency_key, conversation_key,
-                             priority, purpose, expires_at, max_attempts)
-    VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
+                             priority, purpose, expires_at, max_attempts, next_retry_at)
+    VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)
     ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING id
 """
@@ -89,6 +98,8 @@ def _validate(
     purpose: str | None,
     expires_at: dt.datetime | None,
     max_attempts: int,
+    send_at: dt.datetime | None = None,
+    timezone: str | None = None,
 ) -> _Row:
     # The order decides which reason is reported when several rules are broken.
     try:
@@ -100,17 +111,25 @@ def _validate(
         expires_at = check_expires_at(expires_at)
         max_attempts = check_max_attempts(max_attempts)
         conversation_key = check_conversation_key(conversation_key)
+        send_at = check_send_at(send_at)
+        check_send_window(send_at, expires_at)
+        if timezone is not None:
+            timezone = check_timezone(timezone)
     except RuleViolation as exc:
         raise InvalidIntent(str(exc)) from exc
+    payload: dict[str, Any] = {"type": "text", "to": recipient, "text": text}
+    if timezone is not None:
+        payload["timezone"] = timezone
     return _Row(
         instance_id=instance_id.strip(),
-        payload={"type": "text", "to": recipient, "text": text},
+        payload=payload,
         idempotency_key=idempotency_key.strip(),
         conversation_key=conversation_key or conversation_key_for(recipient),
         priority=chosen_priority.value,
         purpose=purpose,
         expires_at=expires_at,
         max_attempts=max_attempts,
+        send_at=send_at,
     )
 
 
@@ -126,8 +145,15 @@ def enqueue(
     purpose: str | None = None,
     expires_at: dt.datetime | None = None,
     max_attempts: int = 5,
+    send_at: dt.datetime | None = None,
+    timezone: str | None = None,
 ) -> int:
-    """Write one text intent in the caller's transaction; return its job id."""
+    """Write one text intent in the caller's transaction; return its job id.
+
+    ``send_at`` (timezone-aware): send no earlier than this; the job waits SCHEDULED in
+    PostgreSQL until then (a time already past: sent at once). ``timezone`` (an IANA name):
+    the recipient's, for quiet hours; default: derived from the number's country code.
+    """
     row = _validate(
         instance_id=instance_id,
         to=to,
@@ -138,6 +164,8 @@ def enqueue(
         purpose=purpose,
         expires_at=expires_at,
         max_attempts=max_attempts,
+        send_at=send_at,
+        timezone=timezone,
     )
     with conn.cursor() as cur:
         cur.execute(_INSERT, row.params())
@@ -161,6 +189,8 @@ async def enqueue_async(
     purpose: str | None = None,
     expires_at: dt.datetime | None = None,
     max_attempts: int = 5,
+    send_at: dt.datetime | None = None,
+    timezone: str | None = None,
 ) -> int:
     """The async flavour of :func:`enqueue`."""
     row = _validate(
@@ -173,6 +203,8 @@ async def enqueue_async(
         purpose=purpose,
         expires_at=expires_at,
         max_attempts=max_attempts,
+        send_at=send_at,
+        timezone=timezone,
     )
     async with conn.cursor() as cur:
         await cur.execute(_INSERT, row.params())

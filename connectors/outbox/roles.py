@@ -11,13 +11,15 @@ component  group role            what it runs
 relay      zapstream_relay       the replication connection (REPLICATION, a login
                                  attribute), catalog reads to check the publication and
                                  slot, the WAL heartbeat; counts PENDING jobs when it
-                                 re-creates a dropped slot
+                                 re-creates a dropped slot; releases due SCHEDULED jobs
+                                 into ``outbox_replays``
 worker     zapstream_worker      the job history of late redeliveries (status, version,
                                  attempts of one job; its ATTEMPTING events)
 sink       zapstream_sink        states into ``outbox_jobs``, events into
                                  ``outbox_job_events``, the pipeline gauges' counts
 webhook    zapstream_webhook     finds the job of a receipt: five columns, no payload
-console    zapstream_console     reads jobs and their history, writes cancel/reprocess
+console    zapstream_console     reads jobs and their history, writes cancel/reprocess,
+                                 reschedules a SCHEDULED job
 operator   zapstream_operator    the CLI: the console's rights plus pause/resume
 app        zapstream_app         applications: enqueue, cancel, pause/resume, backlog
 prune      zapstream_prune       ``zapstream outbox prune``: redacts settled jobs
@@ -27,11 +29,13 @@ The lag monitor and ``topics ensure`` never connect to PostgreSQL; ``outbox rest
 (recovery after a lost slot, with ``db migrate`` re-creating it) runs as the owner:
 it locks job rows (``FOR UPDATE``), which needs UPDATE on ``outbox_jobs``.
 
-Why the relay gets no SELECT on the published tables: the walsender decodes the rows
-under the REPLICATION attribute; table SELECT is only needed to copy a table's existing
-rows, which a subscription does and the relay never does. The publication (which only
-the tables' owner may create or extend) and the slot are created by ``db migrate``; the
-relay re-creates a dropped slot itself (REPLICATION allows it).
+Why the relay reads no more of the published tables than the scheduled release needs:
+the walsender decodes the rows under the REPLICATION attribute; table SELECT is only
+needed to copy a table's existing rows, which a subscription does and the relay never
+does. The scheduled release reads the due jobs' columns it copies into ``outbox_replays``.
+The publication (which only the tables' owner may create or extend) and the slot are
+created by ``db migrate``; the relay re-creates a dropped slot itself (REPLICATION allows
+it).
 
 :func:`roles_sql` is the idempotent SQL (create the group roles if missing, reset and
 grant); ``zapstream db roles --print`` prints it for a DBA, and ``zapstream db migrate``
@@ -103,6 +107,36 @@ _COMMAND_INSERT = Grant(
     "INSERT", COMMANDS, _cols("job_id", "idempotency_key", "command", "reason", "actor")
 )
 _CONTROL_INSERT = Grant("INSERT", CONTROLS, _cols("kind", "target", "action", "reason", "actor"))
+_RESCHEDULE = Grant("UPDATE", JOBS, _cols("next_retry_at", "updated_at"))
+"""Reschedule a job not released yet (connectors/outbox/schedule.py, zapstream_reschedule)."""
+_RELEASE_READS = _cols(
+    "id",
+    "status",
+    "next_retry_at",
+    "instance_id",
+    "idempotency_key",
+    "conversation_key",
+    "payload",
+    "priority",
+    "purpose",
+    "expires_at",
+    "max_attempts",
+    "created_at",
+)
+_REPLAY_COLUMNS = _cols(
+    "job_id",
+    "reason",
+    "actor",
+    "instance_id",
+    "idempotency_key",
+    "conversation_key",
+    "payload",
+    "priority",
+    "purpose",
+    "expires_at",
+    "max_attempts",
+    "job_created_at",
+)
 _READ_ALL = (
     Grant("SELECT", JOBS),
     Grant("SELECT", EVENTS),
@@ -115,7 +149,17 @@ COMPONENT_ROLES: tuple[ComponentRole, ...] = (
     ComponentRole(
         "relay",
         "streams outbox inserts (logical replication); re-creates a dropped slot",
-        (Grant("SELECT", JOBS, _cols("status")), _VERSIONS),
+        (
+            Grant("SELECT", JOBS, _cols("status")),
+            # The scheduled release (connectors/cdc/scheduled_release.py): due jobs become
+            # PENDING and their copies go into outbox_replays, in one transaction.
+            Grant("SELECT", JOBS, _RELEASE_READS),
+            Grant("UPDATE", JOBS, _cols("status", "updated_at")),
+            Grant("SELECT", COMMANDS, _cols("job_id", "command")),
+            Grant("INSERT", REPLAYS, _REPLAY_COLUMNS),
+            _VERSIONS,
+        ),
+        sequences=(f"{REPLAYS}_id_seq",),
         replication=True,
     ),
     ComponentRole(
@@ -198,13 +242,20 @@ COMPONENT_ROLES: tuple[ComponentRole, ...] = (
     ComponentRole(
         "console",
         "reads jobs and their history; requests cancel and reprocess",
-        (*_READ_ALL, _COMMAND_INSERT, _VERSIONS),
+        (*_READ_ALL, _COMMAND_INSERT, _RESCHEDULE, _VERSIONS),
         sequences=(f"{COMMANDS}_id_seq",),
     ),
     ComponentRole(
         "operator",
         "the zapstream CLI: jobs, status, doctor, cancel/reprocess, pause/resume",
-        (*_READ_ALL, Grant("SELECT", CONTROLS), _COMMAND_INSERT, _CONTROL_INSERT, _VERSIONS),
+        (
+            *_READ_ALL,
+            Grant("SELECT", CONTROLS),
+            _COMMAND_INSERT,
+            _CONTROL_INSERT,
+            _RESCHEDULE,
+            _VERSIONS,
+        ),
         sequences=(f"{COMMANDS}_id_seq", f"{CONTROLS}_id_seq"),
     ),
     ComponentRole(
@@ -224,8 +275,10 @@ COMPONENT_ROLES: tuple[ComponentRole, ...] = (
                     "purpose",
                     "expires_at",
                     "max_attempts",
+                    "next_retry_at",
                 ),
             ),
+            _RESCHEDULE,
             Grant("SELECT", COMMANDS, _cols("id")),
             _COMMAND_INSERT,
             Grant("SELECT", CONTROLS, _cols("id")),

@@ -19,6 +19,8 @@ wording as ``problem``; every other reason is the same on both sides.
 from __future__ import annotations
 
 import datetime as dt
+import functools
+import zoneinfo
 
 from connectors.outbox.recipients import InvalidRecipient, normalize_recipient
 from streams.kernel.contract import MAX_ATTEMPTS, Priority, instance_id_problem
@@ -108,3 +110,34 @@ def check_conversation_key(value: str | None) -> str | None:
     if value is not None and not value.strip():
         raise RuleViolation("conversation_key, when given, must not be empty")
     return value
+
+
+def check_send_at(value: dt.datetime | None) -> dt.datetime | None:
+    """Return ``value`` if it is absent or timezone-aware: a naive time is ambiguous.
+
+    A time in the past is allowed: the job is sent at once (it is due)."""
+    if value is not None and value.tzinfo is None:
+        raise RuleViolation("send_at must be timezone-aware")
+    return value
+
+
+def check_send_window(send_at: dt.datetime | None, expires_at: dt.datetime | None) -> None:
+    """Refuse a job due at or after its own expiry: it could never be sent."""
+    if send_at is not None and expires_at is not None and send_at >= expires_at:
+        raise RuleViolation("send_at must be before expires_at: the job would expire unsent")
+
+
+@functools.lru_cache(maxsize=512)
+def _known_zone(name: str) -> bool:
+    try:
+        zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        return False
+    return True
+
+
+def check_timezone(value: object) -> str:
+    """Return ``value`` if it names an IANA timezone (``America/Sao_Paulo``), for quiet hours."""
+    if not isinstance(value, str) or not value.strip() or not _known_zone(value.strip()):
+        raise RuleViolation(f"timezone {value!r} is not an IANA timezone name (e.g. Europe/Lisbon)")
+    return value.strip()

@@ -153,6 +153,9 @@ class JobStatus(enum.StrEnum):
     """Where a job is. Stored as text in ``outbox_jobs.status`` and on the state topic."""
 
     PENDING = "PENDING"
+    SCHEDULED = "SCHEDULED"
+    """Due later (``next_retry_at``, ``send_at``, or held for quiet hours): waits in
+    PostgreSQL, not in Kafka, until the relay's release loop releases it as PENDING."""
     ATTEMPTING = "ATTEMPTING"
     ACCEPTED = "ACCEPTED"
     DELIVERED = "DELIVERED"
@@ -447,6 +450,9 @@ class IntentCaptured(Record):
     """Commit timestamp of the outbox transaction (ISO 8601), for commit-to-gateway latency."""
     lsn: str = "0/0"
     """End LSN of the outbox transaction, for tracing a record back to the WAL."""
+    timezone: str | None = None
+    """The recipient's IANA timezone (payload key ``timezone``), for quiet hours; None:
+    derived from the number's country code."""
 
     @property
     def partition_key(self) -> bytes:

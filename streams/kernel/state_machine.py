@@ -19,7 +19,10 @@ from streams.kernel.contract import CommandOutcome, JobStatus, StatusChanged
 S = JobStatus
 
 ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
-    S.PENDING: frozenset({S.ATTEMPTING, S.EXPIRED, S.CANCELLED, S.DEAD, S.FAILED, S.INVALID}),
+    S.PENDING: frozenset(
+        {S.ATTEMPTING, S.SCHEDULED, S.EXPIRED, S.CANCELLED, S.DEAD, S.FAILED, S.INVALID}
+    ),
+    S.SCHEDULED: frozenset({S.ATTEMPTING, S.EXPIRED, S.CANCELLED, S.FAILED, S.DEAD, S.INVALID}),
     S.ATTEMPTING: frozenset(
         {
             S.ACCEPTED,
@@ -34,7 +37,7 @@ ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
             S.ATTEMPTING,
         }
     ),
-    S.RETRY_WAIT: frozenset({S.ATTEMPTING, S.DEAD, S.EXPIRED, S.CANCELLED, S.FAILED}),
+    S.RETRY_WAIT: frozenset({S.ATTEMPTING, S.SCHEDULED, S.DEAD, S.EXPIRED, S.CANCELLED, S.FAILED}),
     S.ACCEPTED: frozenset({S.DELIVERED, S.READ, S.FAILED, S.CANCELLED, S.REVIEW}),
     S.DELIVERED: frozenset({S.READ, S.FAILED}),
     S.READ: frozenset(),
@@ -49,13 +52,19 @@ ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
 """From each state, the states a job may move to (besides a note to itself).
 FAILED, DEAD and UNCERTAIN move on only by an operator's reprocess. INVALID (the relay
 rejected the row; written by the state sink from ``zapstream.invalid``) never moves: the
-row itself is malformed, so neither cancel nor reprocess applies."""
+row itself is malformed, so neither cancel nor reprocess applies. SCHEDULED waits in
+PostgreSQL: a job inserted due later never reaches the worker as SCHEDULED (its release
+is its first intent); the worker moves a bulk job to SCHEDULED to hold it for the
+recipient's quiet hours, and the release brings it back."""
 
 SENT = frozenset({S.ACCEPTED, S.DELIVERED, S.READ})
 """The gateway has the message: sending it again would be a duplicate."""
 
 SETTLED = SENT | {S.FAILED, S.DEAD, S.EXPIRED, S.CANCELLED, S.UNCERTAIN, S.REVIEW, S.INVALID}
 """No automatic attempt follows from these; only an operator moves the job on."""
+
+NOT_HANDED_OVER = frozenset({S.PENDING, S.SCHEDULED, S.RETRY_WAIT})
+"""The gateway never had the job (or not this round): a cancel needs no gateway call."""
 
 REPROCESSABLE = frozenset({S.DEAD, S.UNCERTAIN, S.FAILED})
 

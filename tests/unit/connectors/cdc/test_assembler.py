@@ -117,8 +117,8 @@ def test_an_oversized_value_is_rejected_on_its_size_unparsed() -> None:
 
 def _wide_outbox() -> Relation:
     """outbox_jobs with a column the intent does not read (the decoder steps over it)."""
-    status = Column(flags=0, name="status", type_oid=25, type_modifier=-1)
-    return dataclasses.replace(OUTBOX, columns=(*OUTBOX.columns, status))
+    extra = Column(flags=0, name="last_error", type_oid=25, type_modifier=-1)
+    return dataclasses.replace(OUTBOX, columns=(*OUTBOX.columns, extra))
 
 
 def test_a_row_decoded_in_part_is_completed_on_demand() -> None:
@@ -130,21 +130,43 @@ def test_a_row_decoded_in_part_is_completed_on_demand() -> None:
     row = assembler.feed(encode_insert(wide.oid, [*_values(100), "PENDING"]))
     # Only the intent's columns were decoded: the others are stepped over.
     assert isinstance(row, RowCaptured) and not row.complete
-    assert "status" not in row.row
+    assert "last_error" not in row.row
     full = assembler.completed(row)
-    assert full.complete and full.row["status"] == "PENDING"
+    assert full.complete and full.row["last_error"] == "PENDING"
     assert full.record is row.record  # the intent reads none of the other columns
 
     # A rejection carries the whole row: converted again from it.
     bad = assembler.feed(encode_insert(wide.oid, [*_values(101, "[]"), "PENDING"]))
     assert isinstance(bad, RowCaptured) and isinstance(bad.record, IntentRejected)
-    assert "status" not in bad.record.row
+    assert "last_error" not in bad.record.row
     whole = assembler.completed(bad)
     assert isinstance(whole.record, IntentRejected)
-    assert whole.record.row["status"] == "PENDING"
+    assert whole.record.row["last_error"] == "PENDING"
     assert whole.record.reason == bad.record.reason
     # A complete row is returned as it is.
     assert assembler.completed(whole) is whole
+
+
+def _with_status() -> Relation:
+    """outbox_jobs with its ``status`` column, which the relay decodes (SCHEDULED rows)."""
+    status = Column(flags=0, name="status", type_oid=25, type_modifier=-1)
+    return dataclasses.replace(OUTBOX, columns=(*OUTBOX.columns, status))
+
+
+def test_a_scheduled_row_waits_for_its_release_and_a_broken_one_is_rejected_now() -> None:
+    assembler, _ = _assembler()
+    table = _with_status()
+    assembler.feed(encode_relation(table))
+    assembler.feed(encode_begin(Txn(1).commit_lsn, COMMIT_TS, 701))
+
+    # Migration 0008's trigger made it SCHEDULED: nothing is produced for it now.
+    assert assembler.feed(encode_insert(table.oid, [*_values(100), "SCHEDULED"])) is None
+    # A broken scheduled row is rejected at once, not at its due time.
+    bad = assembler.feed(encode_insert(table.oid, [*_values(101, "[]"), "SCHEDULED"]))
+    assert isinstance(bad, RowCaptured) and isinstance(bad.record, IntentRejected)
+    # PENDING rows are captured as ever.
+    row = assembler.feed(encode_insert(table.oid, [*_values(102), "PENDING"]))
+    assert isinstance(row, RowCaptured) and isinstance(row.record, CapturedIntent)
 
 
 def test_transactions_already_in_kafka_are_skipped_whole() -> None:

@@ -98,6 +98,7 @@ def test_a_cancel_is_refused_here_only_for_invalid_jobs_and_the_worker_decides_t
 def test_a_cancel_is_offered_where_the_state_machine_allows_one() -> None:
     assert {s for s in JobStatus if offered(Action.CANCEL, s)} == {
         S.PENDING,
+        S.SCHEDULED,
         S.RETRY_WAIT,
         S.ACCEPTED,
         S.UNCERTAIN,
@@ -106,7 +107,7 @@ def test_a_cancel_is_offered_where_the_state_machine_allows_one() -> None:
 
 
 def test_bulk_actions_touch_only_their_targets() -> None:
-    assert BULK_TARGETS[Action.CANCEL] == {S.PENDING, S.RETRY_WAIT}
+    assert BULK_TARGETS[Action.CANCEL] == {S.PENDING, S.SCHEDULED, S.RETRY_WAIT}
     assert bulk_refused(Action.REPROCESS, ["FAILED", "INVALID", "PENDING"]) == [
         S.INVALID,
         S.PENDING,

@@ -101,6 +101,7 @@ def test_a_bulk_action_keeps_only_the_states_it_may_act_on() -> None:
     assert sorted(JobFilter().with_statuses(BULK_CANCELLABLE).statuses) == [
         "PENDING",
         "RETRY_WAIT",
+        "SCHEDULED",
     ]
 
 
