@@ -7,8 +7,10 @@ import datetime as dt
 import psycopg
 import pytest
 
+from connectors.cdc.scheduled_release import release_due
 from connectors.outbox.enqueue import InvalidIntent, enqueue, enqueue_async
 from connectors.outbox.migrate import migrate
+from connectors.outbox.schedule import NotRescheduled, reschedule, reschedule_async
 from tests.integration.support import count_rows
 
 pytestmark = pytest.mark.integration
@@ -29,6 +31,15 @@ GOOD = {"instance_id": "shop-1", "to": "+55 11 98765-4321", "text": "hello"}
         ({"priority": "urgent"}, "unknown priority"),
         ({"instance_id": ""}, "instance_id is required"),
         ({"expires_at": dt.datetime(2030, 1, 1)}, "timezone-aware"),
+        ({"send_at": dt.datetime(2030, 1, 1)}, "send_at must be timezone-aware"),
+        (
+            {
+                "send_at": dt.datetime(2030, 1, 2, tzinfo=dt.UTC),
+                "expires_at": dt.datetime(2030, 1, 1, tzinfo=dt.UTC),
+            },
+            "send_at must be before expires_at",
+        ),
+        ({"timezone": "Mars/Olympus"}, "not an IANA timezone"),
     ],
 )
 def test_invalid_intent_raises_and_writes_nothing(
@@ -106,3 +117,113 @@ def test_plain_sql_insert_gets_defaults_and_derived_conversation(outbox_db: str)
 def test_migrate_is_idempotent(outbox_db: str) -> None:
     assert migrate(outbox_db) == []
     assert count_rows(outbox_db, "SELECT count(*) FROM schema_migrations") >= 1
+
+
+# --- scheduled sends (migration 0008) ----------------------------------------------------------
+
+
+def _status(dsn: str, job_id: int) -> str:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT status FROM outbox_jobs WHERE id = %s", (job_id,)).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def test_a_row_due_later_is_scheduled_and_one_due_now_or_unset_is_pending(outbox_db: str) -> None:
+    with psycopg.connect(outbox_db) as conn:
+        later, past, unset = (
+            int(row[0])
+            for row in conn.execute(
+                "INSERT INTO outbox_jobs (instance_id, payload, idempotency_key, next_retry_at) "
+                "VALUES ('i', '{}', 'sql-later', now() + interval '1 hour'), "
+                "('i', '{}', 'sql-past', now() - interval '1 second'), "
+                "('i', '{}', 'sql-unset', NULL) RETURNING id"
+            ).fetchall()
+        )
+        api = enqueue(
+            conn,
+            **GOOD,
+            idempotency_key="api-later",
+            send_at=dt.datetime.now(dt.UTC) + dt.timedelta(days=1),
+            timezone="America/Sao_Paulo",
+        )
+        conn.commit()
+    assert [_status(outbox_db, j) for j in (later, past, unset, api)] == [
+        "SCHEDULED",
+        "PENDING",
+        "PENDING",
+        "SCHEDULED",
+    ]
+    with psycopg.connect(outbox_db, autocommit=True) as conn:
+        row = conn.execute("SELECT payload FROM outbox_jobs WHERE id = %s", (api,)).fetchone()
+    assert row is not None and row[0]["timezone"] == "America/Sao_Paulo"
+
+
+async def test_reschedule_moves_a_scheduled_job_and_refuses_a_released_one(outbox_db: str) -> None:
+    soon = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+    with psycopg.connect(outbox_db) as conn:
+        job = enqueue(conn, **GOOD, idempotency_key="resched-1", send_at=soon)
+        now_job = enqueue(conn, **GOOD, idempotency_key="resched-now")
+        conn.commit()
+        later = soon + dt.timedelta(hours=1)
+        assert reschedule(conn, job, later) == later
+        with pytest.raises(NotRescheduled, match="PENDING, not SCHEDULED"):
+            reschedule(conn, now_job, later)
+        with pytest.raises(NotRescheduled, match="no outbox job"):
+            reschedule(conn, 10**12, later)
+        with pytest.raises(NotRescheduled, match="timezone-aware"):
+            reschedule(conn, job, dt.datetime(2030, 1, 1))
+        conn.commit()  # the refusals left the transaction usable
+        with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="not SCHEDULED"):
+            conn.execute("SELECT zapstream_reschedule(%s, now())", (now_job,))
+        conn.rollback()
+    async with await psycopg.AsyncConnection.connect(outbox_db) as aconn:
+        assert await reschedule_async(aconn, job, soon) == soon
+        await aconn.commit()
+    with psycopg.connect(outbox_db, autocommit=True) as conn:
+        row = conn.execute("SELECT next_retry_at FROM outbox_jobs WHERE id = %s", (job,)).fetchone()
+    assert row is not None and row[0] == soon
+
+
+async def test_the_release_takes_due_jobs_in_due_order_in_batches_never_a_cancelled_one(
+    outbox_db: str,
+) -> None:
+    with psycopg.connect(outbox_db) as conn:
+        # Due in 1..5 s, inserted out of order; one of them cancelled before it is due.
+        ids = {
+            offset: enqueue(
+                conn,
+                **GOOD,
+                idempotency_key=f"rel-{offset}",
+                send_at=dt.datetime.now(dt.UTC) + dt.timedelta(seconds=offset),
+            )
+            for offset in (3, 1, 5, 2, 4)
+        }
+        conn.execute("SELECT zapstream_cancel('rel-4', 'the visit was moved')")
+        conn.commit()
+        # Move them all into the past, keeping their order: they are due now.
+        conn.execute(
+            "UPDATE outbox_jobs SET next_retry_at = next_retry_at - interval '1 minute' "
+            "WHERE idempotency_key LIKE 'rel-%%'"
+        )
+        conn.commit()
+    async with await psycopg.AsyncConnection.connect(outbox_db, autocommit=True) as aconn:
+        assert await release_due(aconn, batch=2) == 2
+        assert await release_due(aconn, batch=2) == 2  # rel-3 and rel-5: rel-4 is skipped
+        assert await release_due(aconn, batch=2) == 0
+    with psycopg.connect(outbox_db, autocommit=True) as conn:
+        released = [
+            int(row[0])
+            for row in conn.execute(
+                "SELECT job_id FROM outbox_replays WHERE actor = 'scheduler' AND "
+                "idempotency_key LIKE 'rel-%' ORDER BY id"
+            )
+        ]
+    assert released == [ids[1], ids[2], ids[3], ids[5]]
+    assert [_status(outbox_db, ids[o]) for o in (1, 2, 3, 4, 5)] == [
+        "PENDING",
+        "PENDING",
+        "PENDING",
+        "SCHEDULED",  # cancelled: the worker settles it CANCELLED; never released
+        "PENDING",
+    ]

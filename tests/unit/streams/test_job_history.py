@@ -251,3 +251,35 @@ async def test_a_receipt_waits_while_outbox_jobs_cannot_answer() -> None:
     history.error = None
     moved = await asyncio.wait_for(task, 1.0)
     assert moved is not None and moved.status == "DELIVERED"
+
+
+class _ScheduledHistory(History):
+    """outbox_jobs says SCHEDULED at version 0: inserted due later, never released."""
+
+    async def state_of(self, job_id: int) -> HistoricState | None:
+        self._ask(job_id)
+        return HistoricState(S.SCHEDULED, 0, 0, None, 0)
+
+
+async def test_a_scheduled_job_cancelled_settles_without_the_gateway_and_drops_its_release() -> (
+    None
+):
+    processor, gw = _recalling(_ScheduledHistory(S.SCHEDULED))
+    command = CommandRequested(
+        command_id=3,
+        job_id=7,
+        idempotency_key="k",
+        instance_id="i",
+        conversation_key="c",
+        command="cancel",
+        reason="the visit was moved",
+        actor="clinic",
+    )
+    assert processor.cancels_without_gateway(command)
+    state = await processor.on_cancel(command, 0)
+    # Never an intent here, yet CANCELLED, as the first state the sink writes.
+    assert state is not None and state.status == "CANCELLED" and state.version == 1
+    assert state.outcome == "cancelled" and gw.cancelled == []
+    # A release that raced the cancel is a redelivery of a settled job: nothing is sent.
+    assert await processor.on_intent(_intent(None), 0) == Done(None)
+    assert gw.sent == []

@@ -273,3 +273,35 @@ def test_relay_rejects_unsupported_types_which_the_api_cannot_write(kind: object
     record = row_to_record(row, lsn="0/1", committed_at=None)
     assert isinstance(record, IntentRejected)
     assert record.reason == f"unknown message type {kind!r}"
+
+
+def test_send_at_and_timezone_rules() -> None:
+    from connectors.outbox.rules import check_send_at, check_send_window, check_timezone
+
+    aware = dt.datetime(2030, 1, 1, 9, tzinfo=dt.UTC)
+    assert check_send_at(aware) is aware and check_send_at(None) is None
+    with pytest.raises(RuleViolation, match="send_at must be timezone-aware"):
+        check_send_at(dt.datetime(2030, 1, 1, 9))
+    check_send_window(aware, aware + dt.timedelta(hours=1))
+    check_send_window(aware, None)
+    with pytest.raises(RuleViolation, match="before expires_at"):
+        check_send_window(aware, aware)
+    assert check_timezone(" America/Sao_Paulo ") == "America/Sao_Paulo"
+    for bad in ("Mars/Olympus", "", "../etc/passwd", 3):
+        with pytest.raises(RuleViolation, match="IANA timezone"):
+            check_timezone(bad)
+
+
+def test_the_relay_applies_the_timezone_rule_to_plain_sql_rows() -> None:
+    payload = {"type": "text", "to": "5511987654321", "text": "hi"}
+    row = {
+        "id": "1",
+        "instance_id": "i",
+        "idempotency_key": "k",
+        "payload": orjson.dumps({**payload, "timezone": "Europe/Lisbon"}).decode(),
+    }
+    record = row_to_record(row, lsn="0/1", committed_at=None)
+    assert not isinstance(record, IntentRejected) and record.timezone == "Europe/Lisbon"
+    row["payload"] = orjson.dumps({**payload, "timezone": "Nowhere/Land"}).decode()
+    rejected = row_to_record(row, lsn="0/1", committed_at=None)
+    assert isinstance(rejected, IntentRejected) and "IANA timezone" in rejected.reason
