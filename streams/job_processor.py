@@ -55,6 +55,7 @@ from streams.kernel.contract import (
     IntentCaptured,
     JobDead,
     JobStatus,
+    Priority,
     ReceiptReceived,
     StatusChanged,
 )
@@ -81,10 +82,12 @@ from streams.kernel.state_machine import (
 from streams.metrics import (
     ACCEPTED_TO_DELIVERED,
     GATEWAY_CALL,
+    QUIET_HOURS_HELD,
     RECEIPTS_IGNORED,
     RECONCILE_GAVE_UP,
 )
 from streams.pacing import OPERATIONAL, Pacer
+from streams.quiet_hours import QuietHours
 from streams.receipts import ignored_because, moves_forward, remember_event
 from streams.reconcile import InstanceListings, ListingDeferred, Verdict, reconcile
 
@@ -246,8 +249,11 @@ class JobProcessor:
         reconcile_max_wait_s: float = 600.0,
         first_sight: Callable[[str], None] | None = None,
         references: ReferenceKey | None = None,
+        quiet_hours: QuietHours | None = None,
     ) -> None:
         self.gateway = gateway
+        self.quiet_hours = quiet_hours
+        """Bulk jobs wait SCHEDULED while it is night for their recipient (None: off)."""
         self.references = references
         """Makes the attempt references the gateway is told and verifies receipts' (None:
         legacy ``<job>-<seq>`` references, which bind nothing; tests and tools only)."""
@@ -320,7 +326,43 @@ class JobProcessor:
             if decided is not None:
                 return decided
             current = self.store.get(intent.job_id)
+        if reprocess is None and not probe:
+            held = await self._hold_for_quiet_hours(intent, ref, current, partition)
+            if held is not None:
+                return held
         return await self._send(intent, ref, current, partition, probe=probe)
+
+    async def _hold_for_quiet_hours(
+        self, intent: IntentCaptured, ref: JobRef, current: StatusChanged | None, partition: int
+    ) -> Outcome | None:
+        """A bulk job for a recipient in quiet time: SCHEDULED until the window's end (or
+        its expiry), written back to outbox_jobs by the sink; the relay's release brings it
+        back. It waits in PostgreSQL, not here (:mod:`streams.quiet_hours`). None: go on."""
+        if self.quiet_hours is None or intent.priority != Priority.BULK:
+            return None
+        now = self.now()
+        until = self.quiet_hours.hold_until(now, intent.to, intent.timezone)
+        if until is None:
+            return None
+        if intent.expires_at is not None:
+            expires = dt.datetime.fromisoformat(intent.expires_at)
+            if expires <= now:
+                return None  # expired: the attempt settles it EXPIRED
+            until = min(until, expires)
+        QUIET_HOURS_HELD.inc()
+        return Done(
+            await self._put(
+                transition(
+                    ref,
+                    current,
+                    S.SCHEDULED,
+                    reason=f"quiet hours for the recipient: held until {until.isoformat()}",
+                    next_retry_at=until.isoformat(),
+                    now=now,
+                ),
+                partition,
+            )
+        )
 
     async def _reopen(
         self, ref: JobRef, partition: int, reprocess: CommandRequested

@@ -84,3 +84,9 @@ LISTING_UNREADABLE = Counter(
     "(check ZAPSTREAM_STACKZAP_LISTING_FIELDS)",
     ["gateway", "instance"],
 )
+
+QUIET_HOURS_HELD = Counter(
+    "zapstream_quiet_hours_held_total",
+    "Bulk jobs moved to SCHEDULED until the end of their recipient's quiet hours "
+    "(ZAPSTREAM_WORKER_QUIET_HOURS); released by the relay like any scheduled job",
+)

@@ -40,6 +40,7 @@ from streams.kernel.runtime.periodic import Periodic
 from streams.lag_monitor import LagMonitor
 from streams.pacing import Limit, Pacer
 from streams.parking import ParkingLot
+from streams.quiet_hours import QuietHours
 from streams.reconcile import InstanceListings
 from streams.sink_progress import SinkProgress
 from streams.stores import FaustJobStore, FaustPublisher, KafkaWriter
@@ -209,6 +210,7 @@ def build_worker_app(
         reconcile_max_wait_s=settings.reconcile_max_wait_s,
         first_sight=check.first_sight if check is not None else None,
         references=references,
+        quiet_hours=QuietHours.parse(settings.quiet_hours) if settings.quiet_hours else None,
         pauses=pauses,
         failures=FailureLog(
             summary_interval_s=settings.failure_summary_interval_s,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Self
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from streams.kernel.settings import (
@@ -14,6 +14,7 @@ from streams.kernel.settings import (
     PostgresSettings,
     SettingsBase,
 )
+from streams.quiet_hours import parse_window
 
 
 class InstanceLimit(BaseModel):
@@ -128,6 +129,11 @@ class WorkerSettings(SettingsBase):
     pair), with ``recipient_burst``. None: the gateway's default (Meta 6 s, others none)."""
     recipient_burst: float = Field(default=3.0, ge=1)
     """Messages a conversation may get at once above ``recipient_interval_s``."""
+    quiet_hours: str | None = None
+    """Local time in which bulk jobs are not sent, ``HH:MM-HH:MM`` (e.g. ``21:00-08:00``,
+    may cross midnight), in the recipient's timezone (the intent's ``timezone``, else its
+    number's country code): such a job waits SCHEDULED in PostgreSQL until the window's
+    end, never past its ``expires_at``. Operational jobs are never held. Unset: off."""
     pacing_wait_operational_s: float = Field(default=1.0, ge=0)
     """An operational send waits this long in its lane for a token; longer, it parks."""
     pacing_wait_bulk_s: float = Field(default=30.0, ge=0)
@@ -152,6 +158,14 @@ class WorkerSettings(SettingsBase):
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     postgres: PostgresSettings = Field(default_factory=PostgresSettings)
     """Only for late redeliveries (connected on first use)."""
+
+    @field_validator("quiet_hours")
+    @classmethod
+    def _quiet_hours_window(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        parse_window(value)  # ValueError: "... are not HH:MM-HH:MM (e.g. 21:00-08:00)"
+        return value.strip()
 
     @model_validator(mode="after")
     def _app_id_names_topics(self) -> Self:

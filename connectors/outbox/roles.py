@@ -191,6 +191,7 @@ COMPONENT_ROLES: tuple[ComponentRole, ...] = (
                     "last_error",
                     "sent_at",
                     "created_at",
+                    "next_retry_at",
                 ),
             ),
             Grant(
@@ -204,6 +205,7 @@ COMPONENT_ROLES: tuple[ComponentRole, ...] = (
                     "last_error",
                     "sent_at",
                     "updated_at",
+                    "next_retry_at",
                 ),
             ),
             Grant(

@@ -68,8 +68,8 @@ _UPDATE_JOBS = """
 WITH batch AS (
     SELECT DISTINCT ON (id) *
     FROM unnest(%s::bigint[], %s::text[], %s::int[], %s::int[], %s::text[], %s::text[],
-                %s::timestamptz[])
-         AS b(id, status, version, attempts, gateway_job_id, last_error, sent_at)
+                %s::timestamptz[], %s::timestamptz[])
+         AS b(id, status, version, attempts, gateway_job_id, last_error, sent_at, due_at)
     ORDER BY id, version DESC
 )
 UPDATE outbox_jobs AS j
@@ -79,6 +79,8 @@ SET status = b.status,
     gateway_job_id = coalesce(b.gateway_job_id, j.gateway_job_id),
     last_error = coalesce(b.last_error, j.last_error),
     sent_at = coalesce(j.sent_at, b.sent_at),
+    -- A job the worker held for quiet hours waits SCHEDULED until then (the release).
+    next_retry_at = CASE WHEN b.status = 'SCHEDULED' THEN b.due_at ELSE j.next_retry_at END,
     updated_at = now()
 FROM batch AS b
 WHERE j.id = b.id AND j.state_version < b.version AND j.status <> 'INVALID'
@@ -175,6 +177,7 @@ async def apply_batch(
                     [s.gateway_job_id for s in states],
                     [s.reason for s in states],
                     [_at(s.sent_at) for s in states],
+                    [_at(s.next_retry_at) if s.status == "SCHEDULED" else None for s in states],
                 ),
             )
             moved = cur.rowcount

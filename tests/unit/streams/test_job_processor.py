@@ -642,3 +642,38 @@ async def test_gateway_call_and_accepted_to_delivered_are_observed() -> None:
     await p.on_receipt(_receipt("delivered", "DELIVERED", "e1"), 0)
     await p.on_receipt(_receipt("read", "READ", "e2"), 0)  # not from ACCEPTED: not again
     assert _sample("zapstream_accepted_to_delivered_seconds_count", instance="i") == delivered + 1
+
+
+async def test_quiet_hours_hold_a_bulk_job_until_the_window_ends_not_an_operational_one() -> None:
+    from streams.quiet_hours import QuietHours
+
+    gw = ScriptedGateway(OK, OK)
+    p, store, _ = _processor(gw)
+    # A window around NOW in the recipient's zone (Sao Paulo, from the calling code 55).
+    local = NOW.astimezone(dt.timezone(dt.timedelta(hours=-3)))
+    start = (local - dt.timedelta(minutes=5)).strftime("%H:%M:%S")
+    end_local = local + dt.timedelta(minutes=30)
+    p.quiet_hours = QuietHours.parse(f"{start}-{end_local.strftime('%H:%M:%S')}")
+    ends = end_local.astimezone(dt.UTC).replace(microsecond=0)
+
+    held = await p.on_intent(_intent(priority="bulk"), 0)
+    assert isinstance(held, Done) and held.state is not None and held.state.status == "SCHEDULED"
+    assert held.state.next_retry_at == ends.isoformat() and gw.sent == []
+    # Never past its expiry: released then, and the attempt settles it EXPIRED.
+    soon = NOW + dt.timedelta(minutes=10)
+    capped = await p.on_intent(_intent(job_id=8, priority="bulk", expires_at=soon.isoformat()), 0)
+    assert (
+        isinstance(capped, Done) and capped.state and capped.state.next_retry_at == soon.isoformat()
+    )
+    # An operational job to the same recipient goes now.
+    sent = await p.on_intent(_intent(job_id=9), 0)
+    assert isinstance(sent, Done) and sent.state and sent.state.status == "ACCEPTED"
+    # Released after the window: SCHEDULED -> ATTEMPTING -> ACCEPTED.
+    p.quiet_hours = None
+    later = await p.on_intent(_intent(priority="bulk"), 0)
+    assert isinstance(later, Done) and later.state and later.state.status == "ACCEPTED"
+    assert [s.status for s in store.history if s.job_id == 7] == [
+        "SCHEDULED",
+        "ATTEMPTING",
+        "ACCEPTED",
+    ]
