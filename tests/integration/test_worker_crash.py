@@ -14,10 +14,12 @@ batched writes).
 
 from __future__ import annotations
 
+import datetime as dt
 import random
 import signal
 import time
 import uuid
+import zoneinfo
 from collections.abc import Iterator
 
 import psycopg
@@ -209,4 +211,59 @@ def test_scheduled_jobs_wait_in_postgres_and_go_out_in_due_order_through_relay_a
     # Only a message in flight at the worker's kill may reach the gateway twice.
     assert report.duplicate_count <= conversations
     wait_until(lambda: count_rows(pipeline.dsn, scheduled_sql) == 0, 30, "none SCHEDULED")
+    worker.terminate(timeout_s=30)
+
+
+def test_quiet_hours_hold_bulk_jobs_in_postgres_until_the_window_ends_not_operational_ones(
+    pipeline: LocalPipeline,
+) -> None:
+    """Acceptance 6 of issue 19: a quiet window around now in Sao Paulo (the recipients'
+    zone, from their calling code 55) holds bulk jobs SCHEDULED until its end; operational
+    jobs to the same recipients go at once."""
+    for old in pipeline.processes:
+        if old.is_running and old.name.startswith("worker"):
+            old.terminate(timeout_s=30)
+    if not any(p.is_running and p.name.startswith("relay") for p in pipeline.processes):
+        pipeline.start_relay("relay-quiet")
+    pipeline.start_sink("sink-quiet")
+    local = dt.datetime.now(zoneinfo.ZoneInfo("America/Sao_Paulo")).replace(microsecond=0)
+    ends = local + dt.timedelta(seconds=30)
+    window = f"{(local - dt.timedelta(minutes=1)):%H:%M:%S}-{ends:%H:%M:%S}"
+    worker = pipeline.start_worker("worker-quiet", env={"ZAPSTREAM_WORKER_QUIET_HOURS": window})
+    arrivals = Arrivals(pipeline)
+    arrivals.refresh()
+    run = uuid.uuid4().hex[:8]
+    bulk = [f"{run}:inst-q:{c}b:0" for c in range(10)]
+    operational = [f"{run}:inst-q:{c}o:0" for c in range(10)]
+    with psycopg.connect(pipeline.dsn) as conn, conn.transaction():
+        for c, (b, o) in enumerate(zip(bulk, operational, strict=True)):
+            for key, priority in ((b, "bulk"), (o, "operational")):
+                conn.execute(
+                    "INSERT INTO outbox_jobs (instance_id, payload, idempotency_key, priority) "
+                    "VALUES ('inst-q', jsonb_build_object('type', 'text', 'to', %s::text, "
+                    "'text', %s::text), %s, %s)",
+                    (demo_recipient(950 + c), demo_text(key), key, priority),
+                )
+    arrivals.wait_for(operational, timeout_s=60)
+    held_sql = (
+        "SELECT count(*) FROM outbox_jobs WHERE idempotency_key = ANY(%s) "
+        "AND status = 'SCHEDULED' AND next_retry_at = %s"
+    )
+    wait_until(
+        lambda: count_rows(pipeline.dsn, held_sql, (bulk, ends)) == len(bulk),
+        30,
+        "the bulk jobs SCHEDULED in outbox_jobs until the window's end",
+    )
+    report = arrivals.wait_for(bulk, timeout_s=90)
+    first = {
+        key: float(item["arrived_at"])
+        for item in reversed(arrivals.items)
+        for key in bulk
+        if key in str(item["text"])
+    }
+    margin = min(first.values()) - ends.timestamp()
+    print(
+        f"\nquiet hours: bulk held until {ends:%H:%M:%S} Sao Paulo; first sent {margin:.2f} s after"
+    )
+    assert margin >= 0 and report.duplicate_count == 0
     worker.terminate(timeout_s=30)
