@@ -35,6 +35,7 @@ __all__ = ["GroupLag", "MEANINGS", "group_lags", "overview_page"]
 
 MEANINGS: dict[str, str] = {
     "PENDING": "captured, not attempted yet (or held by a pause)",
+    "SCHEDULED": "due later (send_at, or quiet hours): waits in PostgreSQL until then",
     "ATTEMPTING": "being sent to the gateway",
     "ACCEPTED": "the gateway took it",
     "DELIVERED": "the phone received it",

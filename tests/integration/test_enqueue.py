@@ -227,3 +227,23 @@ async def test_the_release_takes_due_jobs_in_due_order_in_batches_never_a_cancel
         "SCHEDULED",  # cancelled: the worker settles it CANCELLED; never released
         "PENDING",
     ]
+
+
+def test_zapstream_jobs_reschedule_moves_a_scheduled_job_and_refuses_a_released_one(
+    outbox_db: str,
+) -> None:
+    import io
+
+    from connectors.ops.jobs_cli import EXIT_DONE, EXIT_REFUSED, reschedule_job
+
+    with psycopg.connect(outbox_db) as conn:
+        later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=3)
+        job = enqueue(conn, **GOOD, idempotency_key="cli-resched", send_at=later)
+        now_job = enqueue(conn, **GOOD, idempotency_key="cli-resched-now")
+        conn.commit()
+    out = io.StringIO()
+    assert reschedule_job(outbox_db, job, later + dt.timedelta(hours=1), out=out) == EXIT_DONE
+    assert f"job {job} rescheduled: due" in out.getvalue()
+    out = io.StringIO()
+    assert reschedule_job(outbox_db, now_job, later, out=out) == EXIT_REFUSED
+    assert "not rescheduled" in out.getvalue() and "PENDING" in out.getvalue()

@@ -16,6 +16,7 @@ from connectors.ops.jobs_sql import (
     JobDetail,
     JobEvent,
     JobHistory,
+    JobReplay,
     ListedJob,
     PageOfJobs,
 )
@@ -239,3 +240,19 @@ def test_a_risky_bulk_preview_asks_for_the_box_and_says_why_it_refused() -> None
         action="reprocess", count=3, risky=0, limit=10, fields=fields, operator=operator
     )
     assert 'name="accept_duplicate"' not in calm
+
+
+def test_a_scheduled_job_shows_its_due_time_and_a_reschedule_form_to_operators() -> None:
+    import dataclasses
+
+    story = _story("SCHEDULED")
+    due = NOW + dt.timedelta(hours=2)
+    story = dataclasses.replace(story, job=dataclasses.replace(story.job, next_retry_at=due))
+    story.replays.append(JobReplay(4, "scheduler", "scheduled: due", NOW))
+    html = job_page(story, Operator("alice", Role.OPERATOR), text=None)
+    assert 'id="reschedule"' in html and due.isoformat(timespec="seconds") in html
+    assert 'id="cancel"' in html and "<dt>Due</dt>" in html and ">release<" in html
+    viewer = job_page(story, Operator("v", Role.VIEWER), text=None)
+    assert 'id="reschedule"' not in viewer
+    pending = job_page(_story("PENDING"), Operator("alice", Role.OPERATOR), text=None)
+    assert 'id="reschedule"' not in pending and "<dt>Due</dt>" not in pending
