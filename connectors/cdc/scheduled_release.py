@@ -11,14 +11,14 @@ the worker held for the recipient's quiet hours is ``SCHEDULED`` too (its
 :class:`ScheduledRelease` runs in the relay process, beside the stream, on an
 ordinary connection of its own, and only while this relay streams the slot (a
 standby releases nothing, so two relays never race). Every
-``ZAPSTREAM_RELAY_RELEASE_INTERVAL_S`` it releases what is due, in batches of at
-most ``ZAPSTREAM_RELAY_RELEASE_BATCH`` jobs, each batch ONE transaction
-(:data:`RELEASE_SQL`): the jobs move ``SCHEDULED`` -> ``PENDING`` and their copies
-go into ``outbox_replays`` (migration 0005), which the relay streams as each job's
-own ``IntentCaptured``. So a release is crash-safe by construction (both or
-neither), and a released job goes through the relay's rules, the priority topics,
-the worker's pacing, expiry and cancel like any job; the worker has never seen the
-job, so the replay is not a duplicate to it.
+``ZAPSTREAM_RELAY_RELEASE_INTERVAL_S`` it releases a batch of at most
+``ZAPSTREAM_RELAY_RELEASE_BATCH`` due jobs, ONE transaction
+(:data:`RELEASE_SQL`, migration 0008's ``zapstream_release_due``): the jobs move
+``SCHEDULED`` -> ``PENDING`` and their copies go into ``outbox_replays`` (migration
+0005), which the relay streams as each job's own ``IntentCaptured``. So a release is
+crash-safe by construction (both or neither), and a released job goes through the
+relay's rules, the priority topics, the worker's pacing, expiry and cancel like any
+job; the worker has never seen the job, so the replay is not a duplicate to it.
 
 - Order: a batch takes due jobs in ``(next_retry_at, id)`` order and inserts their
   copies in that order; within a conversation the worker keeps Kafka's order.
@@ -32,7 +32,9 @@ job, so the replay is not a duplicate to it.
 
 The bound: a job is released no earlier than its ``next_retry_at`` (PostgreSQL's
 clock decides) and, while a relay streams, at most one interval plus one release
-transaction after it; then it is sent as its instance's pacing allows.
+transaction after it when fewer than a batch are due at once (a larger crowd enters
+at a batch per interval, in due order); then it is sent as its instance's pacing
+allows.
 """
 
 from __future__ import annotations
@@ -48,7 +50,6 @@ from prometheus_client import Counter
 
 from connectors.cdc.failures import OutageLog, classify_exception
 from connectors.cdc.settings import RelaySettings
-from connectors.outbox.schedule import RELEASE_ACTOR
 from streams.kernel.postgres import ReopeningConnection, postgres_deadline
 from streams.kernel.runtime.periodic import Periodic
 from streams.kernel.runtime.service import Service
@@ -61,35 +62,10 @@ RELEASED = Counter(
     "into outbox_replays, to be streamed as intents",
 )
 
-RELEASE_SQL = """
-WITH due AS (
-    SELECT j.id
-    FROM outbox_jobs j
-    WHERE j.status = 'SCHEDULED' AND j.next_retry_at <= now()
-      AND NOT EXISTS (
-          SELECT 1 FROM outbox_commands c WHERE c.job_id = j.id AND c.command = 'cancel'
-      )
-    ORDER BY j.next_retry_at, j.id
-    LIMIT %(batch)s
-    FOR UPDATE OF j SKIP LOCKED
-), released AS (
-    UPDATE outbox_jobs j
-    SET status = 'PENDING', updated_at = now()
-    FROM due
-    WHERE j.id = due.id AND j.status = 'SCHEDULED'
-    RETURNING j.id, j.next_retry_at, j.instance_id, j.idempotency_key, j.conversation_key,
-              j.payload, j.priority, j.purpose, j.expires_at, j.max_attempts, j.created_at
-)
-INSERT INTO outbox_replays (job_id, reason, actor, instance_id, idempotency_key,
-    conversation_key, payload, priority, purpose, expires_at, max_attempts, job_created_at)
-SELECT r.id, 'scheduled: due', %(actor)s, r.instance_id, r.idempotency_key,
-    r.conversation_key, r.payload, r.priority, r.purpose, r.expires_at, r.max_attempts,
-    r.created_at
-FROM released r
-ORDER BY r.next_retry_at, r.id
-"""
-"""One batch: due jobs (by the partial index ``outbox_jobs_scheduled_idx``) become PENDING
-and their copies are streamed from ``outbox_replays``, in one transaction."""
+RELEASE_SQL = "SELECT zapstream_release_due(%(batch)s)"
+"""One batch: migration 0008's ``zapstream_release_due`` (SECURITY DEFINER, so the relay's
+role needs only EXECUTE on it): due jobs become PENDING and their copies are streamed from
+``outbox_replays``, in one transaction, by the partial index ``outbox_jobs_scheduled_idx``."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -103,8 +79,9 @@ class ReleaseStats:
 async def release_due(conn: psycopg.AsyncConnection[Any], *, batch: int) -> int:
     """Release at most ``batch`` due jobs in one transaction; return how many."""
     async with conn.transaction():
-        cursor = await conn.execute(RELEASE_SQL, {"batch": batch, "actor": RELEASE_ACTOR})
-        return max(cursor.rowcount, 0)
+        cursor = await conn.execute(RELEASE_SQL, {"batch": batch})
+        row = await cursor.fetchone()
+        return int(row[0]) if row and row[0] is not None else 0
 
 
 class ScheduledRelease(Service):
@@ -159,16 +136,15 @@ class ScheduledRelease(Service):
         await self._conn.drop()
 
     async def tick(self) -> int:
-        """Release everything due now, batch after batch (nothing unless streaming)."""
-        released = 0
-        while self._streaming() and not self.stop_requested:
-            count = await self.release_once()
-            if count is None:
-                break
-            released += count
-            if count < self._batch:
-                break
-        return released
+        """Release one batch of what is due (nothing unless streaming).
+
+        One batch a tick, never all that is due: a million jobs due at once enter the
+        stream at ``batch`` per interval (2,000/s by default, above any instance's send
+        rate) as pacing drains them, not all at once, ahead of operational rows in the
+        relay's WAL order."""
+        if not self._streaming() or self.stop_requested:
+            return 0
+        return await self.release_once() or 0
 
     async def release_once(self) -> int | None:
         """One batch (one transaction); None if PostgreSQL could not be reached."""

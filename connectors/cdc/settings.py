@@ -58,8 +58,8 @@ class RelaySettings(SettingsBase):
     ``next_retry_at`` passed) this often: at most this long after its time a scheduled job
     becomes an intent (:mod:`connectors.cdc.scheduled_release`); 0: never (they wait)."""
     release_batch: int = Field(default=2000, ge=1, le=100_000)
-    """Scheduled jobs released per transaction; a tick releases batch after batch until
-    none is due."""
+    """Scheduled jobs released per tick (one transaction): the most that enter the stream
+    per ``release_interval_s`` when many are due at once (they are paced anyway)."""
 
     exactly_once: bool = False
     """Apache Kafka only. Every record is produced inside a Kafka transaction (transactional

@@ -19,6 +19,7 @@ import psycopg
 
 from connectors.outbox.roles import (
     COMPONENT_ROLES,
+    FUNCTIONS,
     SEQUENCES,
     TABLES,
     WRITES,
@@ -95,6 +96,11 @@ _SEQUENCES = """
     SELECT c.relname, p.priv FROM pg_class c CROSS JOIN unnest(%s::text[]) AS p(priv)
     WHERE c.oid = ANY(%s) AND has_sequence_privilege(c.oid, p.priv)
 """
+# Functions that exist (a schema not migrated yet has none) and that the role may run.
+_FUNCTIONS = """
+    SELECT f FROM unnest(%s::text[]) AS f
+    WHERE to_regprocedure(f) IS NOT NULL AND has_function_privilege(to_regprocedure(f), 'EXECUTE')
+"""
 
 
 async def read_role_facts(conn: psycopg.AsyncConnection[Any]) -> RoleFacts:
@@ -123,6 +129,8 @@ async def read_role_facts(conn: psycopg.AsyncConnection[Any]) -> RoleFacts:
     held |= {(str(r), str(p), None) for r, p in await cur.fetchall()}
     cur = await conn.execute(_SEQUENCES, (list(SEQUENCE_PRIVILEGES), sequences))
     held |= {(str(r), str(p), None) for r, p in await cur.fetchall()}
+    cur = await conn.execute(_FUNCTIONS, (list(FUNCTIONS),))
+    held |= {(str(f), "EXECUTE", None) for (f,) in await cur.fetchall()}
     return RoleFacts(
         str(user),
         bool(sup),
@@ -239,7 +247,11 @@ def _grouped(
         if named and len(named) < len(all_cols):
             what = f"{privilege} ({', '.join(named)}) on {relation}"
         if extra:
-            kind = "write" if privilege in WRITES or relation in SEQUENCES else "read"
+            kind = (
+                "write"
+                if privilege in WRITES or relation in SEQUENCES or relation in FUNCTIONS
+                else "read"
+            )
             out.append(
                 RoleProblem(
                     f"{facts.user} may {what}, a {kind} the {component} never does",

@@ -29,11 +29,11 @@ The lag monitor and ``topics ensure`` never connect to PostgreSQL; ``outbox rest
 (recovery after a lost slot, with ``db migrate`` re-creating it) runs as the owner:
 it locks job rows (``FOR UPDATE``), which needs UPDATE on ``outbox_jobs``.
 
-Why the relay reads no more of the published tables than the scheduled release needs:
-the walsender decodes the rows under the REPLICATION attribute; table SELECT is only
-needed to copy a table's existing rows, which a subscription does and the relay never
-does. The scheduled release reads the due jobs' columns it copies into ``outbox_replays``.
-The publication (which only the tables' owner may create or extend) and the slot are
+Why the relay gets no SELECT on the published tables: the walsender decodes the rows
+under the REPLICATION attribute; table SELECT is only needed to copy a table's existing
+rows, which a subscription does and the relay never does. Its scheduled release runs
+``zapstream_release_due`` (migration 0008, SECURITY DEFINER), the one function it may
+EXECUTE. The publication (which only the tables' owner may create or extend) and the slot are
 created by ``db migrate``; the relay re-creates a dropped slot itself (REPLICATION allows
 it).
 
@@ -64,6 +64,10 @@ MIGRATIONS = "schema_migrations"
 TABLES = (JOBS, EVENTS, COMMANDS, REPLAYS, CONTROLS, CONTROLS_VIEW, MIGRATIONS)
 """Every relation the group roles are granted on (reset on each apply)."""
 SEQUENCES = tuple(f"{t}_id_seq" for t in (JOBS, EVENTS, COMMANDS, REPLAYS, CONTROLS))
+RELEASE_FUNCTION = "zapstream_release_due(integer)"
+"""Migration 0008's scheduled release (SECURITY DEFINER), the relay's only write."""
+FUNCTIONS = (RELEASE_FUNCTION,)
+"""Functions granted to a group role (EXECUTE; revoked from PUBLIC by their migration)."""
 WRITES = ("INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER")
 """Table privileges beyond reading."""
 
@@ -77,6 +81,8 @@ class Grant:
     columns: tuple[str, ...] = ()
 
     def sql(self, role: str) -> str:
+        if self.relation in FUNCTIONS:
+            return f"GRANT {self.privilege} ON FUNCTION {self.relation} TO {role};"
         cols = f" ({', '.join(self.columns)})" if self.columns else ""
         return f"GRANT {self.privilege}{cols} ON {self.relation} TO {role};"
 
@@ -109,34 +115,6 @@ _COMMAND_INSERT = Grant(
 _CONTROL_INSERT = Grant("INSERT", CONTROLS, _cols("kind", "target", "action", "reason", "actor"))
 _RESCHEDULE = Grant("UPDATE", JOBS, _cols("next_retry_at", "updated_at"))
 """Reschedule a job not released yet (connectors/outbox/schedule.py, zapstream_reschedule)."""
-_RELEASE_READS = _cols(
-    "id",
-    "status",
-    "next_retry_at",
-    "instance_id",
-    "idempotency_key",
-    "conversation_key",
-    "payload",
-    "priority",
-    "purpose",
-    "expires_at",
-    "max_attempts",
-    "created_at",
-)
-_REPLAY_COLUMNS = _cols(
-    "job_id",
-    "reason",
-    "actor",
-    "instance_id",
-    "idempotency_key",
-    "conversation_key",
-    "payload",
-    "priority",
-    "purpose",
-    "expires_at",
-    "max_attempts",
-    "job_created_at",
-)
 _READ_ALL = (
     Grant("SELECT", JOBS),
     Grant("SELECT", EVENTS),
@@ -151,15 +129,11 @@ COMPONENT_ROLES: tuple[ComponentRole, ...] = (
         "streams outbox inserts (logical replication); re-creates a dropped slot",
         (
             Grant("SELECT", JOBS, _cols("status")),
-            # The scheduled release (connectors/cdc/scheduled_release.py): due jobs become
-            # PENDING and their copies go into outbox_replays, in one transaction.
-            Grant("SELECT", JOBS, _RELEASE_READS),
-            Grant("UPDATE", JOBS, _cols("status", "updated_at")),
-            Grant("SELECT", COMMANDS, _cols("job_id", "command")),
-            Grant("INSERT", REPLAYS, _REPLAY_COLUMNS),
+            # The scheduled release (connectors/cdc/scheduled_release.py), SECURITY DEFINER:
+            # no write and no payload read of the relay's own.
+            Grant("EXECUTE", RELEASE_FUNCTION),
             _VERSIONS,
         ),
-        sequences=(f"{REPLAYS}_id_seq",),
         replication=True,
     ),
     ComponentRole(
@@ -341,6 +315,7 @@ def grant_sql(spec: ComponentRole) -> list[str]:
         "END $$;",
         f"REVOKE ALL ON {', '.join(TABLES)} FROM {role};",
         f"REVOKE ALL ON SEQUENCE {', '.join(SEQUENCES)} FROM {role};",
+        f"REVOKE ALL ON FUNCTION {', '.join(FUNCTIONS)} FROM {role};",
     ]
     statements += [grant.sql(role) for grant in spec.grants]
     if spec.sequences:

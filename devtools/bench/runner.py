@@ -17,7 +17,11 @@ PostgreSQL, broker and gateway simulator so none sees another's data:
 - ``scaling``: 1 then 2 workers of one consumer group on ``--worker-messages``
   intents, started before the intents arrive: msg/s, CPU per message, each
   worker's share and how busy the machine's cores were;
-- ``e2e``: commit -> gateway p50/p99/p999 at ``--rate`` msg/s for ``--e2e-seconds``.
+- ``e2e``: commit -> gateway p50/p99/p999 at ``--rate`` msg/s for ``--e2e-seconds``;
+- ``scheduled``: ``--scheduled-jobs`` (1,000,000) bulk jobs scheduled a minute ahead by one
+  SQL statement: the worker's RSS before they are due next to an idle worker's, the records
+  they add to Kafka while waiting (none), then the operational p99 on the same instance
+  while they drain through pacing (:mod:`devtools.bench.scheduled`).
 
 Prints one table, a value and verdict column per broker side by side (figure,
 target, Apache Kafka, Tansu, the comparisons of each broker's run) and writes it
@@ -49,12 +53,13 @@ from typing import Any, TextIO
 import orjson
 
 from devtools.bench.relay import run_relay_section
+from devtools.bench.scheduled import run_scheduled_section
 from devtools.bench.support import Figure, ms
 from devtools.bench.worker import run_end_to_end, run_worker_alone, run_worker_scaling
 from devtools.stack.kafka_broker import kafka_version
 from devtools.stack.local_pipeline import BROKERS
 
-SECTIONS = ("relay", "worker", "scaling", "e2e")
+SECTIONS = ("relay", "worker", "scaling", "e2e", "scheduled")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_BROKERS = ("kafka", "tansu")
 """The table's columns, in order: Apache Kafka (production's broker) first, at full sizes."""
@@ -342,6 +347,9 @@ class Sizes:
     fifty: bool
     baseline: bool
     e2e_seconds: float
+    scheduled_jobs: int = 1_000_000
+    scheduled_due_s: float = 60.0
+    scheduled_drain_s: float = 60.0
 
     def describe(self, sections: Sequence[str]) -> str:
         ran: list[str] = []
@@ -362,6 +370,11 @@ class Sizes:
             ran.append(f"scaling intents {self.worker_messages:,}")
         if "e2e" in sections:
             ran.append(f"end to end {self.e2e_seconds:g} s")
+        if "scheduled" in sections:
+            ran.append(
+                f"scheduled {self.scheduled_jobs:,} jobs due in {self.scheduled_due_s:g} s, "
+                f"drain {self.scheduled_drain_s:g} s"
+            )
         if "relay" in sections or "e2e" in sections:
             ran.append(f"offered {self.rate:g}/s")
         return "; ".join(ran)
@@ -379,6 +392,7 @@ def reduced(full: Sizes) -> Sizes:
         relay_rows=max(1, full.relay_rows // 2),
         relay_latency_s=full.relay_latency_s / 2,
         memory_jobs=0,
+        scheduled_jobs=max(1, full.scheduled_jobs // 10),
     )
 
 
@@ -444,6 +458,18 @@ def run_section(
                 for n in (1, 2)
             ]
         )
+    if section == "scheduled":
+        print(
+            f"bench: scheduled on {name} ({sizes.scheduled_jobs:,} jobs) ...", file=log, flush=True
+        )
+        return run_scheduled_section(
+            jobs=sizes.scheduled_jobs,
+            due_s=sizes.scheduled_due_s,
+            drain_s=sizes.scheduled_drain_s,
+            partitions=partitions,
+            out=log,
+            broker=broker,
+        )
     assert section == "e2e", section
     print(f"bench: end to end on {name} ({sizes.rate:g} msg/s) ...", file=log, flush=True)
     return e2e_figures(
@@ -491,6 +517,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-50ms", action="store_true", help="skip the 50 ms gateway run")
     parser.add_argument("--no-baseline", action="store_true", help="skip the Faust+Table run")
     parser.add_argument("--e2e-seconds", type=float, default=30.0)
+    parser.add_argument(
+        "--scheduled-jobs", type=int, default=1_000_000, help="jobs scheduled a minute ahead"
+    )
+    parser.add_argument("--scheduled-due-s", type=float, default=60.0)
+    parser.add_argument("--scheduled-drain-s", type=float, default=60.0)
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--results-dir", type=Path, default=REPO_ROOT / "bench" / "results")
     parser.add_argument("--strict", action="store_true", help="exit 1 on any MISS")
@@ -508,6 +539,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         fifty=not args.no_50ms,
         baseline=not args.no_baseline,
         e2e_seconds=args.e2e_seconds,
+        scheduled_jobs=args.scheduled_jobs,
+        scheduled_due_s=args.scheduled_due_s,
+        scheduled_drain_s=args.scheduled_drain_s,
     )
     sizes = {b: full if i == 0 or args.same_sizes else reduced(full) for i, b in enumerate(brokers)}
     log = sys.stderr

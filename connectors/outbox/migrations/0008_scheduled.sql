@@ -4,10 +4,10 @@
 -- the future; so does enqueue(..., send_at=...). The trigger below marks such a
 -- row SCHEDULED (not PENDING: the article's stuck-jobs query does not count it).
 -- The relay publishes nothing for a SCHEDULED row; the active relay's release
--- loop (connectors/cdc/scheduled_release.py) releases due jobs in bounded batches,
--- each batch one transaction: the jobs become PENDING and their copies go into
--- outbox_replays, which the relay streams as the jobs' own intents, so priority,
--- pacing, expiry and cancel apply as to any job.
+-- loop (connectors/cdc/scheduled_release.py) calls zapstream_release_due() below:
+-- due jobs, in bounded batches, each batch one transaction, become PENDING and
+-- their copies go into outbox_replays, which the relay streams as the jobs' own
+-- intents, so priority, pacing, expiry and cancel apply as to any job.
 --
 --   INSERT INTO outbox_jobs (instance_id, payload, idempotency_key, next_retry_at)
 --       VALUES ('clinic-1', '{"type":"text","to":"5511987654321","text":"..."}',
@@ -66,3 +66,54 @@ BEGIN
               HINT = 'cancel it and enqueue a new job with send_at';
 END
 $$;
+
+-- Release at most p_batch due jobs in one transaction; returns how many. In
+-- (next_retry_at, id) order, by the partial index; a job with a cancel command is
+-- never released (the worker settles it CANCELLED); a row locked by another
+-- transaction (being rescheduled) waits for the next call. SECURITY DEFINER: the
+-- relay's role may run this and nothing else that writes (roles.py), and never
+-- reads a payload itself.
+CREATE OR REPLACE FUNCTION zapstream_release_due(p_batch INTEGER) RETURNS INTEGER
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    released INTEGER;
+BEGIN
+    WITH due AS (
+        SELECT j.id
+        FROM outbox_jobs j
+        WHERE j.status = 'SCHEDULED' AND j.next_retry_at <= now()
+          AND NOT EXISTS (
+              SELECT 1 FROM outbox_commands c WHERE c.job_id = j.id AND c.command = 'cancel'
+          )
+        ORDER BY j.next_retry_at, j.id
+        LIMIT greatest(p_batch, 0)
+        FOR UPDATE OF j SKIP LOCKED
+    ), moved AS (
+        UPDATE outbox_jobs j
+        SET status = 'PENDING', updated_at = now()
+        FROM due
+        WHERE j.id = due.id AND j.status = 'SCHEDULED'
+        RETURNING j.id, j.next_retry_at, j.instance_id, j.idempotency_key, j.conversation_key,
+                  j.payload, j.priority, j.purpose, j.expires_at, j.max_attempts, j.created_at
+    )
+    INSERT INTO outbox_replays (job_id, reason, actor, instance_id, idempotency_key,
+        conversation_key, payload, priority, purpose, expires_at, max_attempts, job_created_at)
+    SELECT m.id, 'scheduled: due', 'scheduler', m.instance_id, m.idempotency_key,
+        m.conversation_key, m.payload, m.priority, m.purpose, m.expires_at, m.max_attempts,
+        m.created_at
+    FROM moved m
+    ORDER BY m.next_retry_at, m.id;
+    GET DIAGNOSTICS released = ROW_COUNT;
+    RETURN released;
+END
+$$;
+
+-- A SECURITY DEFINER function resolves names in the outbox's schema only.
+DO $$
+BEGIN
+    EXECUTE format(
+        'ALTER FUNCTION zapstream_release_due(INTEGER) SET search_path = %I, pg_temp',
+        current_schema());
+END
+$$;
+REVOKE ALL ON FUNCTION zapstream_release_due(INTEGER) FROM PUBLIC;

@@ -11,8 +11,11 @@ from connectors.cdc.scheduled_release import ScheduledRelease
 
 
 class _Cursor:
-    def __init__(self, rowcount: int) -> None:
-        self.rowcount = rowcount
+    def __init__(self, released: int) -> None:
+        self.released = released
+
+    async def fetchone(self) -> tuple[int]:
+        return (self.released,)
 
 
 class _Transaction:
@@ -33,7 +36,7 @@ class _Connection:
         return _Transaction()
 
     async def execute(self, sql: str, params: dict[str, Any]) -> _Cursor:
-        assert sql is scheduled_release.RELEASE_SQL
+        assert sql == "SELECT zapstream_release_due(%(batch)s)" == scheduled_release.RELEASE_SQL
         self.batches.append(params)
         count = self.counts.pop(0)
         if isinstance(count, Exception):
@@ -55,12 +58,11 @@ def _release(conn: _Connection, *, streaming: bool = True) -> ScheduledRelease:
     )
 
 
-async def test_a_tick_releases_batch_after_batch_until_one_is_short() -> None:
-    conn = _Connection([3, 3, 1, 99])
+async def test_a_tick_releases_one_batch_so_a_crowd_enters_at_a_batch_per_interval() -> None:
+    conn = _Connection([3, 3, 1, 0])
     release = _release(conn)
-    assert await release.tick() == 7
-    assert [b["batch"] for b in conn.batches] == [3, 3, 3]
-    assert conn.batches[0]["actor"] == "scheduler"
+    assert [await release.tick() for _ in range(4)] == [3, 3, 1, 0]
+    assert [b["batch"] for b in conn.batches] == [3, 3, 3, 3]
     assert release.stats.released == 7 and release.stats.batches == 3
     assert "7 scheduled jobs released in 3 batches" in release.summary()
 
