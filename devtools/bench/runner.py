@@ -18,7 +18,8 @@ PostgreSQL, broker and gateway simulator so none sees another's data:
   intents, started before the intents arrive: msg/s, CPU per message, each
   worker's share and how busy the machine's cores were;
 - ``e2e``: commit -> gateway p50/p99/p999 at ``--rate`` msg/s for ``--e2e-seconds``;
-- ``scheduled``: ``--scheduled-jobs`` (1,000,000) bulk jobs scheduled a minute ahead by one
+- ``scheduled`` (only with ``--only scheduled``: it takes minutes of its own):
+  ``--scheduled-jobs`` (1,000,000) bulk jobs scheduled a minute ahead by one
   SQL statement: the worker's RSS before they are due next to an idle worker's, the records
   they add to Kafka while waiting (none), then the operational p99 on the same instance
   while they drain through pacing (:mod:`devtools.bench.scheduled`).
@@ -59,7 +60,10 @@ from devtools.bench.worker import run_end_to_end, run_worker_alone, run_worker_s
 from devtools.stack.kafka_broker import kafka_version
 from devtools.stack.local_pipeline import BROKERS
 
-SECTIONS = ("relay", "worker", "scaling", "e2e", "scheduled")
+SECTIONS = ("relay", "worker", "scaling", "e2e")
+"""The default run's sections (under 15 minutes)."""
+OPT_IN_SECTIONS = ("scheduled",)
+"""Sections run only when asked for (``--only scheduled``): minutes of their own."""
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_BROKERS = ("kafka", "tansu")
 """The table's columns, in order: Apache Kafka (production's broker) first, at full sizes."""
@@ -488,7 +492,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="make bench ARGS=...", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument(
-        "--only", action="append", choices=SECTIONS, help="run only this section (repeatable)"
+        "--only",
+        action="append",
+        choices=(*SECTIONS, *OPT_IN_SECTIONS),
+        help="run only this section (repeatable); scheduled runs only when named",
     )
     parser.add_argument(
         "--broker",
