@@ -13,6 +13,11 @@ commits. The same idempotency key twice returns the existing job's id without
 an error and without a second row. Invalid input raises :class:`InvalidIntent`
 before anything is written; the rules are :mod:`connectors.outbox.rules`, which the
 relay applies again to rows applications INSERT directly.
+
+Meta templates: :func:`enqueue_template` (and :func:`enqueue_template_async`) write a
+``{"type": "template", "to", "template": {...}}`` intent, the Cloud API's template object;
+``enqueue(..., fallback_template={...})`` a text sent as that template instead when Meta
+answers that the customer-service window is closed (docs/guides/gateways/meta.md).
 """
 
 from __future__ import annotations
