@@ -45,6 +45,7 @@ from streams.sink_progress import SinkProgress
 from streams.stores import FaustJobStore, FaustPublisher, KafkaWriter
 from streams.table_digest import add_digest_page
 from streams.tables import register_tables
+from streams.template_pauses import TemplatePauses
 from streams.topics import register_topics
 from streams.worker_service import WorkerService, WorkerTally
 from streams.worker_settings import WorkerSettings
@@ -210,6 +211,7 @@ def build_worker_app(
         first_sight=check.first_sight if check is not None else None,
         references=references,
         pauses=pauses,
+        template_pauses=TemplatePauses(settings.template_recheck_s),
         failures=FailureLog(
             summary_interval_s=settings.failure_summary_interval_s,
             quiet_period_s=settings.failure_quiet_period_s,

@@ -48,6 +48,7 @@ from connectors.outbox.rules import (
     check_message_type,
     check_priority,
     check_recipient,
+    check_template,
     require_text,
     required,
 )
@@ -63,6 +64,7 @@ from streams.kernel.contract import (
     conversation_partition_key,
     intents_topic,
 )
+from streams.kernel.templates import TEMPLATE, template_summary
 
 
 class _Reject(Exception):
@@ -198,7 +200,7 @@ def row_to_intent(
             raise _Reject(f"payload is a JSON {type(payload).__name__}, not an object")
         kind = check_message_type(payload.get("type", "text"))
         recipient = _recipient(payload.get("to"))
-        text = require_text(payload.get("text"), problem="is missing or empty")
+        text, template = _content(kind, payload)
         # NULL or empty columns take the table's defaults.
         priority = _priority_value(row.get("priority") or Priority.OPERATIONAL.value)
         max_attempts = check_max_attempts(_integer(row.get("max_attempts") or "5"))
@@ -219,6 +221,7 @@ def row_to_intent(
                 "created_at": _timestamp(row.get("created_at")),
                 "committed_at": committed_at,
                 "lsn": lsn,
+                "template": template,
                 "schema": _INTENT_SCHEMA,
             }
         )
@@ -226,6 +229,19 @@ def row_to_intent(
         return IntentRejected(
             job_id=job_id, reason=str(reason), row=dict(row), lsn=lsn, committed_at=committed_at
         )
+
+
+def _content(kind: str, payload: Mapping[str, Any]) -> tuple[str, dict[str, Any] | None]:
+    """The intent's ``text`` and ``template``: a text with its optional
+    ``fallback_template``, or a template (its ``text`` a summary naming it)."""
+    if kind == TEMPLATE:
+        template = check_template(payload.get("template"))
+        return template_summary(template), template
+    text = require_text(payload.get("text"), problem="is missing or empty")
+    fallback = payload.get("fallback_template")
+    if fallback is None:
+        return text, None
+    return text, check_template(fallback, what="fallback_template")
 
 
 def _row_id(row: Mapping[str, str | None], column: str) -> int | None:

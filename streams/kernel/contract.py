@@ -447,6 +447,11 @@ class IntentCaptured(Record):
     """Commit timestamp of the outbox transaction (ISO 8601), for commit-to-gateway latency."""
     lsn: str = "0/0"
     """End LSN of the outbox transaction, for tracing a record back to the WAL."""
+    template: dict[str, Any] | None = None
+    """The Cloud API template object (``{"name", "language": {"code"}, "components"}``):
+    what a ``template`` intent sends, or, on a ``text`` intent, its fallback template, sent
+    instead when Meta answers that the customer-service window is closed (131047); None for
+    a plain text (and in records from before templates). See :mod:`streams.kernel.templates`."""
 
     @property
     def partition_key(self) -> bytes:
@@ -461,6 +466,8 @@ class IntentCaptured(Record):
             return "to is not a normalised recipient (digits with country code, or a JID)"
         if not self.text or not self.message_type or not self.conversation_key:
             return "text, message_type and conversation_key must not be empty"
+        if self.message_type == "template" and not self.template:
+            return "a template intent needs its template"
         return instance_id_problem(self.instance_id)
 
 

@@ -255,7 +255,7 @@ def test_throughput_limit_honours_retry_after() -> None:
 
 @pytest.mark.parametrize(
     ("code", "subcode"),
-    [(131026, None), (100, None), (100, 2494010), (131049, None), (131047, None), (131051, None)],
+    [(131026, None), (100, None), (100, 2494010), (131049, None), (131051, None)],
 )
 def test_permanent_codes(code: int, subcode: int | None) -> None:
     error = meta_error(response(400, graph_error(code, "Message undeliverable", subcode)))
