@@ -19,7 +19,9 @@ sink       zapstream_sink        states into ``outbox_jobs``, events into
 webhook    zapstream_webhook     finds the job of a receipt: five columns, no payload
 console    zapstream_console     reads jobs and their history, writes cancel/reprocess
 operator   zapstream_operator    the CLI: the console's rights plus pause/resume
-app        zapstream_app         applications: enqueue, cancel, pause/resume, backlog
+app        zapstream_app         applications: enqueue, cancel, pause/resume, backlog;
+                                 the outbox article's UPDATEs, which a trigger turns
+                                 into a reprocess command or refuses with a message
 prune      zapstream_prune       ``zapstream outbox prune``: redacts settled jobs
 =========  ====================  ========================================================
 
@@ -103,6 +105,16 @@ _COMMAND_INSERT = Grant(
     "INSERT", COMMANDS, _cols("job_id", "idempotency_key", "command", "reason", "actor")
 )
 _CONTROL_INSERT = Grant("INSERT", CONTROLS, _cols("kind", "target", "action", "reason", "actor"))
+# The outbox article's UPDATEs of outbox_jobs (migration 0009): granted so that its
+# FAQ reprocess (SET status = 'PENDING', attempts = 0, next_retry_at = NOW()) reaches the
+# trigger that turns it into a reprocess command, and its worker's writes get the
+# trigger's refusal naming what to do instead of a bare "permission denied". Never
+# state_version: a write that leaves it alone is known not to be the sink's. The
+# trigger runs as this role and reads the job's moves for the may-be-delivered check.
+_ARTICLE_UPDATE = Grant(
+    "UPDATE", JOBS, _cols("status", "attempts", "next_retry_at", "last_error", "sent_at")
+)
+_ARTICLE_RISK_READ = Grant("SELECT", EVENTS, _cols("job_id", "from_status", "to_status", "version"))
 _READ_ALL = (
     Grant("SELECT", JOBS),
     Grant("SELECT", EVENTS),
@@ -209,9 +221,12 @@ COMPONENT_ROLES: tuple[ComponentRole, ...] = (
     ),
     ComponentRole(
         "app",
-        "applications: enqueue, cancel, pause/resume, backlog and should_hold",
+        "applications: enqueue, cancel, pause/resume, backlog and should_hold; the outbox "
+        "article's UPDATEs (reprocess by SQL, refused worker writes)",
         (
             Grant("SELECT", JOBS),
+            _ARTICLE_UPDATE,
+            _ARTICLE_RISK_READ,
             Grant(
                 "INSERT",
                 JOBS,
