@@ -89,6 +89,7 @@ def _validate(
     purpose: str | None,
     expires_at: dt.datetime | None,
     max_attempts: int,
+    respect_opt_out: bool | None = None,
 ) -> _Row:
     # The order decides which reason is reported when several rules are broken.
     try:
@@ -102,9 +103,14 @@ def _validate(
         conversation_key = check_conversation_key(conversation_key)
     except RuleViolation as exc:
         raise InvalidIntent(str(exc)) from exc
+    payload: dict[str, Any] = {"type": "text", "to": recipient, "text": text}
+    if respect_opt_out is not None:
+        if not isinstance(respect_opt_out, bool):
+            raise InvalidIntent("respect_opt_out must be True, False or None")
+        payload["respect_opt_out"] = respect_opt_out
     return _Row(
         instance_id=instance_id.strip(),
-        payload={"type": "text", "to": recipient, "text": text},
+        payload=payload,
         idempotency_key=idempotency_key.strip(),
         conversation_key=conversation_key or conversation_key_for(recipient),
         priority=chosen_priority.value,
@@ -126,8 +132,13 @@ def enqueue(
     purpose: str | None = None,
     expires_at: dt.datetime | None = None,
     max_attempts: int = 5,
+    respect_opt_out: bool | None = None,
 ) -> int:
-    """Write one text intent in the caller's transaction; return its job id."""
+    """Write one text intent in the caller's transaction; return its job id.
+
+    ``respect_opt_out``: whether the recipient's opt-out (:mod:`connectors.outbox.optouts`)
+    stops this message; None (the default) decides by priority: a bulk message is never
+    sent to an opted-out recipient, an operational one is."""
     row = _validate(
         instance_id=instance_id,
         to=to,
@@ -138,6 +149,7 @@ def enqueue(
         purpose=purpose,
         expires_at=expires_at,
         max_attempts=max_attempts,
+        respect_opt_out=respect_opt_out,
     )
     with conn.cursor() as cur:
         cur.execute(_INSERT, row.params())
@@ -161,6 +173,7 @@ async def enqueue_async(
     purpose: str | None = None,
     expires_at: dt.datetime | None = None,
     max_attempts: int = 5,
+    respect_opt_out: bool | None = None,
 ) -> int:
     """The async flavour of :func:`enqueue`."""
     row = _validate(
@@ -173,6 +186,7 @@ async def enqueue_async(
         purpose=purpose,
         expires_at=expires_at,
         max_attempts=max_attempts,
+        respect_opt_out=respect_opt_out,
     )
     async with conn.cursor() as cur:
         await cur.execute(_INSERT, row.params())
