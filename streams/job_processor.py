@@ -253,7 +253,7 @@ class JobProcessor:
         optouts: OptOuts | None = None,
     ) -> None:
         self.gateway = gateway
-        self.optouts = optouts or OptOuts()
+        self.optouts = optouts if optouts is not None else OptOuts()
         """Recipients who opted out, per instance (:mod:`streams.optouts`)."""
         self.references = references
         """Makes the attempt references the gateway is told and verifies receipts' (None:
