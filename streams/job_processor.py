@@ -66,12 +66,14 @@ from streams.kernel.contract import (
     JobStatus,
     ReceiptReceived,
     StatusChanged,
+    opt_out_person,
 )
 from streams.kernel.errors import (
     GatewayError,
     InstanceUnavailableError,
     PermanentGatewayError,
     RateLimitedError,
+    RecipientOptedOut,
     TransientGatewayError,
     UncertainGatewayError,
 )
@@ -97,9 +99,12 @@ from streams.kernel.templates import (
 from streams.metrics import (
     ACCEPTED_TO_DELIVERED,
     GATEWAY_CALL,
+    OPTOUT_SKIPPED,
+    OPTOUTS_LEARNT,
     RECEIPTS_IGNORED,
     RECONCILE_GAVE_UP,
 )
+from streams.optouts import NOT_READY_WAIT_S, OptOuts, applies, opted_out_by_receipt, skip_reason
 from streams.pacing import OPERATIONAL, Pacer
 from streams.receipts import ignored_because, moves_forward, remember_event
 from streams.reconcile import InstanceListings, ListingDeferred, Verdict, reconcile
@@ -264,12 +269,15 @@ class JobProcessor:
         first_sight: Callable[[str], None] | None = None,
         references: ReferenceKey | None = None,
         template_pauses: TemplatePauses | None = None,
+        optouts: OptOuts | None = None,
     ) -> None:
         self.gateway = gateway
         self.template_pauses = template_pauses or TemplatePauses()
         """Templates Meta paused (132015), whose jobs wait (:mod:`streams.template_pauses`)."""
         self.sends_templates: bool = getattr(gateway, "sends_templates", False)
         """The gateway can send template intents (Meta's Cloud API)."""
+        self.optouts = optouts if optouts is not None else OptOuts()
+        """Recipients who opted out, per instance (:mod:`streams.optouts`)."""
         self.references = references
         """Makes the attempt references the gateway is told and verifies receipts' (None:
         legacy ``<job>-<seq>`` references, which bind nothing; tests and tools only)."""
@@ -427,10 +435,14 @@ class JobProcessor:
         probe: bool,
         paced: bool = True,
     ) -> Outcome:
-        """One attempt: pace, expire, journal ATTEMPTING, call the gateway, record the outcome.
+        """One attempt: opt-out, pace, expire, journal ATTEMPTING, call the gateway, record the
+        outcome.
 
         ``paced`` False: no token is waited for (a fallback template right after its text was
         refused: the job must not park between the two)."""
+        skipped = await self._skip_opted_out(intent, ref, current, partition)
+        if skipped is not None:
+            return skipped
         if intent.message_type == TEMPLATE and not self.sends_templates:
             return await self._refuse_template(intent, ref, current, partition)
         if not probe and paced:
@@ -483,6 +495,55 @@ class JobProcessor:
             return await self._on_send_failed(attempt, exc)
         return await self._on_accepted(attempt, accepted)
 
+    async def _skip_opted_out(
+        self, intent: IntentCaptured, ref: JobRef, current: StatusChanged | None, partition: int
+    ) -> Outcome | None:
+        """A job whose recipient opted out ends OPTED_OUT, never sent (a bulk job, or one
+        the application marked ``respect_opt_out``); None: go on. Before every attempt, so
+        a job waiting for a retry, or reprocessed, meets an opt-out made meanwhile."""
+        if not applies(intent):
+            return None
+        if not self.optouts.ready:
+            # The list is not read to its end yet: never send on a guess.
+            return Park(self._ts() + NOT_READY_WAIT_S, current)
+        reason = skip_reason(self.optouts, intent)
+        if reason is None:
+            return None
+        OPTOUT_SKIPPED.labels(intent.instance_id).inc()
+        skipped = transition(ref, current, S.OPTED_OUT, reason=reason)
+        return Done(
+            await self._finish(
+                intent,
+                0,
+                AttemptOutcome.OPTED_OUT,
+                lambda: self._put(skipped, partition),
+                error="opted out",
+            )
+        )
+
+    async def _on_opted_out(self, a: _Attempt, exc: RecipientOptedOut) -> Outcome:
+        """The gateway says the recipient opted out (Meta's 131050): nothing was sent. The job
+        ends OPTED_OUT by the gateway (the state sink's trigger records the opt-out, which
+        comes back to every worker); this worker honours it at once."""
+        intent = a.intent
+        self._gateway_answered(intent.instance_id)
+        self.optouts.add(intent.instance_id, opt_out_person(intent.to))
+        OPTOUTS_LEARNT.labels(intent.instance_id, self.gateway.name).inc()
+        log.info(
+            "job %d: the gateway says the recipient opted out of instance %s; recorded, later "
+            "bulk jobs to them are not sent",
+            intent.job_id,
+            intent.instance_id,
+        )
+        moved = transition(
+            a.ref, a.state, S.OPTED_OUT, reason=str(exc), actor=f"gateway:{self.gateway.name}"
+        )
+
+        async def settle() -> Outcome:
+            return Done(await self._put(moved, a.partition))
+
+        return await self._finish_failed(a, AttemptOutcome.PERMANENT, exc, settle)
+
     async def _on_accepted(self, a: _Attempt, accepted: SendAccepted) -> Outcome:
         intent = a.intent
         self._gateway_answered(intent.instance_id)
@@ -521,6 +582,8 @@ class JobProcessor:
             )
         if isinstance(exc, RateLimitedError):
             return await self._on_rate_limited(a, exc)
+        if isinstance(exc, RecipientOptedOut):
+            return await self._on_opted_out(a, exc)
         if isinstance(exc, PermanentGatewayError):
             return await self._on_permanent(a, exc)
         if isinstance(exc, UncertainGatewayError):
@@ -1019,6 +1082,10 @@ class JobProcessor:
         status, target = S(current.status), S(receipt.status)
         if not moves_forward(status, target):
             return None  # late or duplicated: a "sent" never downgrades "read"
+        if target is S.FAILED and opted_out_by_receipt(receipt):
+            # Meta's 131050 in a failed status: the job ends OPTED_OUT by the gateway, and
+            # the state sink's trigger records the opt-out (it comes back to every worker).
+            target = S.OPTED_OUT
         try:
             moved = transition(
                 ref,

@@ -44,6 +44,10 @@ limit / ecosystem health)     to this user now and asks not to resend right away
                               schedule (seconds to minutes) would meet the same refusal,
                               so the message is FAILED with the reason and an operator
                               decides whether to send it again later
+131050 (the user stopped      :class:`RecipientOptedOut` (permanent, on a 4xx): nothing sent;
+marketing messages)           the job ends OPTED_OUT and the opt-out is recorded
+                              (``outbox_optouts``, source ``meta``), so later bulk jobs to
+                              the person are never sent
 131026 (undeliverable), 100   :class:`PermanentGatewayError` (on a 4xx)
 (invalid parameter),
 131051, 131052, 131053
@@ -110,6 +114,7 @@ from streams.kernel.errors import (
     InstanceUnavailableError,
     PermanentGatewayError,
     RateLimitedError,
+    RecipientOptedOut,
 )
 from streams.kernel.ports import CancelOutcome, ListedJob, SendAccepted, TextMessage
 from streams.kernel.settings import GatewaySettings
@@ -132,6 +137,8 @@ THROUGHPUT_CODES = frozenset({130429, 80007, 4})
 PAIR_RATE_CODE = 131056
 MARKETING_LIMIT_CODE = 131049
 MAINTENANCE_CODE = 131057
+OPT_OUT_CODE = 131050
+"""The user stopped marketing messages from the business: never send them bulk again."""
 CREDENTIAL_CODES = frozenset({0, 10, 190, 131031, 133010})
 """Token expired/invalid (0, 190), permission missing (10), account locked (131031),
 number not registered (133010); 200-299 (permissions) too."""
@@ -268,6 +275,8 @@ def meta_error(
 
 def _permanent(code: int, message: str, status: int) -> PermanentGatewayError | None:
     """The permanent error a Graph ``code`` answered with a 4xx means, or None."""
+    if code == OPT_OUT_CODE:
+        return RecipientOptedOut(f"{message} (the recipient opted out)", status_code=status)
     if code == WINDOW_CLOSED_CODE:
         return WindowClosed(
             f"{message} (customer-service window closed: only a template can be sent)",

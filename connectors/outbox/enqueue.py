@@ -97,6 +97,7 @@ def _validate(
     purpose: str | None,
     expires_at: dt.datetime | None,
     max_attempts: int,
+    respect_opt_out: bool | None = None,
 ) -> _Row:
     # The order decides which reason is reported when several rules are broken.
     try:
@@ -110,9 +111,14 @@ def _validate(
         conversation_key = check_conversation_key(conversation_key)
     except RuleViolation as exc:
         raise InvalidIntent(str(exc)) from exc
+    payload: dict[str, Any] = {"type": "text", "to": recipient, "text": text}
+    if respect_opt_out is not None:
+        if not isinstance(respect_opt_out, bool):
+            raise InvalidIntent("respect_opt_out must be True, False or None")
+        payload["respect_opt_out"] = respect_opt_out
     return _Row(
         instance_id=instance_id.strip(),
-        payload={"type": "text", "to": recipient, "text": text},
+        payload=payload,
         idempotency_key=idempotency_key.strip(),
         conversation_key=conversation_key or conversation_key_for(recipient),
         priority=chosen_priority.value,
@@ -135,12 +141,17 @@ def enqueue(
     expires_at: dt.datetime | None = None,
     max_attempts: int = 5,
     fallback_template: Mapping[str, Any] | None = None,
+    respect_opt_out: bool | None = None,
 ) -> int:
     """Write one text intent in the caller's transaction; return its job id.
 
     ``fallback_template``: a Cloud API template object sent instead of the text when Meta
     answers that the customer-service window is closed (131047); the job is sent once,
-    as one or the other."""
+    as one or the other.
+
+    ``respect_opt_out``: whether the recipient's opt-out (:mod:`connectors.outbox.optouts`)
+    stops this message; None (the default) decides by priority: a bulk message is never
+    sent to an opted-out recipient, an operational one is."""
     row = _validate(
         instance_id=instance_id,
         to=to,
@@ -151,6 +162,7 @@ def enqueue(
         purpose=purpose,
         expires_at=expires_at,
         max_attempts=max_attempts,
+        respect_opt_out=respect_opt_out,
     )
     row = _with_fallback(row, fallback_template)
     return _insert(conn, row)
@@ -180,6 +192,7 @@ async def enqueue_async(
     expires_at: dt.datetime | None = None,
     max_attempts: int = 5,
     fallback_template: Mapping[str, Any] | None = None,
+    respect_opt_out: bool | None = None,
 ) -> int:
     """The async flavour of :func:`enqueue`."""
     row = _validate(
@@ -192,6 +205,7 @@ async def enqueue_async(
         purpose=purpose,
         expires_at=expires_at,
         max_attempts=max_attempts,
+        respect_opt_out=respect_opt_out,
     )
     row = _with_fallback(row, fallback_template)
     return await _insert_async(conn, row)

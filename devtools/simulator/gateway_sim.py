@@ -30,9 +30,11 @@ Gateway endpoints (``X-API-Key`` / ``Authorization: Bearer`` checked when config
   "fbtrace_id"}}``: rate limit 130429 (HTTP ``meta_rate_limit_http_status``, 400 by
   default), error 131000 (500), outage 2 (503 with ``Retry-After``), refused key 190
   (401), unknown instance 100/33 (400), invalid recipient 131026 (400),
-  ``fail_recipients`` 2 (503), ``pair_limited_recipients`` 131056 (400). A body of
-  ``"type": "template"`` is checked against ``meta_templates`` (see "Meta templates"
-  below); ``meta_window_closed`` recipients answer a text 131047 (re-engagement)
+  ``fail_recipients`` 2 (503), ``pair_limited_recipients`` 131056 (400),
+  ``opted_out_recipients`` 131050 (400: the user stopped the business's marketing
+  messages). A body of ``"type": "template"`` is checked against ``meta_templates`` (see
+  "Meta templates" below); ``meta_window_closed`` recipients answer a text 131047
+  (re-engagement)
 
 Control endpoints (no auth):
 
@@ -163,6 +165,7 @@ HUB_SIGNATURE_HEADER = "X-Hub-Signature-256"
 META_RATE_LIMIT = 130429
 META_PAIR_RATE_LIMIT = 131056
 META_UNDELIVERABLE = 131026
+META_OPTED_OUT = 131050
 META_UNKNOWN_ERROR = 131000
 META_SERVICE_UNAVAILABLE = 2
 META_INVALID_TOKEN = 190
@@ -339,6 +342,10 @@ class SimConfig(BaseModel):
     """Template name -> the Graph error code every send of it is answered (400), while set."""
     meta_window_closed: list[str] = Field(default_factory=list)
     """Recipients whose customer-service window is closed: a text to them answers 131047."""
+    opted_out_recipients: list[str] = Field(default_factory=list)
+    """Meta only: recipients (``to`` as received) who stopped the business's marketing
+    messages; every Cloud API send to them is refused 400, error 131050 (nothing sent).
+    The other APIs have no such answer and send as usual."""
 
 
 _INSTANCE_WINDOWS = ("rate_limited_instances", "disconnected_instances")
@@ -993,6 +1000,15 @@ class GatewaySimulator(Service):
             if api == META:
                 return self._error(META, 400, "Message undeliverable", code=META_UNDELIVERABLE)
             return self._error(api, 400, "invalid recipient")
+        if api == META and to in self._config.opted_out_recipients:
+            self._outcomes["opted_out"] += 1
+            return self._error(
+                META,
+                400,
+                "Unable to deliver the message. This recipient has chosen to stop receiving "
+                "marketing messages on WhatsApp from your business",
+                code=META_OPTED_OUT,
+            )
         remaining = self._config.fail_recipients.get(to, 0)
         if remaining > 0:
             self._config.fail_recipients[to] = remaining - 1

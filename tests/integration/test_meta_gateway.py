@@ -24,14 +24,22 @@ import psycopg
 import pytest
 
 from connectors.outbox.enqueue import enqueue, enqueue_template
+from connectors.outbox.optouts import opt_in, opted_out
 from connectors.webhook.signature import sign_hub
+from devtools.stack.devstack import find_free_port
 from devtools.stack.local_pipeline import (
     META_APP_SECRET,
     META_VERIFY_TOKEN,
     SIM_TOKEN,
     LocalPipeline,
 )
-from tests.integration.support import Arrivals, count_rows, wait_for_status, wait_until
+from tests.integration.support import (
+    Arrivals,
+    count_rows,
+    metric_value,
+    wait_for_status,
+    wait_until,
+)
 from tests.integration.topic_reader import read_topic
 
 pytestmark = pytest.mark.integration
@@ -54,7 +62,8 @@ SETTLED = {"ACCEPTED", "DELIVERED", "READ"}
 def pipeline() -> Iterator[LocalPipeline]:
     with LocalPipeline(partitions=4, worker_env=ENV) as p:
         p.start_relay()
-        p.start_worker()
+        p.worker_port = find_free_port()  # type: ignore[attr-defined]
+        p.start_worker(env={"ZAPSTREAM_WORKER_WEB_PORT": str(p.worker_port)})  # type: ignore[attr-defined]
         p.webhook_url = p.start_webhook()  # type: ignore[attr-defined]
         yield p
 
@@ -70,6 +79,7 @@ DEFAULT_SIM: dict[str, Any] = {
     "meta_templates": [],
     "meta_template_errors": {},
     "meta_window_closed": [],
+    "opted_out_recipients": [],
 }
 
 
@@ -599,3 +609,87 @@ async def test_sim_speaks_the_cloud_api_to_the_client() -> None:
                 await client.send_text(text(9))
             assert outage.value.status_code == 503 and outage.value.retry_after_s is not None
     assert [m.reference for m in sim.messages] == ["1-1", "3-1", "6-1"]
+
+
+# --- opt-outs (acceptance 5 of issue 19) -------------------------------------------------------
+
+
+def _send(pipeline: LocalPipeline, key: str, to: str, priority: str = "operational") -> int:
+    with psycopg.connect(pipeline.dsn) as conn:
+        job_id = enqueue(
+            conn,
+            instance_id=PHONE_NUMBER_ID,
+            to=to,
+            text=f"m [{key}:0]",
+            idempotency_key=key,
+            priority=priority,
+        )
+        conn.commit()
+    return job_id
+
+
+def _known_optouts(pipeline: LocalPipeline) -> float:
+    return metric_value(pipeline.worker_port, "zapstream_optouts_known")  # type: ignore[attr-defined]
+
+
+def _reason(dsn: str, job_id: int) -> str:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT last_error FROM outbox_jobs WHERE id = %s", (job_id,)).fetchone()
+    return str(row[0]) if row else ""
+
+
+def test_opt_outs_by_sql_and_from_131050_stop_bulk_jobs_until_an_opt_in(
+    pipeline: LocalPipeline,
+) -> None:
+    run = _run()
+    digits = f"{int(run, 16) % 10**8:08d}"
+    by_sql, by_meta = f"55119{digits}", f"55118{digits}"
+    known = _known_optouts(pipeline)
+    # 1. The application writes an opt-out with plain SQL, in the number's written form.
+    written = f"+55 11 9{digits[:4]}-{digits[4:]}"
+    with psycopg.connect(pipeline.dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "INSERT INTO outbox_optouts (instance_id, recipient, reason) "
+            "VALUES (%s, %s, 'replied STOP') RETURNING recipient, source",
+            (PHONE_NUMBER_ID, written),
+        ).fetchone()
+    assert row == (by_sql, "app"), "normalised to the person's digits"
+    # 2. Meta answers 131050 to an operational job: it ends OPTED_OUT, the opt-out recorded.
+    pipeline.sim_config(opted_out_recipients=[by_meta])
+    refused_id = _send(pipeline, f"{run}-meta-op", by_meta)
+    wait_for_status(pipeline.dsn, [f"{run}-meta-op"], "OPTED_OUT", 60)
+    assert _outcomes(pipeline).get("opted_out", 0) >= 1
+    assert "131050" in _reason(pipeline.dsn, refused_id)
+    sql = "SELECT source, job_id FROM outbox_optouts WHERE recipient = %s"
+    counted = sql.replace("source, job_id", "count(*)")
+    wait_until(
+        lambda: count_rows(pipeline.dsn, counted, (by_meta,)) == 1, 30, "the 131050 opt-out row"
+    )
+    with psycopg.connect(pipeline.dsn, autocommit=True) as conn:
+        assert conn.execute(sql, (by_meta,)).fetchall() == [("meta", refused_id)]
+        assert opted_out(conn, PHONE_NUMBER_ID, f"{by_meta}@s.whatsapp.net")
+    # Both reached the worker through the relay and zapstream.controls.
+    wait_until(lambda: _known_optouts(pipeline) >= known + 2, 60, "the worker knows both")
+    # 3. From now on Meta would take anything: bulk jobs to either never reach it.
+    pipeline.sim_config(opted_out_recipients=[])
+    keys = [f"{run}-bulk-sql", f"{run}-bulk-meta"]
+    bulk_ids = [_send(pipeline, keys[0], by_sql, "bulk"), _send(pipeline, keys[1], by_meta, "bulk")]
+    wait_for_status(pipeline.dsn, keys, "OPTED_OUT", 60)
+    for key, job_id in zip(keys, bulk_ids, strict=True):
+        assert _arrivals(pipeline, key) == [], f"{key} reached the gateway"
+        assert "opted out" in _reason(pipeline.dsn, job_id)
+        assert _history(pipeline.dsn, job_id) == ["OPTED_OUT"]
+    # 4. An operational job to an opted-out recipient is still sent.
+    operational = f"{run}-op-sql"
+    _settled_once(pipeline, operational, _send(pipeline, operational, by_sql))
+    # 5. An opt-in sends bulk again.
+    with psycopg.connect(pipeline.dsn) as conn:
+        opt_in(conn, PHONE_NUMBER_ID, written, reason="replied START")
+        conn.commit()
+    wait_until(lambda: _known_optouts(pipeline) <= known + 1, 60, "the worker saw the opt-in")
+    again = f"{run}-bulk-again"
+    _settled_once(pipeline, again, _send(pipeline, again, by_sql, "bulk"))
+    print(
+        f"opt-outs: sql and meta(131050) bulk jobs OPTED_OUT, 0 arrivals; operational sent; "
+        f"opt-in sent; worker knows {_known_optouts(pipeline):.0f}"
+    )

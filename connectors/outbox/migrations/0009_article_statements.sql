@@ -140,7 +140,8 @@ LANGUAGE plpgsql AS $$
 DECLARE
     -- streams/kernel/state_machine.py: SETTLED, and the states before a job settles.
     v_settled CONSTANT TEXT[] := ARRAY['ACCEPTED', 'DELIVERED', 'READ', 'FAILED', 'DEAD',
-        'EXPIRED', 'CANCELLED', 'UNCERTAIN', 'REVIEW', 'INVALID'];
+        'EXPIRED', 'CANCELLED', 'UNCERTAIN', 'REVIEW', 'INVALID',
+        'OPTED_OUT'];
     v_unsettled CONSTANT TEXT[] := ARRAY['PENDING', 'ATTEMPTING', 'RETRY_WAIT'];
     v_status_changed BOOLEAN := NEW.status IS DISTINCT FROM OLD.status;
 BEGIN

@@ -24,6 +24,7 @@ from streams.kernel.errors import (
     InstanceUnavailableError,
     PermanentGatewayError,
     RateLimitedError,
+    RecipientOptedOut,
     TransientGatewayError,
     UncertainGatewayError,
 )
@@ -767,3 +768,115 @@ async def test_while_a_template_re_check_is_in_flight_the_others_wait_briefly() 
     assert pauses.hold("i", "t/pt_BR", 103.0) == 202.0
     assert pauses.hold("i", "other/pt_BR", 103.0) is None
     assert pauses.resume("i", "t/pt_BR", 203.0) and pauses.hold("i", "t/pt_BR", 203.0) is None
+
+
+# --- opt-outs (streams/optouts.py) -----------------------------------------------------
+
+
+def _opted_out(processor: JobProcessor, instance: str = "i", person: str = "5511987654321") -> None:
+    processor.optouts.add(instance, person)
+
+
+async def test_a_bulk_job_to_an_opted_out_recipient_ends_opted_out_never_sent() -> None:
+    gw = ScriptedGateway(OK)
+    p, store, pub = _processor(gw)
+    _opted_out(p)
+    outcome = await p.on_intent(_intent(priority="bulk", to="5511987654321@s.whatsapp.net"), 0)
+    assert isinstance(outcome, Done) and outcome.state is not None
+    assert outcome.state.status == "OPTED_OUT" and outcome.state.actor == "worker"
+    assert "opted out" in (outcome.state.reason or "")
+    assert gw.sent == [] and [a.outcome for a in pub.attempts] == ["opted_out"]
+    assert [s.status for s in store.history] == ["OPTED_OUT"]
+
+
+async def test_an_operational_job_is_sent_unless_it_respects_the_opt_out() -> None:
+    gw = ScriptedGateway(OK, OK)
+    p, _, _ = _processor(gw)
+    _opted_out(p)
+    sent = await p.on_intent(_intent(), 0)
+    assert isinstance(sent, Done) and sent.state and sent.state.status == "ACCEPTED"
+    marked = await p.on_intent(_intent(job_id=8, idempotency_key="k8", respect_opt_out=True), 0)
+    assert isinstance(marked, Done) and marked.state and marked.state.status == "OPTED_OUT"
+    # A bulk job the application marked respect_opt_out=False is sent too.
+    bulk = await p.on_intent(
+        _intent(job_id=9, idempotency_key="k9", priority="bulk", respect_opt_out=False), 0
+    )
+    assert isinstance(bulk, Done) and bulk.state and bulk.state.status == "ACCEPTED"
+    assert len(gw.sent) == 2
+
+
+async def test_an_opt_in_sends_bulk_again_and_other_instances_are_not_touched() -> None:
+    gw = ScriptedGateway(OK, OK)
+    p, _, _ = _processor(gw)
+    _opted_out(p, instance="other")
+    other = await p.on_intent(_intent(priority="bulk"), 0)
+    assert isinstance(other, Done) and other.state and other.state.status == "ACCEPTED"
+    _opted_out(p)
+    p.optouts.remove("i", "5511987654321")
+    again = await p.on_intent(_intent(job_id=8, idempotency_key="k8", priority="bulk"), 0)
+    assert isinstance(again, Done) and again.state and again.state.status == "ACCEPTED"
+
+
+async def test_a_bulk_job_waits_until_the_opt_out_list_is_read() -> None:
+    gw = ScriptedGateway(OK)
+    p, store, _ = _processor(gw)
+    p.optouts.ready = False
+    outcome = await p.on_intent(_intent(priority="bulk"), 0)
+    assert isinstance(outcome, Park) and outcome.state is None
+    assert gw.sent == [] and store.history == []
+    # An operational job does not wait: the list cannot stop it.
+    sent = await p.on_intent(_intent(job_id=8, idempotency_key="k8"), 0)
+    assert isinstance(sent, Done) and sent.state and sent.state.status == "ACCEPTED"
+
+
+async def test_a_job_waiting_for_a_retry_meets_an_opt_out_made_meanwhile() -> None:
+    gw = ScriptedGateway(TransientGatewayError("503"), OK)
+    p, store, _ = _processor(gw)
+    first = await p.on_intent(_intent(priority="bulk"), 0)
+    assert isinstance(first, Park) and store.get(7).status == "RETRY_WAIT"  # type: ignore[union-attr]
+    _opted_out(p)
+    retried = await p.on_intent(_intent(priority="bulk"), 0)
+    assert isinstance(retried, Done) and retried.state and retried.state.status == "OPTED_OUT"
+    assert len(gw.sent) == 1
+
+
+async def test_the_gateways_opt_out_ends_the_job_and_is_honoured_at_once() -> None:
+    refused = RecipientOptedOut("meta: HTTP 400: code 131050: opted out", status_code=400)
+    gw = ScriptedGateway(*([refused] * 6), OK)
+    p, store, pub = _processor(gw)
+    outcome = await p.on_intent(_intent(), 0)
+    assert isinstance(outcome, Done) and outcome.state is not None
+    assert outcome.state.status == "OPTED_OUT" and outcome.state.actor == "gateway:scripted"
+    assert [s.status for s in store.history] == ["ATTEMPTING", "OPTED_OUT"]
+    assert [a.outcome for a in pub.attempts] == ["permanent"]
+    # Before the opt-out's round trip through PostgreSQL: a bulk job is not sent.
+    bulk = await p.on_intent(_intent(job_id=8, idempotency_key="k8", priority="bulk"), 0)
+    assert isinstance(bulk, Done) and bulk.state and bulk.state.status == "OPTED_OUT"
+    assert len(gw.sent) == 1
+    # Opt-outs of many recipients in a row are not a configuration fault: none pauses.
+    for n in range(5):
+        to = f"55119876500{n:02d}"
+        done = await p.on_intent(_intent(job_id=20 + n, idempotency_key=f"x{n}", to=to), 0)
+        assert isinstance(done, Done) and done.state and done.state.status == "OPTED_OUT"
+    assert not p.pauses.paused("i")
+
+
+async def test_metas_failed_status_with_131050_ends_the_job_opted_out() -> None:
+    gw = ScriptedGateway(OK)
+    gw.name = "meta"
+    p, _, _ = _processor(gw)
+    await p.on_intent(_intent(), 0)
+    receipt = dataclasses.replace(
+        _receipt("failed", "FAILED", "e1"),
+        gateway="meta",
+        phone_number_id="i",
+        reason="131050 Unable to deliver the message: the recipient stopped marketing messages",
+    )
+    moved = await p.on_receipt(receipt, 0)
+    assert moved is not None and moved.status == "OPTED_OUT" and moved.actor == "gateway:meta"
+    # Another code, or 131050 from another gateway, is a plain FAILED.
+    p2, _, _ = _processor(ScriptedGateway(OK))
+    await p2.on_intent(_intent(), 0)
+    other = dataclasses.replace(_receipt("failed", "FAILED", "e2"), reason="131050 opted out")
+    failed = await p2.on_receipt(other, 0)
+    assert failed is not None and failed.status == "FAILED"
