@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING
 from connectors.console.cli import add_console_parser
 from connectors.ops.controls_cli import add_controls_parser
 from connectors.ops.jobs_cli import add_jobs_parser
+from connectors.ops.optouts_cli import add_optouts_parser
 from connectors.ops.status import add_status_parser
 from connectors.outbox.roles import COMPONENTS
 
@@ -406,6 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
     ).set_defaults(func=_cmd_lag_monitor)
     add_jobs_parser(sub)
     add_controls_parser(sub)
+    add_optouts_parser(sub)
     add_status_parser(sub)
     add_console_parser(sub)
     return parser

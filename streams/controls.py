@@ -27,9 +27,11 @@ from typing import Any, Protocol
 from prometheus_client import Gauge
 
 from streams.kafka_reader import group_less_consumer
+from streams.kernel.contract import OptOutChanged
 from streams.kernel.runtime.periodic import Periodic
 from streams.kernel.runtime.service import Service
 from streams.kernel.settings import KafkaSettings
+from streams.optouts import OptOuts
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +136,9 @@ class _Decode(Protocol):
 class ControlsReader(Service):
     """Reads ``zapstream.controls`` from its start, outside any consumer group, forever.
 
+    Its opt-outs (:class:`~streams.kernel.contract.OptOutChanged`) go to ``optouts``
+    (:mod:`streams.optouts`), the pauses and resumes to ``controls``.
+
     The reading loop is a :class:`~streams.kernel.runtime.periodic.Periodic` (a child,
     started once the consumer is positioned, stopped before it closes): while Kafka is
     away the controls we know stay in force (one log line per outage), and no error of a
@@ -151,9 +156,12 @@ class ControlsReader(Service):
         *,
         clock: Callable[[], float],
         client_id: str = "zapstream-worker-controls",
+        optouts: OptOuts | None = None,
     ) -> None:
         super().__init__()
         self.controls = controls
+        self.optouts = optouts
+        """Where the topic's opt-outs go (:mod:`streams.optouts`); made ready once caught up."""
         self.kafka = kafka
         self.topic = topic
         self.decode = decode
@@ -190,9 +198,16 @@ class ControlsReader(Service):
                 except ValueError as exc:
                     log.error("control record %d does not decode: %s", record.offset, exc)
                     continue
+                if isinstance(control, OptOutChanged):
+                    if self.optouts is not None:
+                        self.optouts.apply(control)
+                    continue
                 self.controls.apply(control, self.clock())
         highwater = consumer.highwater(tp)
         if highwater is not None and await consumer.position(tp) >= highwater:
+            if self.optouts is not None and not self.optouts.ready:
+                self.optouts.ready = True
+                log.info("opt-out list read: %d opted-out recipients", len(self.optouts))
             self.caught_up.set()
 
     async def on_stop(self) -> None:

@@ -32,6 +32,15 @@ instance's intents park without calling the gateway, except the probe. So does a
 configuration fault (:class:`~streams.kernel.errors.GatewayMisconfigured`: a 404 on the
 send route; or the same permanent error for ``systemic_failures`` sends in a row
 to different recipients, :class:`~streams.instance_pauses.PermanentStreaks`).
+
+Templates (:mod:`streams.kernel.templates`): a template intent goes only to a gateway
+that sends templates (Meta's); on another it ends FAILED with the reason, the gateway never
+called. A template's own errors are the message's (FAILED with the reason), never the
+instance's streak. A paused template (132015) holds the template's jobs like a paused
+instance holds the instance's (:mod:`streams.template_pauses`): the attempt given back, a
+re-check per interval. A text intent with a fallback template answered 131047 (window
+closed: nothing was sent) is sent as the template at once, as the job's next attempt: the
+job goes out once, as one or the other.
 """
 
 from __future__ import annotations
@@ -58,12 +67,14 @@ from streams.kernel.contract import (
     Priority,
     ReceiptReceived,
     StatusChanged,
+    opt_out_person,
 )
 from streams.kernel.errors import (
     GatewayError,
     InstanceUnavailableError,
     PermanentGatewayError,
     RateLimitedError,
+    RecipientOptedOut,
     TransientGatewayError,
     UncertainGatewayError,
 )
@@ -79,17 +90,29 @@ from streams.kernel.state_machine import (
     JobRef,
     transition,
 )
+from streams.kernel.templates import (
+    TEMPLATE,
+    TemplatePaused,
+    TemplateRejected,
+    WindowClosed,
+    template_key,
+    template_summary,
+)
 from streams.metrics import (
     ACCEPTED_TO_DELIVERED,
     GATEWAY_CALL,
+    OPTOUT_SKIPPED,
+    OPTOUTS_LEARNT,
     QUIET_HOURS_HELD,
     RECEIPTS_IGNORED,
     RECONCILE_GAVE_UP,
 )
+from streams.optouts import NOT_READY_WAIT_S, OptOuts, applies, opted_out_by_receipt, skip_reason
 from streams.pacing import OPERATIONAL, Pacer
 from streams.quiet_hours import QuietHours
 from streams.receipts import ignored_because, moves_forward, remember_event
 from streams.reconcile import InstanceListings, ListingDeferred, Verdict, reconcile
+from streams.template_pauses import TemplatePauses
 
 log = logging.getLogger(__name__)
 _IGNORED_RECEIPTS = ThrottledLog(log, level=logging.INFO)
@@ -249,11 +272,19 @@ class JobProcessor:
         reconcile_max_wait_s: float = 600.0,
         first_sight: Callable[[str], None] | None = None,
         references: ReferenceKey | None = None,
+        template_pauses: TemplatePauses | None = None,
+        optouts: OptOuts | None = None,
         quiet_hours: QuietHours | None = None,
     ) -> None:
         self.gateway = gateway
         self.quiet_hours = quiet_hours
         """Bulk jobs wait SCHEDULED while it is night for their recipient (None: off)."""
+        self.template_pauses = template_pauses or TemplatePauses()
+        """Templates Meta paused (132015), whose jobs wait (:mod:`streams.template_pauses`)."""
+        self.sends_templates: bool = getattr(gateway, "sends_templates", False)
+        """The gateway can send template intents (Meta's Cloud API)."""
+        self.optouts = optouts if optouts is not None else OptOuts()
+        """Recipients who opted out, per instance (:mod:`streams.optouts`)."""
         self.references = references
         """Makes the attempt references the gateway is told and verifies receipts' (None:
         legacy ``<job>-<seq>`` references, which bind nothing; tests and tools only)."""
@@ -426,7 +457,16 @@ class JobProcessor:
         if self.pauses.paused(intent.instance_id):
             # Nothing goes to a refused instance; the job waits for the probe, unchanged.
             return Park(self.pauses.next_probe_at(intent.instance_id, self._ts()), current)
-        return None
+        return self._template_hold(intent, current)
+
+    def _template_hold(self, intent: IntentCaptured, current: StatusChanged | None) -> Park | None:
+        """A template Meta paused: the job waits unchanged until the template's re-check."""
+        if intent.message_type != TEMPLATE or intent.template is None:
+            return None
+        due = self.template_pauses.hold(
+            intent.instance_id, template_key(intent.template), self._ts()
+        )
+        return None if due is None else Park(due, current)
 
     async def _send(
         self,
@@ -436,9 +476,19 @@ class JobProcessor:
         partition: int,
         *,
         probe: bool,
+        paced: bool = True,
     ) -> Outcome:
-        """One attempt: pace, expire, journal ATTEMPTING, call the gateway, record the outcome."""
-        if not probe:
+        """One attempt: opt-out, pace, expire, journal ATTEMPTING, call the gateway, record the
+        outcome.
+
+        ``paced`` False: no token is waited for (a fallback template right after its text was
+        refused: the job must not park between the two)."""
+        skipped = await self._skip_opted_out(intent, ref, current, partition)
+        if skipped is not None:
+            return skipped
+        if intent.message_type == TEMPLATE and not self.sends_templates:
+            return await self._refuse_template(intent, ref, current, partition)
+        if not probe and paced:
             wait = await self.pacer.acquire(
                 intent.instance_id,
                 intent.conversation_key,
@@ -480,12 +530,62 @@ class JobProcessor:
         if not probe:
             await self.pacer.before_send(intent.instance_id)
         attempt = _Attempt(intent, ref, journal, partition, seq, self.now(), probe)
-        message = TextMessage(intent.instance_id, intent.to, intent.text, reference)
+        template = intent.template if intent.message_type == TEMPLATE else None
+        message = TextMessage(intent.instance_id, intent.to, intent.text, reference, template)
         try:
             accepted = await self.gateway.send_text(message)
         except GatewayError as exc:
             return await self._on_send_failed(attempt, exc)
         return await self._on_accepted(attempt, accepted)
+
+    async def _skip_opted_out(
+        self, intent: IntentCaptured, ref: JobRef, current: StatusChanged | None, partition: int
+    ) -> Outcome | None:
+        """A job whose recipient opted out ends OPTED_OUT, never sent (a bulk job, or one
+        the application marked ``respect_opt_out``); None: go on. Before every attempt, so
+        a job waiting for a retry, or reprocessed, meets an opt-out made meanwhile."""
+        if not applies(intent):
+            return None
+        if not self.optouts.ready:
+            # The list is not read to its end yet: never send on a guess.
+            return Park(self._ts() + NOT_READY_WAIT_S, current)
+        reason = skip_reason(self.optouts, intent)
+        if reason is None:
+            return None
+        OPTOUT_SKIPPED.labels(intent.instance_id).inc()
+        skipped = transition(ref, current, S.OPTED_OUT, reason=reason)
+        return Done(
+            await self._finish(
+                intent,
+                0,
+                AttemptOutcome.OPTED_OUT,
+                lambda: self._put(skipped, partition),
+                error="opted out",
+            )
+        )
+
+    async def _on_opted_out(self, a: _Attempt, exc: RecipientOptedOut) -> Outcome:
+        """The gateway says the recipient opted out (Meta's 131050): nothing was sent. The job
+        ends OPTED_OUT by the gateway (the state sink's trigger records the opt-out, which
+        comes back to every worker); this worker honours it at once."""
+        intent = a.intent
+        self._gateway_answered(intent.instance_id)
+        self.optouts.add(intent.instance_id, opt_out_person(intent.to))
+        OPTOUTS_LEARNT.labels(intent.instance_id, self.gateway.name).inc()
+        log.info(
+            "job %d: the gateway says the recipient opted out of instance %s; recorded, later "
+            "bulk jobs to them are not sent",
+            intent.job_id,
+            intent.instance_id,
+        )
+        moved = transition(
+            a.ref, a.state, S.OPTED_OUT, reason=str(exc), actor=f"gateway:{self.gateway.name}"
+        )
+
+        async def settle() -> Outcome:
+            return Done(await self._put(moved, a.partition))
+
+        return await self._finish_failed(a, AttemptOutcome.PERMANENT, exc, settle)
 
     async def _on_accepted(self, a: _Attempt, accepted: SendAccepted) -> Outcome:
         intent = a.intent
@@ -494,6 +594,7 @@ class JobProcessor:
         self._failing.pop(intent.instance_id, None)
         self.streaks.reset(intent.instance_id)
         self.pacer.on_sent(intent.instance_id, intent.conversation_key, self.pacer.clock())
+        self._template_answered(intent)
         review = accepted.status is S.REVIEW
         reason = f"gateway label {accepted.gateway_status!r} is not configured" if review else None
         settled = transition(
@@ -524,6 +625,8 @@ class JobProcessor:
             )
         if isinstance(exc, RateLimitedError):
             return await self._on_rate_limited(a, exc)
+        if isinstance(exc, RecipientOptedOut):
+            return await self._on_opted_out(a, exc)
         if isinstance(exc, PermanentGatewayError):
             return await self._on_permanent(a, exc)
         if isinstance(exc, UncertainGatewayError):
@@ -572,8 +675,15 @@ class JobProcessor:
 
     async def _on_permanent(self, a: _Attempt, exc: PermanentGatewayError) -> Outcome:
         intent = a.intent
+        if isinstance(exc, WindowClosed) and intent.message_type != TEMPLATE and intent.template:
+            return await self._fall_back(a, exc)
+        if isinstance(exc, TemplatePaused) and intent.message_type == TEMPLATE:
+            return await self._hold_template(a, exc)
+        self._template_answered(intent)
         self.failures.record(intent.instance_id, exc, self._ts())
-        systemic = self.streaks.observe(intent.instance_id, intent.to, exc)
+        # The template's or the customer's fault, never the number's configuration.
+        message_own = isinstance(exc, TemplateRejected | WindowClosed)
+        systemic = None if message_own else self.streaks.observe(intent.instance_id, intent.to, exc)
         if systemic is not None:
             # Not this message's fault: the instance pauses and the job waits like
             # one refused for the instance, its attempt given back.
@@ -587,6 +697,80 @@ class JobProcessor:
             return Done(await self._put(failed, a.partition))
 
         return await self._finish_failed(a, AttemptOutcome.PERMANENT, exc, fail)
+
+    # --- templates ---------------------------------------------------------------------
+
+    async def _refuse_template(
+        self, intent: IntentCaptured, ref: JobRef, current: StatusChanged | None, partition: int
+    ) -> Done:
+        """A template intent on a gateway that cannot send one: FAILED, the gateway never called."""
+        reason = (
+            f"{self.gateway.name} cannot send WhatsApp templates: a template intent needs "
+            "the meta gateway (ZAPSTREAM_GATEWAY=meta)"
+        )
+        failed = transition(ref, current, S.FAILED, reason=reason)
+        return Done(
+            await self._finish(
+                intent,
+                0,
+                AttemptOutcome.PERMANENT,
+                lambda: self._put(failed, partition),
+                error=reason,
+            )
+        )
+
+    async def _fall_back(self, a: _Attempt, exc: WindowClosed) -> Outcome:
+        """131047 to a text with a fallback template: the text was not sent (Meta refused the
+        request), so the template goes now, as the job's next attempt (the text's given back)."""
+        intent = a.intent
+        assert intent.template is not None
+        as_template = dataclasses.replace(
+            intent, message_type=TEMPLATE, text=template_summary(intent.template)
+        )
+        noted = transition(
+            a.ref,
+            a.state,
+            S.ATTEMPTING,
+            reason=f"{exc}; sending the fallback template {template_key(intent.template)}",
+            attempts=a.state.attempts - 1,
+        )
+
+        async def send_template() -> Outcome:
+            state = await self._put(noted, a.partition)
+            return await self._send(
+                as_template, a.ref, state, a.partition, probe=a.probe, paced=False
+            )
+
+        return await self._finish_failed(a, AttemptOutcome.PERMANENT, exc, send_template)
+
+    async def _hold_template(self, a: _Attempt, exc: TemplatePaused) -> Outcome:
+        """132015: nothing was sent; the template's jobs wait for its re-check, this one in
+        RETRY_WAIT with its attempt given back."""
+        intent = a.intent
+        assert intent.template is not None
+        key = template_key(intent.template)
+        due = self.template_pauses.pause(intent.instance_id, key, str(exc), self._ts())
+        due_at = dt.datetime.fromtimestamp(due, dt.UTC).isoformat()
+        waiting = transition(
+            a.ref,
+            a.state,
+            S.RETRY_WAIT,
+            reason=f"template {key} paused by Meta, held until its re-check at {due_at}: {exc}",
+            attempts=a.state.attempts - 1,
+            next_retry_at=due_at,
+        )
+
+        async def wait() -> Outcome:
+            return Park(due=due, state=await self._put(waiting, a.partition))
+
+        return await self._finish_failed(a, AttemptOutcome.TRANSIENT, exc, wait)
+
+    def _template_answered(self, intent: IntentCaptured) -> None:
+        """Meta answered a template send with something other than 132015: a pause is over."""
+        if intent.message_type == TEMPLATE and intent.template is not None:
+            self.template_pauses.resume(
+                intent.instance_id, template_key(intent.template), self._ts()
+            )
 
     async def _on_uncertain(self, a: _Attempt, exc: UncertainGatewayError) -> Outcome:
         decided = await self._reconcile(
@@ -943,6 +1127,10 @@ class JobProcessor:
         status, target = S(current.status), S(receipt.status)
         if not moves_forward(status, target):
             return None  # late or duplicated: a "sent" never downgrades "read"
+        if target is S.FAILED and opted_out_by_receipt(receipt):
+            # Meta's 131050 in a failed status: the job ends OPTED_OUT by the gateway, and
+            # the state sink's trigger records the opt-out (it comes back to every worker).
+            target = S.OPTED_OUT
         try:
             moved = transition(
                 ref,

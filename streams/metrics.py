@@ -84,6 +84,20 @@ LISTING_UNREADABLE = Counter(
     "(check ZAPSTREAM_STACKZAP_LISTING_FIELDS)",
     ["gateway", "instance"],
 )
+OPTOUT_SKIPPED = Counter(
+    "zapstream_optout_skipped_total",
+    "Jobs ended OPTED_OUT without a send: their recipient opted out of the instance, by instance",
+    ["instance"],
+)
+OPTOUTS_LEARNT = Counter(
+    "zapstream_optouts_learnt_total",
+    "Opt-outs the gateway told of (Meta 131050): the job ended OPTED_OUT, by instance and gateway",
+    ["instance", "gateway"],
+)
+OPTOUTS_KNOWN = Gauge(
+    "zapstream_optouts_known",
+    "Opted-out (instance, recipient) pairs this worker knows (every instance's)",
+)
 
 QUIET_HOURS_HELD = Counter(
     "zapstream_quiet_hours_held_total",

@@ -30,6 +30,7 @@ from streams.kernel.contract import (
     DEFAULT_NAMES,
     ContractError,
     ControlChanged,
+    OptOutChanged,
     Priority,
     decode_topic_record,
 )
@@ -38,6 +39,7 @@ from streams.kernel.kafka_outage import KafkaOutageWatch
 from streams.kernel.ports import Gateway
 from streams.kernel.runtime.periodic import Periodic
 from streams.lag_monitor import LagMonitor
+from streams.optouts import OptOuts
 from streams.pacing import Limit, Pacer
 from streams.parking import ParkingLot
 from streams.quiet_hours import QuietHours
@@ -46,6 +48,7 @@ from streams.sink_progress import SinkProgress
 from streams.stores import FaustJobStore, FaustPublisher, KafkaWriter
 from streams.table_digest import add_digest_page
 from streams.tables import register_tables
+from streams.template_pauses import TemplatePauses
 from streams.topics import register_topics
 from streams.worker_service import WorkerService, WorkerTally
 from streams.worker_settings import WorkerSettings
@@ -86,9 +89,9 @@ class PartitionShare:
         return self._value
 
 
-def decode_control(raw: bytes) -> ControlChanged:
+def decode_control(raw: bytes) -> ControlChanged | OptOutChanged:
     record = decode_topic_record(raw)
-    if not isinstance(record, ControlChanged):
+    if not isinstance(record, ControlChanged | OptOutChanged):
         raise ContractError(f"unexpected record {record.SCHEMA} on the controls topic")
     return record
 
@@ -151,12 +154,16 @@ def build_worker_app(
             pacer.slow_start(target, pacer.clock())
 
     controls = Controls(on_resume=on_resume)
+    # Not ready until the reader has read the whole topic: a job the opt-out list decides
+    # waits until then (streams/optouts.py).
+    optouts = OptOuts(ready=False)
     reader = ControlsReader(
         controls,
         settings.kafka,
         names.controls,
         decode_control,
         clock=time.time,
+        optouts=optouts,
     )
     resources = [*resources, reader]
     if settings.lag_monitor:
@@ -212,6 +219,7 @@ def build_worker_app(
         references=references,
         quiet_hours=QuietHours.parse(settings.quiet_hours) if settings.quiet_hours else None,
         pauses=pauses,
+        template_pauses=TemplatePauses(settings.template_recheck_s),
         failures=FailureLog(
             summary_interval_s=settings.failure_summary_interval_s,
             quiet_period_s=settings.failure_quiet_period_s,
@@ -221,6 +229,7 @@ def build_worker_app(
         breaker_failures=settings.breaker_failures,
         systemic_failures=settings.systemic_failures,
         controls=controls,
+        optouts=optouts,
         pacing_wait_s={
             Priority.OPERATIONAL: settings.pacing_wait_operational_s,
             Priority.BULK: settings.pacing_wait_bulk_s,

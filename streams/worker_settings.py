@@ -62,6 +62,9 @@ class WorkerSettings(SettingsBase):
     """An instance paused for a configuration fault (a 404 on the send route, or
     ``systemic_failures``) is probed after ``instance_probe_s``, then twice as long after
     each failed probe, up to this."""
+    template_recheck_s: float = Field(default=600.0, gt=0)
+    """While Meta has a template paused (error 132015; Meta pauses for 3 or 6 hours) its
+    messages wait, and one of them is sent this often to find out whether it works again."""
     systemic_failures: int = Field(default=5, ge=0)
     """The same permanent error (not one about the recipient) for this many sends in a row
     to different recipients of one instance pauses the instance like a wrong base URL: the

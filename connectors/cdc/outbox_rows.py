@@ -9,8 +9,9 @@ The intent rules are :mod:`connectors.outbox.rules`, the ones
 :func:`~connectors.outbox.enqueue.enqueue` applies before the INSERT.
 An ``outbox_commands`` row becomes a :class:`~streams.kernel.contract.CommandRequested`
 (:func:`command_row_to_record`), an ``outbox_controls`` row a
-:class:`~streams.kernel.contract.ControlChanged` (:func:`control_row_to_record`), or
-likewise a rejection.
+:class:`~streams.kernel.contract.ControlChanged` (:func:`control_row_to_record`), an
+``outbox_optouts`` row an :class:`~streams.kernel.contract.OptOutChanged`
+(:func:`optout_row_to_record`), or likewise a rejection.
 
 The relay's hot path takes :func:`row_to_intent`: the same validation, but the
 intent comes as a :class:`CapturedIntent`, its JSON object built directly (byte
@@ -48,11 +49,13 @@ from connectors.outbox.rules import (
     check_message_type,
     check_priority,
     check_recipient,
+    check_template,
     check_timezone,
     require_text,
     required,
 )
 from streams.kernel.contract import (
+    CANONICAL_RECIPIENT,
     Command,
     CommandRequested,
     ControlAction,
@@ -61,10 +64,15 @@ from streams.kernel.contract import (
     IntentCaptured,
     IntentRejected,
     JobStatus,
+    OptOutAction,
+    OptOutChanged,
+    OptOutSource,
     Priority,
     conversation_partition_key,
     intents_topic,
+    opt_out_person,
 )
+from streams.kernel.templates import TEMPLATE, template_summary
 
 
 class _Reject(Exception):
@@ -214,7 +222,7 @@ def row_to_intent(
             raise _Reject(f"payload is a JSON {type(payload).__name__}, not an object")
         kind = check_message_type(payload.get("type", "text"))
         recipient = _recipient(payload.get("to"))
-        text = require_text(payload.get("text"), problem="is missing or empty")
+        text, template = _content(kind, payload)
         # NULL or empty columns take the table's defaults.
         priority = _priority_value(row.get("priority") or Priority.OPERATIONAL.value)
         max_attempts = check_max_attempts(_integer(row.get("max_attempts") or "5"))
@@ -238,6 +246,8 @@ def row_to_intent(
                 "created_at": _timestamp(row.get("created_at")),
                 "committed_at": committed_at,
                 "lsn": lsn,
+                "template": template,
+                "respect_opt_out": _respect_opt_out(payload.get("respect_opt_out")),
                 "timezone": timezone,
                 "schema": _INTENT_SCHEMA,
             }
@@ -246,6 +256,26 @@ def row_to_intent(
         return IntentRejected(
             job_id=job_id, reason=str(reason), row=dict(row), lsn=lsn, committed_at=committed_at
         )
+
+
+def _content(kind: str, payload: Mapping[str, Any]) -> tuple[str, dict[str, Any] | None]:
+    """The intent's ``text`` and ``template``: a text with its optional
+    ``fallback_template``, or a template (its ``text`` a summary naming it)."""
+    if kind == TEMPLATE:
+        template = check_template(payload.get("template"))
+        return template_summary(template), template
+    text = require_text(payload.get("text"), problem="is missing or empty")
+    fallback = payload.get("fallback_template")
+    if fallback is None:
+        return text, None
+    return text, check_template(fallback, what="fallback_template")
+
+
+def _respect_opt_out(value: object) -> bool | None:
+    """The payload's ``respect_opt_out``: absent or null (by priority), true or false."""
+    if value is None or isinstance(value, bool):
+        return value
+    raise _Reject("respect_opt_out must be true, false or absent")
 
 
 def _row_id(row: Mapping[str, str | None], column: str) -> int | None:
@@ -398,6 +428,52 @@ def control_row_to_record(
 
 _CONTROL_KINDS = frozenset(k.value for k in ControlKind)
 _CONTROL_ACTIONS = frozenset(a.value for a in ControlAction)
+
+
+def optout_row_to_record(
+    row: Mapping[str, str | None], *, lsn: str, committed_at: str | None
+) -> OptOutChanged | IntentRejected:
+    """Validate one inserted ``outbox_optouts`` row; return the opt-out or the rejection.
+
+    The table's trigger normalises the recipient to the person and its CHECKs bound the
+    action and source, but as for controls the relay does not trust the schema: a row
+    that breaks the contract becomes an ``IntentRejected`` (``job_id`` None, the whole
+    row) on ``zapstream.invalid``, and the stream goes on.
+    """
+    try:
+        optout_id = _row_id(row, "id")
+        if optout_id is None:
+            raise _Reject("id is missing")
+        action = row.get("action")
+        if action not in _OPT_OUT_ACTIONS:
+            raise _Reject(f"unknown opt-out action {action!r} (out or in)")
+        source = row.get("source")
+        if source not in _OPT_OUT_SOURCES:
+            raise _Reject(f"unknown opt-out source {source!r} (app, meta or operator)")
+        instance_id = check_instance_id(_required(row, "instance_id"))
+        recipient = _required(row, "recipient")
+        person = opt_out_person(recipient)
+        if person != recipient or not CANONICAL_RECIPIENT.fullmatch(person):
+            raise _Reject("recipient is not a person's digits or a group JID")
+        reason = (row.get("reason") or "").strip() or "opted out"
+        return OptOutChanged(
+            instance_id=instance_id,
+            person=person,
+            action=action,
+            source=source,
+            reason=reason,
+            at=_timestamp(row.get("created_at")),
+            optout_id=optout_id,
+            lsn=lsn,
+        )
+    except (_Reject, RuleViolation) as rejected:
+        return IntentRejected(
+            job_id=None, reason=str(rejected), row=dict(row), lsn=lsn, committed_at=committed_at
+        )
+
+
+_OPT_OUT_ACTIONS = frozenset(a.value for a in OptOutAction)
+_OPT_OUT_SOURCES = frozenset(s.value for s in OptOutSource)
 
 
 # --- keeping records producible ------------------------------------------------------------

@@ -23,7 +23,8 @@ OUTBOX_TABLE = "outbox_jobs"
 COMMANDS_TABLE = "outbox_commands"
 REPLAYS_TABLE = "outbox_replays"
 CONTROLS_TABLE = "outbox_controls"
-PUBLISHED_TABLES = (OUTBOX_TABLE, COMMANDS_TABLE, REPLAYS_TABLE, CONTROLS_TABLE)
+OPTOUTS_TABLE = "outbox_optouts"
+PUBLISHED_TABLES = (OUTBOX_TABLE, COMMANDS_TABLE, REPLAYS_TABLE, CONTROLS_TABLE, OPTOUTS_TABLE)
 log = logging.getLogger(__name__)
 
 WAL_LEVEL_HINT = "set wal_level=logical in postgresql.conf and restart PostgreSQL"
@@ -39,7 +40,7 @@ def ensure_replication(dsn: str, *, slot: str, publication: str) -> Lsn:
     """Create the insert-only publication and the pgoutput slot if missing.
 
     The publication covers every table of :data:`PUBLISHED_TABLES` that exists
-    (``outbox_replays`` and ``outbox_controls`` came with later migrations); a
+    (``outbox_replays``, ``outbox_controls`` and ``outbox_optouts`` came with later migrations); a
     publication from an older version gets the missing tables added. Returns the slot's
     confirmed position. Safe to run from several relays at once.
     """
@@ -61,8 +62,8 @@ def ensure_replication(dsn: str, *, slot: str, publication: str) -> Lsn:
             raise ProvisioningError(
                 f"table {missing[0]} does not exist: run `zapstream db migrate` first"
             )
-        # outbox_replays (0005) and outbox_controls (0006) came later: a schema from
-        # before them streams without them.
+        # outbox_replays (0005), outbox_controls (0006) and outbox_optouts (0010) came
+        # later: a schema from before them streams without them.
         tables = [t for t in PUBLISHED_TABLES if t in present]
         exists = conn.execute(
             "SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)

@@ -32,6 +32,7 @@ from connectors.cdc.outbox_rows import (
     command_row_to_record,
     control_row_to_record,
     minimal_rejection,
+    optout_row_to_record,
     oversized_rejection,
     reduced_rejection,
     replay_row_to_record,
@@ -39,7 +40,13 @@ from connectors.cdc.outbox_rows import (
     with_cut_values,
 )
 from connectors.cdc.pgoutput import Insert
-from connectors.cdc.provisioning import COMMANDS_TABLE, CONTROLS_TABLE, OUTBOX_TABLE, REPLAYS_TABLE
+from connectors.cdc.provisioning import (
+    COMMANDS_TABLE,
+    CONTROLS_TABLE,
+    OPTOUTS_TABLE,
+    OUTBOX_TABLE,
+    REPLAYS_TABLE,
+)
 from connectors.cdc.settings import RelaySettings
 from streams.kernel.contract import (
     CONTROLS,
@@ -52,6 +59,7 @@ from streams.kernel.contract import (
     ControlChanged,
     IntentCaptured,
     IntentRejected,
+    OptOutChanged,
     Record,
     intents_topic,
     job_state_key,
@@ -63,7 +71,12 @@ log = logging.getLogger("connectors.cdc.relay")
 Outgoing: TypeAlias = Record | CapturedIntent
 """What the relay produces: a contract record, or an intent already in its JSON form."""
 Converted: TypeAlias = (
-    CapturedIntent | IntentCaptured | CommandRequested | ControlChanged | IntentRejected
+    CapturedIntent
+    | IntentCaptured
+    | CommandRequested
+    | ControlChanged
+    | OptOutChanged
+    | IntentRejected
 )
 Row: TypeAlias = dict[str, str | None]
 
@@ -72,6 +85,7 @@ CONVERTERS: dict[str, Callable[..., Converted]] = {
     COMMANDS_TABLE: command_row_to_record,
     REPLAYS_TABLE: replay_row_to_record,
     CONTROLS_TABLE: control_row_to_record,
+    OPTOUTS_TABLE: optout_row_to_record,
 }
 """Each published table's converter: a row (pgoutput's text values) to its record."""
 
@@ -84,7 +98,14 @@ JOB_ID_COLUMNS: dict[str, str] = {
 
 SCHEMA_HEADERS: dict[type, bytes] = {
     cls: cls.SCHEMA.encode()
-    for cls in (IntentCaptured, CommandRequested, ControlChanged, IntentRejected, CapturedIntent)
+    for cls in (
+        IntentCaptured,
+        CommandRequested,
+        ControlChanged,
+        OptOutChanged,
+        IntentRejected,
+        CapturedIntent,
+    )
 }
 """The ``zapstream-schema`` header value of each record type the relay produces."""
 
@@ -223,6 +244,9 @@ def route_logical(record: Outgoing) -> tuple[str, bytes]:
     if isinstance(record, ControlChanged):
         # One partition, compacted by "<kind>:<target>": every worker reads every control.
         return CONTROLS, record.partition_key
+    if isinstance(record, OptOutChanged):
+        # Beside the controls, compacted per instance and person: every worker reads them all.
+        return CONTROLS, record.partition_key
     assert isinstance(record, IntentRejected)
     if record.job_id is None:
         return INVALID, b"None"  # a rejection naming no job (a control row): keyed as ever
@@ -241,4 +265,6 @@ def _reference(record: Record) -> dict[str, str | None] | None:
         }
     if isinstance(record, ControlChanged):
         return {"id": str(record.control_id)}
+    if isinstance(record, OptOutChanged):
+        return {"id": str(record.optout_id)}
     return None

@@ -48,6 +48,7 @@ MEANINGS: dict[str, str] = {
     "UNCERTAIN": "the gateway may have it; a resend may duplicate it",
     "REVIEW": "needs an operator's decision",
     "INVALID": "the outbox row was malformed; never sent",
+    "OPTED_OUT": "the recipient opted out (bulk, or marked respect_opt_out); never sent",
 }
 """One line per status, for operators meeting it for the first time."""
 
@@ -147,6 +148,16 @@ def _paused(overview: Overview) -> str:
     )
 
 
+def _optouts(overview: Overview) -> str:
+    jobs = overview.jobs.get("OPTED_OUT", 0)
+    link = e(_link("/jobs", state="OPTED_OUT"))
+    return (
+        f'<p id="optouts"><span class="count">{overview.optouts}</span> recipient(s) opted out '
+        f'(<code>zapstream optouts list</code>); <a href="{link}">{jobs} job(s) not sent</a> '
+        "because of it.</p>"
+    )
+
+
 def _lag(consumer: ConsumerLag, slots: Sequence[SlotLag]) -> str:
     kafka = lag_notice(consumer)
     if kafka is None:
@@ -191,6 +202,7 @@ def overview_page(
         f"{_waiting(overview, limit=waiting_limit)}</section>"
         '<section id="overview-paused"><h2>Paused instances and campaigns</h2>'
         f"{_paused(overview)}</section>"
+        f'<section id="overview-optouts"><h2>Opt-outs</h2>{_optouts(overview)}</section>'
         f'<section id="overview-lag"><h2>Lag at a glance</h2>{_lag(consumer, slots)}</section>'
     )
     return _layout("Overview", body, operator)

@@ -9,7 +9,8 @@ overview and ``zapstream status`` never disagree:
   :func:`connectors.outbox.controls.backlog_async` (PENDING, RETRY_WAIT and ATTEMPTING,
   per instance, purpose and priority), folded here into one line per instance;
 - paused instances and campaigns: the ``zapstream_controls`` view, the latest action
-  per target.
+  per target;
+- how many recipients are opted out now: the ``zapstream_optouts`` view's count.
 
 Only instance ids, counts, ages and the operators' own reasons leave here: never a
 recipient, a text or an idempotency key.
@@ -40,6 +41,8 @@ _PAUSED = """
     FROM zapstream_controls WHERE paused ORDER BY kind, target
 """
 
+_OPTOUTS = "SELECT count(*) FROM zapstream_optouts"
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class InstanceWaiting:
@@ -60,6 +63,8 @@ class Overview:
     waiting: list[InstanceWaiting]
     """Instances with waiting jobs, the longest-waiting first."""
     paused: list[Control]
+    optouts: int = 0
+    """(Instance, recipient) pairs opted out now (``zapstream_optouts``)."""
 
     @property
     def total(self) -> int:
@@ -98,7 +103,10 @@ async def fetch_overview(conn: psycopg.AsyncConnection[Any]) -> Overview:
         Control(str(k), str(t), str(a), str(r), str(by), at, int(cid))
         for k, t, a, r, by, at, cid in await cur.fetchall()
     ]
-    return Overview(at=row[0], jobs=jobs, waiting=waiting, paused=paused)
+    cur = await conn.execute(_OPTOUTS)
+    counted = await cur.fetchone()
+    optouts = int(counted[0]) if counted else 0
+    return Overview(at=row[0], jobs=jobs, waiting=waiting, paused=paused, optouts=optouts)
 
 
 async def read_overview(dsn: str, *, connect_timeout_s: int = 5) -> Overview:

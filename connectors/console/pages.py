@@ -52,7 +52,7 @@ label{font-size:.85em}.notice{background:#ddf4ff;border:1px solid #54aeff;paddin
 .error{background:#ffebe9;border:1px solid #ff8182;padding:.5em}
 .st{font-weight:600;padding:0 .3em;border-radius:3px}
 .st-ACCEPTED,.st-DELIVERED,.st-READ{background:#dafbe1}.st-FAILED,.st-DEAD,.st-INVALID{background:#ffebe9}
-.st-PENDING,.st-SCHEDULED,.st-ATTEMPTING,.st-RETRY_WAIT{background:#ddf4ff}.st-CANCELLED,.st-EXPIRED{background:#eaeef2}
+.st-PENDING,.st-SCHEDULED,.st-ATTEMPTING,.st-RETRY_WAIT{background:#ddf4ff}.st-CANCELLED,.st-EXPIRED,.st-OPTED_OUT{background:#eaeef2}
 .st-UNCERTAIN,.st-REVIEW{background:#fff8c5}section{margin:1.2em 0}
 .pager a{margin-right:.8em}dl{display:grid;grid-template-columns:max-content auto;gap:.2em 1em}
 dt{font-weight:600}

@@ -6,6 +6,14 @@
     {"messaging_product": "whatsapp", "recipient_type": "individual", "to": "<digits>",
      "type": "text", "text": {"body": "<text>"}, "biz_opaque_callback_data": "<reference>"}
 
+or, for a template (:attr:`~streams.kernel.ports.TextMessage.template`, the Cloud API's
+template object as the application gave it, validated by
+:func:`connectors.outbox.rules.check_template`)::
+
+    {"messaging_product": "whatsapp", "recipient_type": "individual", "to": "<digits>",
+     "type": "template", "template": {"name", "language": {"code"}, "components"?},
+     "biz_opaque_callback_data": "<reference>"}
+
 answers ``{"messaging_product", "contacts": [{"input", "wa_id"}], "messages": [{"id":
 "wamid...", "message_status"?}]}``. The ``wamid`` is the gateway job id;
 ``message_status`` (``accepted`` when absent, as Meta answers plain text messages) is
@@ -36,9 +44,22 @@ limit / ecosystem health)     to this user now and asks not to resend right away
                               schedule (seconds to minutes) would meet the same refusal,
                               so the message is FAILED with the reason and an operator
                               decides whether to send it again later
+131050 (the user stopped      :class:`RecipientOptedOut` (permanent, on a 4xx): nothing sent;
+marketing messages)           the job ends OPTED_OUT and the opt-out is recorded
+                              (``outbox_optouts``, source ``meta``), so later bulk jobs to
+                              the person are never sent
 131026 (undeliverable), 100   :class:`PermanentGatewayError` (on a 4xx)
-(invalid parameter), 131047,
+(invalid parameter),
 131051, 131052, 131053
+131047 (re-engagement: more   :class:`~streams.kernel.templates.WindowClosed` (permanent, on
+than 24 h since the customer  a 4xx): nothing was sent; a text with a fallback template is
+last wrote)                   sent as that template instead, else FAILED
+132000, 132001, 132005,       :class:`~streams.kernel.templates.TemplateRejected` (permanent,
+132007, 132012, 132016        on a 4xx): the template's fault, with the reason
+(template errors)             (:data:`TEMPLATE_ERRORS`); never counted as the number's fault
+132015 (template paused)      :class:`~streams.kernel.templates.TemplatePaused` (permanent for
+                              the attempt): the worker holds the template's jobs and
+                              re-checks it (:mod:`streams.template_pauses`)
 131057 (account in            :class:`InstanceUnavailableError` (transient, ``scope=
 maintenance mode)             "instance"``), 60 s: every message of the number fails the
                               same way until Meta finishes; the worker pauses the number
@@ -93,9 +114,11 @@ from streams.kernel.errors import (
     InstanceUnavailableError,
     PermanentGatewayError,
     RateLimitedError,
+    RecipientOptedOut,
 )
 from streams.kernel.ports import CancelOutcome, ListedJob, SendAccepted, TextMessage
 from streams.kernel.settings import GatewaySettings
+from streams.kernel.templates import TemplatePaused, TemplateRejected, WindowClosed
 
 log = logging.getLogger(__name__)
 
@@ -114,13 +137,28 @@ THROUGHPUT_CODES = frozenset({130429, 80007, 4})
 PAIR_RATE_CODE = 131056
 MARKETING_LIMIT_CODE = 131049
 MAINTENANCE_CODE = 131057
+OPT_OUT_CODE = 131050
+"""The user stopped marketing messages from the business: never send them bulk again."""
 CREDENTIAL_CODES = frozenset({0, 10, 190, 131031, 133010})
 """Token expired/invalid (0, 190), permission missing (10), account locked (131031),
 number not registered (133010); 200-299 (permissions) too."""
 UNKNOWN_OBJECT_SUBCODE = 33
 """Code 100 with subcode 33: the phone number id in the URL does not exist (or the token
 cannot see it); every message of that instance fails the same way."""
-PERMANENT_CODES = frozenset({100, 131026, 131047, 131051, 131052, 131053, MARKETING_LIMIT_CODE})
+PERMANENT_CODES = frozenset({100, 131026, 131051, 131052, 131053, MARKETING_LIMIT_CODE})
+WINDOW_CLOSED_CODE = 131047
+"""Re-engagement: more than 24 hours since the customer last wrote; only a template goes."""
+TEMPLATE_PAUSED_CODE = 132015
+TEMPLATE_ERRORS: dict[int, str] = {
+    132000: "the number of parameters does not match the template",
+    132001: "the template does not exist in this language",
+    132005: "the template's text is too long once filled in",
+    132007: "the template's content violates a WhatsApp policy",
+    132012: "a parameter's format does not match the template",
+    TEMPLATE_PAUSED_CODE: "the template is paused for its quality",
+    132016: "the template is disabled (paused too many times)",
+}
+"""Meta's template errors and the reason each puts in ``last_error``."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -223,14 +261,33 @@ def meta_error(
         return InstanceUnavailableError(
             f"{message} (gateway refused credentials)", status_code=status
         )
-    if code in PERMANENT_CODES and status < 500:
-        return PermanentGatewayError(message, status_code=status)
+    if status < 500:
+        known = _permanent(code, message, status)
+        if known is not None:
+            return known
     if status == 429:
         # A throttling edge in front of the Graph API, whatever the code says.
         return _throughput(message, status, retry_after_s)
     # 131000 "something went wrong", 1/2 (unknown, service down), and codes we do not
     # know: how far the request got is the HTTP status's to say, in the one shared place.
     return error_for_response(response, gateway=NAME, sensitive=sensitive, now=now)
+
+
+def _permanent(code: int, message: str, status: int) -> PermanentGatewayError | None:
+    """The permanent error a Graph ``code`` answered with a 4xx means, or None."""
+    if code == OPT_OUT_CODE:
+        return RecipientOptedOut(f"{message} (the recipient opted out)", status_code=status)
+    if code == WINDOW_CLOSED_CODE:
+        return WindowClosed(
+            f"{message} (customer-service window closed: only a template can be sent)",
+            status_code=status,
+        )
+    if code in TEMPLATE_ERRORS:
+        kind = TemplatePaused if code == TEMPLATE_PAUSED_CODE else TemplateRejected
+        return kind(f"{message} ({TEMPLATE_ERRORS[code]})", code=code, status_code=status)
+    if code in PERMANENT_CODES:
+        return PermanentGatewayError(message, status_code=status)
+    return None
 
 
 def _throughput(message: str, status: int, retry_after_s: float | None) -> RateLimitedError:
@@ -254,6 +311,28 @@ def recipient_digits(to: str) -> str:
     return to.split("@", 1)[0].removeprefix("+")
 
 
+def template_values(template: Mapping[str, Any] | None) -> list[str]:
+    """The strings a template's parameters carry (a name, a code, an amount, a link): Meta
+    may echo one in an error, and they are redacted like a text."""
+    if template is None:
+        return []
+    found: list[str] = []
+
+    def walk(value: Any, key: str | None) -> None:
+        if isinstance(value, str):
+            if key not in ("type", "sub_type", "code", "policy", "name"):
+                found.append(value)
+        elif isinstance(value, Mapping):
+            for k, v in value.items():
+                walk(v, str(k))
+        elif isinstance(value, list):
+            for item in value:
+                walk(item, key)
+
+    walk(template.get("components"), None)
+    return found
+
+
 class MetaCloudClient(HttpGatewayClient):
     """A :class:`~streams.kernel.ports.Gateway` for the Meta WhatsApp Cloud API.
 
@@ -263,6 +342,8 @@ class MetaCloudClient(HttpGatewayClient):
     """
 
     name = NAME
+    sends_templates = True
+    """The Cloud API sends templates (:mod:`streams.kernel.templates`)."""
     url_setting = "META_GRAPH_URL"
     credential_setting = "META_ACCESS_TOKEN"
     added_path = re.compile(r"/v\d+\.\d+$")
@@ -282,7 +363,16 @@ class MetaCloudClient(HttpGatewayClient):
 
     @staticmethod
     def request_body(message: TextMessage) -> dict[str, Any]:
-        """The JSON of a text send."""
+        """The JSON of a send: a text, or the message's template."""
+        if message.template is not None:
+            return {
+                "messaging_product": "whatsapp",
+                "recipient_type": "individual",
+                "to": recipient_digits(message.to),
+                "type": "template",
+                "template": dict(message.template),
+                "biz_opaque_callback_data": message.reference,
+            }
         return {
             "messaging_product": "whatsapp",
             "recipient_type": "individual",
@@ -293,9 +383,15 @@ class MetaCloudClient(HttpGatewayClient):
         }
 
     async def send_text(self, message: TextMessage) -> SendAccepted:
-        """Send one text; the ``wamid`` becomes the gateway job id."""
+        """Send one text or template; the ``wamid`` becomes the gateway job id."""
         body = self.request_body(message)
-        sensitive = (message.to, body["to"], message.text, self._token)
+        sensitive = (
+            message.to,
+            body["to"],
+            message.text,
+            self._token,
+            *template_values(message.template),
+        )
         response = await send_request(
             self._http,
             "POST",

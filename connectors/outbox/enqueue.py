@@ -14,6 +14,11 @@ an error and without a second row. Invalid input raises :class:`InvalidIntent`
 before anything is written; the rules are :mod:`connectors.outbox.rules`, which the
 relay applies again to rows applications INSERT directly.
 
+Meta templates: :func:`enqueue_template` (and :func:`enqueue_template_async`) write a
+``{"type": "template", "to", "template": {...}}`` intent, the Cloud API's template object;
+``enqueue(..., fallback_template={...})`` a text sent as that template instead when Meta
+answers that the customer-service window is closed (docs/guides/gateways/meta.md).
+
 ``send_at`` schedules the job (the column ``next_retry_at``, as the outbox article's
 readers write it by hand): it waits SCHEDULED in PostgreSQL and is released when due
 (:mod:`connectors.cdc.scheduled_release`); :mod:`connectors.outbox.schedule` moves it.
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+from collections.abc import Mapping
 from typing import Any
 
 import psycopg
@@ -40,11 +46,13 @@ from connectors.outbox.rules import (
     check_recipient,
     check_send_at,
     check_send_window,
+    check_template,
     check_timezone,
     require_text,
     required,
 )
 from streams.kernel.contract import Priority
+from streams.kernel.templates import TEMPLATE, template_summary
 
 
 class InvalidIntent(ValueError):
@@ -61,7 +69,7 @@ class _Row:
     purpose: str | None
     expires_at: dt.datetime | None
     max_attempts: int
-    send_at: dt.datetime | None
+    send_at: dt.datetime | None = None
 
     def params(self) -> tuple[Any, ...]:
         return (
@@ -98,6 +106,7 @@ def _validate(
     purpose: str | None,
     expires_at: dt.datetime | None,
     max_attempts: int,
+    respect_opt_out: bool | None = None,
     send_at: dt.datetime | None = None,
     timezone: str | None = None,
 ) -> _Row:
@@ -118,6 +127,10 @@ def _validate(
     except RuleViolation as exc:
         raise InvalidIntent(str(exc)) from exc
     payload: dict[str, Any] = {"type": "text", "to": recipient, "text": text}
+    if respect_opt_out is not None:
+        if not isinstance(respect_opt_out, bool):
+            raise InvalidIntent("respect_opt_out must be True, False or None")
+        payload["respect_opt_out"] = respect_opt_out
     if timezone is not None:
         payload["timezone"] = timezone
     return _Row(
@@ -145,15 +158,24 @@ def enqueue(
     purpose: str | None = None,
     expires_at: dt.datetime | None = None,
     max_attempts: int = 5,
+    fallback_template: Mapping[str, Any] | None = None,
+    respect_opt_out: bool | None = None,
     send_at: dt.datetime | None = None,
     timezone: str | None = None,
 ) -> int:
     """Write one text intent in the caller's transaction; return its job id.
 
+    ``fallback_template``: a Cloud API template object sent instead of the text when Meta
+    answers that the customer-service window is closed (131047); the job is sent once,
+    as one or the other.
+
+    ``respect_opt_out``: whether the recipient's opt-out (:mod:`connectors.outbox.optouts`)
+    stops this message; None (the default) decides by priority: a bulk message is never
+    sent to an opted-out recipient, an operational one is.
+
     ``send_at`` (timezone-aware): send no earlier than this; the job waits SCHEDULED in
     PostgreSQL until then (a time already past: sent at once). ``timezone`` (an IANA name):
-    the recipient's, for quiet hours; default: derived from the number's country code.
-    """
+    the recipient's, for quiet hours; default: derived from the number's country code."""
     row = _validate(
         instance_id=instance_id,
         to=to,
@@ -164,9 +186,15 @@ def enqueue(
         purpose=purpose,
         expires_at=expires_at,
         max_attempts=max_attempts,
+        respect_opt_out=respect_opt_out,
         send_at=send_at,
         timezone=timezone,
     )
+    row = _with_fallback(row, fallback_template)
+    return _insert(conn, row)
+
+
+def _insert(conn: psycopg.Connection[Any], row: _Row) -> int:
     with conn.cursor() as cur:
         cur.execute(_INSERT, row.params())
         found = cur.fetchone()
@@ -189,6 +217,8 @@ async def enqueue_async(
     purpose: str | None = None,
     expires_at: dt.datetime | None = None,
     max_attempts: int = 5,
+    fallback_template: Mapping[str, Any] | None = None,
+    respect_opt_out: bool | None = None,
     send_at: dt.datetime | None = None,
     timezone: str | None = None,
 ) -> int:
@@ -203,9 +233,15 @@ async def enqueue_async(
         purpose=purpose,
         expires_at=expires_at,
         max_attempts=max_attempts,
+        respect_opt_out=respect_opt_out,
         send_at=send_at,
         timezone=timezone,
     )
+    row = _with_fallback(row, fallback_template)
+    return await _insert_async(conn, row)
+
+
+async def _insert_async(conn: psycopg.AsyncConnection[Any], row: _Row) -> int:
     async with conn.cursor() as cur:
         await cur.execute(_INSERT, row.params())
         found = await cur.fetchone()
@@ -214,3 +250,113 @@ async def enqueue_async(
             found = await cur.fetchone()
     assert found is not None, "ON CONFLICT without a conflicting row"
     return int(found[0])
+
+
+# --- templates (Meta's Cloud API) ----------------------------------------------------------
+
+
+def _checked_template(template: object, what: str) -> dict[str, Any]:
+    try:
+        return check_template(template, what=what)
+    except RuleViolation as exc:
+        raise InvalidIntent(str(exc)) from exc
+
+
+def _with_fallback(row: _Row, fallback_template: Mapping[str, Any] | None) -> _Row:
+    if fallback_template is None:
+        return row
+    fallback = _checked_template(fallback_template, "fallback_template")
+    return dataclasses.replace(row, payload={**row.payload, "fallback_template": fallback})
+
+
+def _template_row(
+    *,
+    instance_id: str,
+    to: str,
+    template: Mapping[str, Any],
+    idempotency_key: str,
+    conversation_key: str | None,
+    priority: str,
+    purpose: str | None,
+    expires_at: dt.datetime | None,
+    max_attempts: int,
+) -> _Row:
+    checked = _checked_template(template, "template")
+    row = _validate(
+        instance_id=instance_id,
+        to=to,
+        text=template_summary(checked),
+        idempotency_key=idempotency_key,
+        conversation_key=conversation_key,
+        priority=priority,
+        purpose=purpose,
+        expires_at=expires_at,
+        max_attempts=max_attempts,
+    )
+    to_value = row.payload["to"]
+    return dataclasses.replace(row, payload={"type": TEMPLATE, "to": to_value, "template": checked})
+
+
+def enqueue_template(
+    conn: psycopg.Connection[Any],
+    *,
+    instance_id: str,
+    to: str,
+    template: Mapping[str, Any],
+    idempotency_key: str,
+    conversation_key: str | None = None,
+    priority: str = Priority.OPERATIONAL,
+    purpose: str | None = None,
+    expires_at: dt.datetime | None = None,
+    max_attempts: int = 5,
+) -> int:
+    """Write one template intent (Meta's Cloud API) in the caller's transaction; return its
+    job id. ``template`` is the Cloud API's template object::
+
+        enqueue_template(conn, instance_id="106540352242922", to="+55 11 98765-4321",
+                         template={"name": "order_confirmation", "language": "pt_BR",
+                                   "components": [{"type": "body", "parameters": [
+                                       {"type": "text", "text": "Ana"}]}]},
+                         idempotency_key=f"order-{order_id}")
+
+    Only the ``meta`` gateway sends templates: on another one the job ends FAILED."""
+    row = _template_row(
+        instance_id=instance_id,
+        to=to,
+        template=template,
+        idempotency_key=idempotency_key,
+        conversation_key=conversation_key,
+        priority=priority,
+        purpose=purpose,
+        expires_at=expires_at,
+        max_attempts=max_attempts,
+    )
+    return _insert(conn, row)
+
+
+async def enqueue_template_async(
+    conn: psycopg.AsyncConnection[Any],
+    *,
+    instance_id: str,
+    to: str,
+    template: Mapping[str, Any],
+    idempotency_key: str,
+    conversation_key: str | None = None,
+    priority: str = Priority.OPERATIONAL,
+    purpose: str | None = None,
+    expires_at: dt.datetime | None = None,
+    max_attempts: int = 5,
+) -> int:
+    """The async flavour of :func:`enqueue_template`."""
+    row = _template_row(
+        instance_id=instance_id,
+        to=to,
+        template=template,
+        idempotency_key=idempotency_key,
+        conversation_key=conversation_key,
+        priority=priority,
+        purpose=purpose,
+        expires_at=expires_at,
+        max_attempts=max_attempts,
+    )
+    return await _insert_async(conn, row)

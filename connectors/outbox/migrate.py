@@ -5,6 +5,12 @@
 own transaction, under an advisory lock so two processes starting at once do
 not race. A file already applied is skipped; one whose text changed after it
 was applied is an error (edit schemas with a new file, never in place).
+
+A database that already has an ``outbox_jobs`` of its own (the outbox article's
+``CREATE TABLE``: VARCHAR columns, no ``state_version``, no ``conversation_key``)
+is refused before anything is written, with the two statements that move it
+aside (:class:`ForeignOutboxTable`); docs/guides/application.md says how to copy
+its PENDING rows in afterwards.
 """
 
 from __future__ import annotations
@@ -12,14 +18,52 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from importlib import resources
+from typing import Any
 
 import psycopg
+
+from streams.kernel.errors import Failure
 
 _LOCK_ID = 0x7A617073  # "zaps": one advisory lock for all zapstream migrations
 
 
 class MigrationError(RuntimeError):
     """A migration's recorded checksum differs from the file shipped now."""
+
+
+class ForeignOutboxTable(Failure):
+    """``outbox_jobs`` exists and is not zapstream's: permanent, one line naming what to do."""
+
+    dependency = "postgres"
+
+
+_FOREIGN_TABLE = """
+    SELECT count(*) FILTER (WHERE a.attname = 'state_version')
+    FROM pg_class c
+    JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+    WHERE c.relname = 'outbox_jobs' AND c.relnamespace = current_schema()::regnamespace
+    HAVING count(*) > 0
+"""
+FOREIGN_TABLE_HINT = (
+    "move it aside with `CREATE SCHEMA article_outbox; ALTER TABLE outbox_jobs SET SCHEMA "
+    "article_outbox;`, run `zapstream db migrate` again, then copy its PENDING rows into "
+    'zapstream\'s outbox_jobs (docs/guides/application.md, "Coming from the outbox article")'
+)
+
+
+def _refuse_foreign_outbox(conn: psycopg.Connection[Any]) -> None:
+    """Before the first migration: an ``outbox_jobs`` without ``state_version`` is not ours.
+
+    ``CREATE TABLE IF NOT EXISTS`` would keep it and the next statement fail on a
+    missing column, leaving the application's table half-adopted.
+    """
+    row = conn.execute(_FOREIGN_TABLE).fetchone()
+    if row is not None and row[0] == 0:
+        raise ForeignOutboxTable(
+            "outbox_jobs already exists and is not zapstream's (no state_version column: "
+            "the outbox article's own table?)",
+            hint=FOREIGN_TABLE_HINT,
+        )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -60,6 +104,8 @@ def migrate(dsn: str) -> list[str]:
             recorded: dict[int, str] = dict(
                 conn.execute("SELECT version, checksum FROM schema_migrations")
             )
+            if 1 not in recorded:
+                _refuse_foreign_outbox(conn)
             for migration in shipped_migrations():
                 seen = recorded.get(migration.version)
                 if seen is not None:

@@ -16,7 +16,7 @@ The payload becomes ``{"type": ..., "pruned_at": ...}`` and the conversation key
 is refused by the database.
 
 Only jobs whose outcome is final and needs nobody are pruned: ACCEPTED,
-DELIVERED, READ, FAILED, EXPIRED, CANCELLED and INVALID, last changed before the
+DELIVERED, READ, FAILED, EXPIRED, CANCELLED, INVALID and OPTED_OUT, last changed before the
 bound. DEAD, UNCERTAIN and REVIEW wait for an operator's decision and are
 counted, never pruned; PENDING and in-flight jobs are not settled. The bound is
 at least :data:`MIN_AGE`, the intents topic's retention, so no intent of a
@@ -48,6 +48,7 @@ PRUNABLE = (
     JobStatus.EXPIRED,
     JobStatus.CANCELLED,
     JobStatus.INVALID,
+    JobStatus.OPTED_OUT,
 )
 UNRESOLVED = (JobStatus.DEAD, JobStatus.UNCERTAIN, JobStatus.REVIEW)
 """Settled, but an operator must decide: never pruned, counted in the result."""

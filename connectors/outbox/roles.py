@@ -20,14 +20,20 @@ sink       zapstream_sink        states into ``outbox_jobs``, events into
 webhook    zapstream_webhook     finds the job of a receipt: five columns, no payload
 console    zapstream_console     reads jobs and their history, writes cancel/reprocess,
                                  reschedules a SCHEDULED job
-operator   zapstream_operator    the CLI: the console's rights plus pause/resume
-app        zapstream_app         applications: enqueue, cancel, pause/resume, backlog
+operator   zapstream_operator    the CLI: the console's rights plus pause/resume, opt-outs
+app        zapstream_app         applications: enqueue, cancel, pause/resume, backlog,
+                                 opt-out/opt-in; the outbox article's UPDATEs, which a
+                                 trigger turns into a reprocess command or refuses with a
+                                 message
 prune      zapstream_prune       ``zapstream outbox prune``: redacts settled jobs
 =========  ====================  ========================================================
 
 The lag monitor and ``topics ensure`` never connect to PostgreSQL; ``outbox restream``
 (recovery after a lost slot, with ``db migrate`` re-creating it) runs as the owner:
 it locks job rows (``FOR UPDATE``), which needs UPDATE on ``outbox_jobs``.
+
+Opt-outs learnt from the gateway (Meta's 131050) need no right of the sink's: the trigger
+on ``outbox_job_events`` that records them (migration 0010) runs as the tables' owner.
 
 Why the relay gets no SELECT on the published tables: the walsender decodes the rows
 under the REPLICATION attribute; table SELECT is only needed to copy a table's existing
@@ -60,10 +66,22 @@ COMMANDS = "outbox_commands"
 REPLAYS = "outbox_replays"
 CONTROLS = "outbox_controls"
 CONTROLS_VIEW = "zapstream_controls"
+OPTOUTS = "outbox_optouts"
+OPTOUTS_VIEW = "zapstream_optouts"
 MIGRATIONS = "schema_migrations"
-TABLES = (JOBS, EVENTS, COMMANDS, REPLAYS, CONTROLS, CONTROLS_VIEW, MIGRATIONS)
+TABLES = (
+    JOBS,
+    EVENTS,
+    COMMANDS,
+    REPLAYS,
+    CONTROLS,
+    CONTROLS_VIEW,
+    OPTOUTS,
+    OPTOUTS_VIEW,
+    MIGRATIONS,
+)
 """Every relation the group roles are granted on (reset on each apply)."""
-SEQUENCES = tuple(f"{t}_id_seq" for t in (JOBS, EVENTS, COMMANDS, REPLAYS, CONTROLS))
+SEQUENCES = tuple(f"{t}_id_seq" for t in (JOBS, EVENTS, COMMANDS, REPLAYS, CONTROLS, OPTOUTS))
 RELEASE_FUNCTION = "zapstream_release_due(integer)"
 """Migration 0008's scheduled release (SECURITY DEFINER), the relay's only write."""
 FUNCTIONS = (RELEASE_FUNCTION,)
@@ -115,12 +133,27 @@ _COMMAND_INSERT = Grant(
 _CONTROL_INSERT = Grant("INSERT", CONTROLS, _cols("kind", "target", "action", "reason", "actor"))
 _RESCHEDULE = Grant("UPDATE", JOBS, _cols("next_retry_at", "updated_at"))
 """Reschedule a job not released yet (connectors/outbox/schedule.py, zapstream_reschedule)."""
+# The outbox article's UPDATEs of outbox_jobs (migration 0009): granted so that its
+# FAQ reprocess (SET status = 'PENDING', attempts = 0, next_retry_at = NOW()) reaches the
+# trigger that turns it into a reprocess command, and its worker's writes get the
+# trigger's refusal naming what to do instead of a bare "permission denied". Never
+# state_version: a write that leaves it alone is known not to be the sink's. The
+# trigger runs as this role and reads the job's moves for the may-be-delivered check.
+_ARTICLE_UPDATE = Grant(
+    "UPDATE", JOBS, _cols("status", "attempts", "next_retry_at", "last_error", "sent_at")
+)
+_ARTICLE_RISK_READ = Grant("SELECT", EVENTS, _cols("job_id", "from_status", "to_status", "version"))
+_OPTOUT_INSERT = Grant(
+    "INSERT", OPTOUTS, _cols("instance_id", "recipient", "action", "source", "reason")
+)
 _READ_ALL = (
     Grant("SELECT", JOBS),
     Grant("SELECT", EVENTS),
     Grant("SELECT", COMMANDS),
     Grant("SELECT", REPLAYS),
     Grant("SELECT", CONTROLS_VIEW),
+    Grant("SELECT", OPTOUTS),
+    Grant("SELECT", OPTOUTS_VIEW),
 )
 
 COMPONENT_ROLES: tuple[ComponentRole, ...] = (
@@ -223,22 +256,26 @@ COMPONENT_ROLES: tuple[ComponentRole, ...] = (
     ),
     ComponentRole(
         "operator",
-        "the zapstream CLI: jobs, status, doctor, cancel/reprocess, pause/resume",
+        "the zapstream CLI: jobs, status, doctor, cancel/reprocess, pause/resume, opt-outs",
         (
             *_READ_ALL,
             Grant("SELECT", CONTROLS),
             _COMMAND_INSERT,
             _CONTROL_INSERT,
             _RESCHEDULE,
+            _OPTOUT_INSERT,
             _VERSIONS,
         ),
-        sequences=(f"{COMMANDS}_id_seq", f"{CONTROLS}_id_seq"),
+        sequences=(f"{COMMANDS}_id_seq", f"{CONTROLS}_id_seq", f"{OPTOUTS}_id_seq"),
     ),
     ComponentRole(
         "app",
-        "applications: enqueue, cancel, pause/resume, backlog and should_hold",
+        "applications: enqueue, cancel, pause/resume, backlog, should_hold, opt-out/opt-in; "
+        "the outbox article's UPDATEs (reprocess by SQL, refused worker writes)",
         (
             Grant("SELECT", JOBS),
+            _ARTICLE_UPDATE,
+            _ARTICLE_RISK_READ,
             Grant(
                 "INSERT",
                 JOBS,
@@ -260,9 +297,18 @@ COMPONENT_ROLES: tuple[ComponentRole, ...] = (
             Grant("SELECT", CONTROLS, _cols("id")),
             _CONTROL_INSERT,
             Grant("SELECT", CONTROLS_VIEW),
+            # opt_out/opt_in (RETURNING id), opted_out (the person's latest row), optouts.
+            Grant("SELECT", OPTOUTS, _cols("id", "instance_id", "recipient", "action")),
+            _OPTOUT_INSERT,
+            Grant("SELECT", OPTOUTS_VIEW),
             _VERSIONS,
         ),
-        sequences=(f"{JOBS}_id_seq", f"{COMMANDS}_id_seq", f"{CONTROLS}_id_seq"),
+        sequences=(
+            f"{JOBS}_id_seq",
+            f"{COMMANDS}_id_seq",
+            f"{CONTROLS}_id_seq",
+            f"{OPTOUTS}_id_seq",
+        ),
     ),
     ComponentRole(
         "prune",

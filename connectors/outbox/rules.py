@@ -20,7 +20,10 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import re
 import zoneinfo
+from collections.abc import Mapping
+from typing import Any
 
 from connectors.outbox.recipients import InvalidRecipient, normalize_recipient
 from streams.kernel.contract import MAX_ATTEMPTS, Priority, instance_id_problem
@@ -28,7 +31,7 @@ from streams.kernel.contract import MAX_ATTEMPTS, Priority, instance_id_problem
 MAX_TEXT_CHARS = 4096
 """WhatsApp's limit for a text message body, in characters (code points)."""
 
-SUPPORTED_TYPES = frozenset({"text"})
+SUPPORTED_TYPES = frozenset({"text", "template"})
 """The message types the pipeline can send."""
 
 
@@ -110,6 +113,153 @@ def check_conversation_key(value: str | None) -> str | None:
     if value is not None and not value.strip():
         raise RuleViolation("conversation_key, when given, must not be empty")
     return value
+
+
+# --- templates (Meta's Cloud API) ----------------------------------------------------------
+#
+# The template object as the Cloud API's messages endpoint defines it:
+#   {"name": "order_confirmation", "language": {"code": "pt_BR"},
+#    "components": [{"type": "body", "parameters": [{"type": "text", "text": "Ana"}]},
+#                   {"type": "button", "sub_type": "url", "index": 0,
+#                    "parameters": [{"type": "text", "text": "123"}]}]}
+# ``language`` may be given as the bare code ("pt_BR"); it is normalised to the object.
+# Whether the template exists, in that language, with that many parameters is Meta's to
+# say (132001, 132000): these rules catch what can never be right, before the INSERT.
+
+TEMPLATE_NAME_MAX = 512
+_TEMPLATE_NAME = re.compile(r"[a-z0-9_]+")
+"""Meta's template names: lowercase letters, digits and underscores."""
+_LANGUAGE_CODE = re.compile(r"[a-z]{2,3}(_[A-Za-z]{2,4})?")
+"""``pt_BR``, ``en``, ``en_US``, ``zh_HK``, ``fil``: Meta's language and locale codes."""
+_CURRENCY_CODE = re.compile(r"[A-Z]{3}")
+COMPONENT_TYPES = frozenset({"header", "body", "button"})
+BUTTON_SUB_TYPES = frozenset({"quick_reply", "url", "copy_code", "catalog", "flow"})
+MEDIA_TYPES = frozenset({"image", "document", "video"})
+PARAMETER_TYPES = MEDIA_TYPES | {
+    "text",
+    "currency",
+    "date_time",
+    "payload",
+    "coupon_code",
+    "action",
+}
+MAX_PARAMETERS = 100
+"""Parameters per component at most (a guard against a runaway list, not Meta's limit)."""
+_TEMPLATE_KEYS = frozenset({"name", "language", "components"})
+
+
+def check_template(value: object, *, what: str = "template") -> dict[str, Any]:
+    """Return the template object, ``language`` normalised to ``{"code": ...}``, or raise
+    :class:`RuleViolation` naming the first thing that can never be sent."""
+    if not isinstance(value, Mapping):
+        raise RuleViolation(f"{what} must be an object with name, language and components")
+    unknown = sorted(str(k) for k in value if k not in _TEMPLATE_KEYS)
+    if unknown:
+        raise RuleViolation(f"{what} has unknown keys {unknown}; use name, language, components")
+    name = value.get("name")
+    if not isinstance(name, str) or not _TEMPLATE_NAME.fullmatch(name):
+        raise RuleViolation(f"{what}.name must be lowercase letters, digits and underscores")
+    if len(name) > TEMPLATE_NAME_MAX:
+        raise RuleViolation(f"{what}.name is longer than {TEMPLATE_NAME_MAX} characters")
+    language = value.get("language")
+    if isinstance(language, Mapping):
+        extra = sorted(str(k) for k in language if k not in ("code", "policy"))
+        if extra or language.get("policy", "deterministic") != "deterministic":
+            raise RuleViolation(f"{what}.language takes code (and policy 'deterministic')")
+        language = language.get("code")
+    if not isinstance(language, str) or not _LANGUAGE_CODE.fullmatch(language):
+        raise RuleViolation(f"{what}.language must be a language code such as pt_BR or en")
+    components = value.get("components", [])
+    if not isinstance(components, list):
+        raise RuleViolation(f"{what}.components must be a list")
+    checked = [_component(c, f"{what}.components[{i}]") for i, c in enumerate(components)]
+    template: dict[str, Any] = {"name": name, "language": {"code": language}}
+    if checked:
+        template["components"] = checked
+    return template
+
+
+def _component(value: object, what: str) -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        raise RuleViolation(f"{what} must be an object")
+    kind = value.get("type")
+    if not isinstance(kind, str) or kind not in COMPONENT_TYPES:
+        raise RuleViolation(f"{what}.type must be one of header, body, button")
+    component = dict(value)
+    if kind == "button":
+        sub_type = value.get("sub_type")
+        if not isinstance(sub_type, str) or sub_type not in BUTTON_SUB_TYPES:
+            allowed = ", ".join(sorted(BUTTON_SUB_TYPES))
+            raise RuleViolation(f"{what}.sub_type must be one of {allowed}")
+        index = value.get("index")
+        if isinstance(index, str) and index.isdigit():
+            index = int(index)
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index <= 9:
+            raise RuleViolation(f"{what}.index must be a button position from 0 to 9")
+    elif "sub_type" in value or "index" in value:
+        raise RuleViolation(f"{what}: sub_type and index belong to a button")
+    parameters = value.get("parameters", [])
+    if not isinstance(parameters, list) or len(parameters) > MAX_PARAMETERS:
+        raise RuleViolation(f"{what}.parameters must be a list of at most {MAX_PARAMETERS}")
+    component["parameters"] = [
+        _parameter(p, f"{what}.parameters[{i}]") for i, p in enumerate(parameters)
+    ]
+    return component
+
+
+def _parameter(value: object, what: str) -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        raise RuleViolation(f"{what} must be an object")
+    kind = value.get("type")
+    if not isinstance(kind, str) or kind not in PARAMETER_TYPES:
+        allowed = ", ".join(sorted(PARAMETER_TYPES))
+        raise RuleViolation(f"{what}.type must be one of {allowed}")
+    body = value.get(kind)
+    if kind in ("text", "payload", "coupon_code"):
+        if not isinstance(body, str) or not body.strip():
+            raise RuleViolation(f"{what}.{kind} must be a non-empty string")
+        if len(body) > MAX_TEXT_CHARS:
+            raise RuleViolation(f"{what}.{kind} is longer than {MAX_TEXT_CHARS} characters")
+    elif kind == "currency":
+        _currency(body, what)
+    elif kind == "date_time":
+        if not isinstance(body, Mapping) or not _filled(body.get("fallback_value")):
+            raise RuleViolation(f"{what}.date_time needs a fallback_value")
+    elif kind in MEDIA_TYPES:
+        _media(body, f"{what}.{kind}")
+    elif not isinstance(body, Mapping):
+        raise RuleViolation(f"{what}.action must be an object")
+    return dict(value)
+
+
+def _filled(value: object) -> bool:
+    return isinstance(value, str) and bool(value.strip())
+
+
+def _currency(body: object, what: str) -> None:
+    if not isinstance(body, Mapping) or not _filled(body.get("fallback_value")):
+        raise RuleViolation(f"{what}.currency needs a fallback_value")
+    code = body.get("code")
+    if not isinstance(code, str) or not _CURRENCY_CODE.fullmatch(code):
+        raise RuleViolation(f"{what}.currency.code must be an ISO 4217 code such as BRL")
+    amount = body.get("amount_1000")
+    if isinstance(amount, bool) or not isinstance(amount, int):
+        raise RuleViolation(f"{what}.currency.amount_1000 must be an integer (amount x 1000)")
+
+
+def _media(body: object, what: str) -> None:
+    """An image, document or video by ``link`` (http or https) or by uploaded media ``id``."""
+    if not isinstance(body, Mapping):
+        raise RuleViolation(f"{what} must be an object with link or id")
+    link, media_id = body.get("link"), body.get("id")
+    if (link is None) == (media_id is None):
+        raise RuleViolation(f"{what} needs exactly one of link and id")
+    if link is not None and not (
+        isinstance(link, str) and link.startswith(("https://", "http://"))
+    ):
+        raise RuleViolation(f"{what}.link must be an http(s) URL")
+    if media_id is not None and not _filled(media_id):
+        raise RuleViolation(f"{what}.id must be a non-empty string")
 
 
 def check_send_at(value: dt.datetime | None) -> dt.datetime | None:

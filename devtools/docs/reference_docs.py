@@ -624,7 +624,7 @@ TOPIC_RECORDS = {
     "PARKED": ("ParkedConversation", "IntentCaptured"),
     "INVALID": ("IntentRejected",),
     "DEAD": ("JobDead",),
-    "CONTROLS": ("ControlChanged",),
+    "CONTROLS": ("ControlChanged", "OptOutChanged"),
 }
 """Which records travel on which topic (the contract says so in prose only). Every topic
 of ``LOGICAL_TOPICS`` and every ``Record`` subclass must appear: the generator refuses

@@ -30,7 +30,11 @@ Gateway endpoints (``X-API-Key`` / ``Authorization: Bearer`` checked when config
   "fbtrace_id"}}``: rate limit 130429 (HTTP ``meta_rate_limit_http_status``, 400 by
   default), error 131000 (500), outage 2 (503 with ``Retry-After``), refused key 190
   (401), unknown instance 100/33 (400), invalid recipient 131026 (400),
-  ``fail_recipients`` 2 (503), ``pair_limited_recipients`` 131056 (400)
+  ``fail_recipients`` 2 (503), ``pair_limited_recipients`` 131056 (400),
+  ``opted_out_recipients`` 131050 (400: the user stopped the business's marketing
+  messages). A body of ``"type": "template"`` is checked against ``meta_templates`` (see
+  "Meta templates" below); ``meta_window_closed`` recipients answer a text 131047
+  (re-engagement)
 
 Control endpoints (no auth):
 
@@ -69,6 +73,20 @@ Meta messages' callbacks are Cloud API notifications (``{"object":
 "recipient_id", "biz_opaque_callback_data", "errors"?}]}}]}]}``, ``errors`` with
 131026 on ``failed``), POSTed to ``meta_callback_url`` (else ``callback_url``) with
 ``X-Hub-Signature-256: sha256=<hex HMAC-SHA256(meta_app_secret, body)>``.
+
+Meta templates: ``meta_templates`` lists the approved templates (``{"name", "language",
+"parameters": {"header"?, "body"?, "button"?: count}, "status": "APPROVED" | "PAUSED" |
+"DISABLED", "max_chars"}``). A template send is answered, in this order: the code
+``meta_template_errors`` names for the template (``{"<name>": 132007}``: any Graph code,
+while set), 132001 (no approved template of that name in that language), 132015
+(paused), 132016 (disabled), 132000 (a component's parameter count differs from the
+template's), 132012 (a parameter without its value: text, currency code/amount_1000/
+fallback_value, date_time fallback_value, media link or id), 132005 (the body's text
+parameters longer than ``max_chars`` in all); else it is accepted and recorded with
+its ``template`` object (the message's ``text`` then names it: ``[template
+name/language]``). ``meta_window_closed`` (``["<to>"]``) answers a *text* to those
+recipients 131047, "more than 24 hours since the customer last replied" (nothing
+recorded); templates to them go through.
 
 ``pair_limited_recipients`` (``{"<to>": N}``) refuses the first N sends to that
 recipient for the pair's rate (Meta 131056; the other APIs 429 ``Retry-After: 0``),
@@ -147,11 +165,28 @@ HUB_SIGNATURE_HEADER = "X-Hub-Signature-256"
 META_RATE_LIMIT = 130429
 META_PAIR_RATE_LIMIT = 131056
 META_UNDELIVERABLE = 131026
+META_OPTED_OUT = 131050
 META_UNKNOWN_ERROR = 131000
 META_SERVICE_UNAVAILABLE = 2
 META_INVALID_TOKEN = 190
 META_INVALID_PARAMETER = 100
 META_UNKNOWN_OBJECT_SUBCODE = 33
+META_WINDOW_CLOSED = 131047
+META_TEMPLATE_PARAMETER_COUNT = 132000
+META_TEMPLATE_UNKNOWN = 132001
+META_TEMPLATE_TOO_LONG = 132005
+META_TEMPLATE_PARAMETER_FORMAT = 132012
+META_TEMPLATE_PAUSED = 132015
+META_TEMPLATE_DISABLED = 132016
+META_TEMPLATE_MESSAGES = {
+    132000: "Number of parameters does not match the expected number of params",
+    132001: "Template name does not exist in the translation",
+    132005: "Translated text too long",
+    132007: "Template format character policy violated",
+    132012: "Parameter format does not match format in the created template",
+    132015: "Template is Paused",
+    132016: "Template is Disabled",
+}
 CALLBACK_STATUS_HEADER = "X-Sim-Callback-Status"
 
 
@@ -170,6 +205,8 @@ class SimMessage:
     arrived_at: float
     dropped: bool = False
     """The message was recorded but the connection was aborted instead of answering."""
+    template: dict[str, Any] | None = None
+    """A Meta template message's template object, as received (parameters included)."""
 
 
 def _http_url(value: str) -> str:
@@ -198,6 +235,21 @@ _ListingKey = Literal[
     "counts",
     "next_page",
 ]
+
+
+class SimTemplate(BaseModel):
+    """An approved Meta template, as the simulator checks a template send against it."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", use_attribute_docstrings=True)
+
+    name: Annotated[str, Field(min_length=1)]
+    language: Annotated[str, Field(min_length=2)]
+    """The language code of this translation (``pt_BR``)."""
+    parameters: dict[Literal["header", "body", "button"], _Count] = Field(default_factory=dict)
+    """How many parameters each component takes (``button``: all buttons' together)."""
+    status: Literal["APPROVED", "PAUSED", "DISABLED"] = "APPROVED"
+    max_chars: _Count = 1024
+    """The body's text parameters together at most (else 132005)."""
 
 
 class SimConfig(BaseModel):
@@ -284,6 +336,16 @@ class SimConfig(BaseModel):
     None: ``callback_url``."""
     meta_app_secret: str = ""
     """The app secret of ``X-Hub-Signature-256`` on Meta notifications; shown masked."""
+    meta_templates: list[SimTemplate] = Field(default_factory=list)
+    """The approved Meta templates a template send is checked against."""
+    meta_template_errors: dict[str, Annotated[int, Field(ge=1)]] = Field(default_factory=dict)
+    """Template name -> the Graph error code every send of it is answered (400), while set."""
+    meta_window_closed: list[str] = Field(default_factory=list)
+    """Recipients whose customer-service window is closed: a text to them answers 131047."""
+    opted_out_recipients: list[str] = Field(default_factory=list)
+    """Meta only: recipients (``to`` as received) who stopped the business's marketing
+    messages; every Cloud API send to them is refused 400, error 131050 (nothing sent).
+    The other APIs have no such answer and send as usual."""
 
 
 _INSTANCE_WINDOWS = ("rate_limited_instances", "disconnected_instances")
@@ -385,6 +447,84 @@ def _since(raw: str | None) -> float | None | object:
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=datetime.UTC)
     return parsed.timestamp()
+
+
+_Send = tuple[str, str, str | None, dict[str, Any] | None]
+"""A send as read: ``(to, text, reference, template)``; ``template`` only on Meta's."""
+
+
+def _language(template: Mapping[str, Any]) -> str:
+    language = template.get("language")
+    if isinstance(language, Mapping):
+        language = language.get("code")
+    return language if isinstance(language, str) else "?"
+
+
+def _parameters(template: Mapping[str, Any]) -> dict[str, list[Any]]:
+    """The parameters the send gives each component type (all buttons' together)."""
+    given: dict[str, list[Any]] = {"header": [], "body": [], "button": []}
+    components = template.get("components")
+    for component in components if isinstance(components, list) else []:
+        if not isinstance(component, Mapping):
+            continue
+        parameters = component.get("parameters")
+        kind = component.get("type")
+        if isinstance(kind, str) and kind.lower() in given and isinstance(parameters, list):
+            given[kind.lower()].extend(parameters)
+    return given
+
+
+def _well_formed(parameter: Any) -> bool:
+    """A parameter with its value in the shape its type needs (else Meta's 132012)."""
+    if not isinstance(parameter, Mapping):
+        return False
+    kind = parameter.get("type")
+    value = parameter.get(kind) if isinstance(kind, str) else None
+    if kind in ("text", "payload", "coupon_code"):
+        return isinstance(value, str) and bool(value.strip())
+    if not isinstance(value, Mapping):
+        return False
+    if kind == "currency":
+        return (
+            isinstance(value.get("fallback_value"), str)
+            and isinstance(value.get("code"), str)
+            and type(value.get("amount_1000")) is int
+        )
+    if kind == "date_time":
+        return isinstance(value.get("fallback_value"), str)
+    if kind in ("image", "document", "video"):
+        return isinstance(value.get("link"), str) or isinstance(value.get("id"), str)
+    return kind == "action"
+
+
+def template_error(cfg: SimConfig, template: Mapping[str, Any]) -> int | None:
+    """The Graph error code a template send gets (see the module's "Meta templates"), or
+    None when it is accepted."""
+    name = template.get("name")
+    if isinstance(name, str) and name in cfg.meta_template_errors:
+        return cfg.meta_template_errors[name]
+    language = _language(template)
+    approved = next(
+        (t for t in cfg.meta_templates if t.name == name and t.language == language), None
+    )
+    if approved is None:
+        return META_TEMPLATE_UNKNOWN
+    if approved.status == "PAUSED":
+        return META_TEMPLATE_PAUSED
+    if approved.status == "DISABLED":
+        return META_TEMPLATE_DISABLED
+    given = _parameters(template)
+    expected = {str(kind): count for kind, count in approved.parameters.items()}
+    if any(len(given[kind]) != expected.get(kind, 0) for kind in given):
+        return META_TEMPLATE_PARAMETER_COUNT
+    if not all(_well_formed(p) for parameters in given.values() for p in parameters):
+        return META_TEMPLATE_PARAMETER_FORMAT
+    body_chars = sum(
+        len(p["text"]) for p in given["body"] if p.get("type") == "text" and "text" in p
+    )
+    if body_chars > approved.max_chars:
+        return META_TEMPLATE_TOO_LONG
+    return None
 
 
 @dataclasses.dataclass(slots=True)
@@ -738,10 +878,8 @@ class GatewaySimulator(Service):
             body = {"message": message, "code": status}
         return _json(body, status, headers)
 
-    async def _read_send(
-        self, request: web.Request, api: str
-    ) -> tuple[str, str, str | None] | web.Response:
-        """``(to, text, reference)`` of a send, or the 4xx answer to a bad one.
+    async def _read_send(self, request: web.Request, api: str) -> _Send | web.Response:
+        """``(to, text, reference, template)`` of a send, or the 4xx answer to a bad one.
 
         The reference is the ``Idempotency-Key`` header, or for Meta the body's
         ``biz_opaque_callback_data`` (the Cloud API has no idempotency key).
@@ -764,20 +902,26 @@ class GatewaySimulator(Service):
         if not isinstance(to, str) or not to or not isinstance(text, str) or not text:
             self._outcomes["bad_request"] += 1
             return self._error(api, 400, "'to' and 'text' must be non-empty strings")
-        return to, text, request.headers.get("Idempotency-Key")
+        return to, text, request.headers.get("Idempotency-Key"), None
 
-    def _read_meta_send(
-        self, body: Mapping[str, Any]
-    ) -> tuple[str, str, str | None] | web.Response:
+    def _read_meta_send(self, body: Mapping[str, Any]) -> _Send | web.Response:
         problem: str | None = None
         text_object = body.get("text")
         to = body.get("to")
         text = text_object.get("body") if isinstance(text_object, dict) else None
         reference = body.get("biz_opaque_callback_data")
+        kind = body.get("type", "text")
+        template = body.get("template")
+        if kind == "template" and isinstance(template, dict):
+            text = f"[template {template.get('name')}/{_language(template)}]"
         if body.get("messaging_product") != "whatsapp":
             problem = "messaging_product must be 'whatsapp'"
-        elif body.get("type", "text") != "text":
-            problem = "type must be 'text'"
+        elif kind not in ("text", "template"):
+            problem = "type must be 'text' or 'template'"
+        elif kind == "template" and not (
+            isinstance(template, dict) and isinstance(template.get("name"), str)
+        ):
+            problem = "'template' must be an object with a name and a language"
         elif not isinstance(to, str) or not to.isdigit():
             problem = "'to' must be the recipient's digits"
         elif not isinstance(text, str) or not text:
@@ -788,10 +932,17 @@ class GatewaySimulator(Service):
             self._outcomes["bad_request"] += 1
             return self._error(META, 400, f"Invalid parameter: {problem}", code=100)
         assert isinstance(to, str) and isinstance(text, str)
-        return to, text, reference if isinstance(reference, str) else None
+        sent_template = template if kind == "template" and isinstance(template, dict) else None
+        return to, text, reference if isinstance(reference, str) else None, sent_template
 
     def _record(
-        self, request: web.Request, api: str, to: str, text: str, reference: str | None
+        self,
+        request: web.Request,
+        api: str,
+        to: str,
+        text: str,
+        reference: str | None,
+        template: dict[str, Any] | None = None,
     ) -> SimMessage:
         instance = request.match_info["instance"]
         msg = SimMessage(
@@ -804,6 +955,7 @@ class GatewaySimulator(Service):
             id=("wamid." + uuid.uuid4().hex) if api == META else uuid.uuid4().hex,
             status=self._config.initial_status,
             arrived_at=time.time(),
+            template=template,
         )
         self._messages.append(msg)
         self._by_id[msg.id] = msg
@@ -842,12 +994,21 @@ class GatewaySimulator(Service):
         parsed = await self._read_send(request, api)
         if isinstance(parsed, web.Response):
             return parsed
-        to, text, reference = parsed
+        to, text, reference, template = parsed
         if to in self._config.invalid_recipients:
             self._outcomes["invalid_recipient"] += 1
             if api == META:
                 return self._error(META, 400, "Message undeliverable", code=META_UNDELIVERABLE)
             return self._error(api, 400, "invalid recipient")
+        if api == META and to in self._config.opted_out_recipients:
+            self._outcomes["opted_out"] += 1
+            return self._error(
+                META,
+                400,
+                "Unable to deliver the message. This recipient has chosen to stop receiving "
+                "marketing messages on WhatsApp from your business",
+                code=META_OPTED_OUT,
+            )
         remaining = self._config.fail_recipients.get(to, 0)
         if remaining > 0:
             self._config.fail_recipients[to] = remaining - 1
@@ -871,7 +1032,11 @@ class GatewaySimulator(Service):
                     code=META_PAIR_RATE_LIMIT,
                 )
             return self._error(api, 429, "recipient rate limited", {"Retry-After": "0"})
-        msg = self._record(request, api, to, text, reference)
+        if api == META:
+            refused = self._meta_content_refusal(to, template)
+            if refused is not None:
+                return refused
+        msg = self._record(request, api, to, text, reference, template)
         msg.dropped = decision.drop
         self._schedule_callbacks(msg)
         rate = self._config.accept_then_502_rate
@@ -893,6 +1058,28 @@ class GatewaySimulator(Service):
         else:
             body = {self._config.id_field: msg.id, "status": msg.status}
         return self._answer(request, decision, "accepted", _json(body, ok_status))
+
+    def _meta_content_refusal(
+        self, to: str, template: dict[str, Any] | None
+    ) -> web.Response | None:
+        """131047 for a text to a closed window; a template's error code; None: accept."""
+        if template is None:
+            if to not in self._config.meta_window_closed:
+                return None
+            self._outcomes["window_closed"] += 1
+            return self._error(
+                META,
+                400,
+                "Re-engagement message: more than 24 hours have passed since the customer "
+                "last replied to this number",
+                code=META_WINDOW_CLOSED,
+            )
+        code = template_error(self._config, template)
+        if code is None:
+            return None
+        self._outcomes[f"template_{code}"] += 1
+        message = META_TEMPLATE_MESSAGES.get(code, "Template error")
+        return self._error(META, 400, message, code=code)
 
     async def _stackzap_send(self, request: web.Request) -> web.Response:
         return await self._send(request, STACKZAP, 201)

@@ -53,7 +53,10 @@ CONTROLS = "zapstream.controls"
 """Operators' pauses and resumes of an instance or a campaign (:class:`ControlChanged`,
 from ``outbox_controls`` via CDC): one partition, compacted, keyed by
 :func:`control_key`, so the latest action per target survives and every worker
-reads all of them."""
+reads all of them. Recipients' opt-outs and opt-ins (:class:`OptOutChanged`, from
+``outbox_optouts``) travel here too, keyed by :func:`optout_key` (one key per instance
+and person: compaction keeps the latest, so the topic holds one record per person ever
+opted out, whatever the history)."""
 
 # The constants above are the logical names: the names on the wire when
 # ``ZAPSTREAM_KAFKA_TOPIC_PREFIX`` is empty (the default). A client always gets the
@@ -169,6 +172,9 @@ class JobStatus(enum.StrEnum):
     REVIEW = "REVIEW"
     INVALID = "INVALID"
     """The relay rejected the outbox row (``zapstream.invalid``); terminal, never sent."""
+    OPTED_OUT = "OPTED_OUT"
+    """The recipient opted out (``outbox_optouts``, or the gateway said so: Meta's 131050);
+    terminal, never sent (again). The reason says which."""
 
 
 class CommandOutcome(enum.StrEnum):
@@ -209,6 +215,7 @@ class AttemptOutcome(enum.StrEnum):
     REVIEW = "review"
     DUPLICATE = "duplicate"
     EXPIRED = "expired"
+    OPTED_OUT = "opted_out"
 
 
 # --- partitioning -------------------------------------------------------------
@@ -450,6 +457,15 @@ class IntentCaptured(Record):
     """Commit timestamp of the outbox transaction (ISO 8601), for commit-to-gateway latency."""
     lsn: str = "0/0"
     """End LSN of the outbox transaction, for tracing a record back to the WAL."""
+    template: dict[str, Any] | None = None
+    """The Cloud API template object (``{"name", "language": {"code"}, "components"}``):
+    what a ``template`` intent sends, or, on a ``text`` intent, its fallback template, sent
+    instead when Meta answers that the customer-service window is closed (131047); None for
+    a plain text (and in records from before templates). See :mod:`streams.kernel.templates`."""
+    respect_opt_out: bool | None = None
+    """Whether the recipient's opt-out stops this job (the payload's ``respect_opt_out``):
+    None (the default) means by priority: a bulk job is never sent to an opted-out
+    recipient, an operational one is (:func:`opt_out_applies`)."""
     timezone: str | None = None
     """The recipient's IANA timezone (payload key ``timezone``), for quiet hours; None:
     derived from the number's country code."""
@@ -467,6 +483,8 @@ class IntentCaptured(Record):
             return "to is not a normalised recipient (digits with country code, or a JID)"
         if not self.text or not self.message_type or not self.conversation_key:
             return "text, message_type and conversation_key must not be empty"
+        if self.message_type == "template" and not self.template:
+            return "a template intent needs its template"
         return instance_id_problem(self.instance_id)
 
 
@@ -629,6 +647,84 @@ class ControlChanged(Record):
         return control_key(self.kind, self.target)
 
 
+class OptOutAction(enum.StrEnum):
+    """A recipient stops (``out``) or starts again (``in``) getting an instance's bulk messages."""
+
+    OUT = "out"
+    IN = "in"
+
+
+class OptOutSource(enum.StrEnum):
+    """Who recorded an opt-out: the application (a STOP reply), Meta (error 131050), an operator."""
+
+    APP = "app"
+    META = "meta"
+    OPERATOR = "operator"
+
+
+def opt_out_person(recipient: str) -> str:
+    """Who an opt-out is about, from a normalised recipient: a person's digits (``5511987654321``
+    and ``5511987654321@s.whatsapp.net`` are the same person) or a group's JID. Agrees with
+    ``connectors.outbox.recipients.conversation_key_for`` and ``zapstream_conversation_key()``."""
+    if recipient.endswith("@g.us"):
+        return recipient
+    return recipient.split("@", 1)[0]
+
+
+def opt_out_applies(priority: str, respect_opt_out: bool | None) -> bool:
+    """Whether an opt-out stops a job: the application's word, else bulk yes, operational no."""
+    if respect_opt_out is not None:
+        return respect_opt_out
+    return priority == Priority.BULK
+
+
+def optout_key(instance_id: str, person: str) -> bytes:
+    """Key of an opt-out on :data:`CONTROLS`: ``b"optout:<instance>\\x1f<person>"``; compaction
+    keeps the latest per instance and person (no clash with :func:`control_key`'s kinds)."""
+    return f"optout:{instance_id}\x1f{person}".encode()
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class OptOutChanged(Record):
+    """A recipient opted out of (or back into) an instance's messages. On :data:`CONTROLS`.
+
+    From an ``outbox_optouts`` row via CDC. The latest record per key is the person's
+    state: opted out while its ``action`` is ``out``.
+    """
+
+    SCHEMA: ClassVar[str] = "zapstream.optout.v1"
+
+    instance_id: str
+    person: str
+    """The recipient as :func:`opt_out_person` gives it (digits, or a group JID)."""
+    action: str
+    """``out`` or ``in`` (:class:`OptOutAction`)."""
+    source: str
+    """``app``, ``meta`` or ``operator`` (:class:`OptOutSource`)."""
+    reason: str
+    at: str | None
+    """When it was written (``outbox_optouts.created_at``, ISO 8601)."""
+    optout_id: int
+    """``outbox_optouts.id``: later changes of a person have higher ids."""
+    lsn: str = "0/0"
+
+    @property
+    def partition_key(self) -> bytes:
+        return optout_key(self.instance_id, self.person)
+
+    def problem(self) -> str | None:
+        if self.action not in _OPT_OUT_ACTIONS:
+            return "action must be out or in"
+        if opt_out_person(self.person) != self.person or not CANONICAL_RECIPIENT.fullmatch(
+            self.person
+        ):
+            return "person is not a normalised recipient's digits or a group JID"
+        return instance_id_problem(self.instance_id)
+
+
+_OPT_OUT_ACTIONS = frozenset(a.value for a in OptOutAction)
+
+
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class ReceiptReceived(Record):
     """A gateway status callback (sent/delivered/read/failed), verified and looked up.
@@ -755,6 +851,7 @@ def decode_topic_record(raw: bytes) -> Record:
         CommandRequested,
         ReceiptReceived,
         ControlChanged,
+        OptOutChanged,
         ParkedConversation,
     ):
         if cls.SCHEMA == schema:

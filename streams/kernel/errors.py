@@ -21,6 +21,8 @@ of transport errors:
   the gateway refused the *instance*, not the message (401/403 bad credentials,
   404 unknown instance). Certainly not sent; the worker pauses the instance and
   probes it instead of spending the messages' attempts.
+- :class:`RecipientOptedOut` (permanent): the recipient stopped the business's messages
+  (Meta 131050); the job ends OPTED_OUT and the opt-out is recorded.
 - :class:`GatewayMisconfigured` (an instance error naming a ``setting``): our
   configuration is wrong, not the message (a 404 on the send route, the same
   permanent error for many recipients in a row). Paused and probed, never FAILED.
@@ -135,6 +137,15 @@ class RateLimitedError(TransientGatewayError):
         if limit not in ("instance", "recipient"):
             raise ValueError(f"unknown rate limit {limit!r}")
         self.limit = limit
+
+
+class RecipientOptedOut(PermanentGatewayError):
+    """The gateway refused because the recipient stopped this business's messages (Meta's
+    131050: "this recipient has chosen to stop receiving marketing messages on WhatsApp from
+    your business"). Nothing was sent. Permanent for the message; the worker ends the job
+    OPTED_OUT and records the opt-out, so later bulk jobs to the person are never sent."""
+
+    retriable = False
 
 
 class ListingUnreadable(GatewayError):

@@ -28,12 +28,12 @@ import dataclasses
 import datetime as dt
 import enum
 import logging
-import time
 from typing import Protocol
 
 from prometheus_client import Counter
 
 from streams.kernel.contract import IntentCaptured, JobStatus
+from streams.kernel.runtime.outage import OutageLog
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +130,11 @@ class LateRedeliveries:
         self.horizon_s = horizon_s
         self.margin_s = margin_s
         self.retry_s = retry_s
-        self._outage_since: float | None = None
+        self._outage = OutageLog(
+            "outbox_jobs (for late redeliveries)",
+            log,
+            retrying=f"their conversations wait, asking again every {retry_s:.0f}s",
+        )
 
     @property
     def threshold_s(self) -> float:
@@ -187,22 +191,7 @@ class LateRedeliveries:
         return now_ts + self.retry_s
 
     def _unavailable(self, exc: HistoryUnavailable) -> None:
-        if self._outage_since is not None:
-            return
-        self._outage_since = time.monotonic()
-        log.log(
-            logging.ERROR if exc.permanent else logging.WARNING,
-            "cannot check late redeliveries against outbox_jobs, their conversations wait "
-            "(asking again every %.0fs): %s",
-            self.retry_s,
-            exc.problem,
-        )
+        self._outage.failed(exc.problem)
 
     def _available(self) -> None:
-        if self._outage_since is None:
-            return
-        log.info(
-            "outbox_jobs answers again after %.1fs; late redeliveries are checked",
-            time.monotonic() - self._outage_since,
-        )
-        self._outage_since = None
+        self._outage.recovered()

@@ -8,8 +8,8 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import enum
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 from streams.kernel.contract import JobStatus
 
@@ -32,6 +32,10 @@ class TextMessage:
     text: str
     reference: str
     """Our attempt id, sent as the ``Idempotency-Key`` header."""
+    template: Mapping[str, Any] | None = dataclasses.field(default=None, repr=False)
+    """Send this Cloud API template instead of ``text`` (which then only names it); only a
+    gateway whose client has ``sends_templates = True`` is ever given one
+    (:mod:`streams.kernel.templates`)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -20,9 +20,20 @@ S = JobStatus
 
 ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
     S.PENDING: frozenset(
-        {S.ATTEMPTING, S.SCHEDULED, S.EXPIRED, S.CANCELLED, S.DEAD, S.FAILED, S.INVALID}
+        {
+            S.ATTEMPTING,
+            S.SCHEDULED,
+            S.EXPIRED,
+            S.CANCELLED,
+            S.DEAD,
+            S.FAILED,
+            S.INVALID,
+            S.OPTED_OUT,
+        }
     ),
-    S.SCHEDULED: frozenset({S.ATTEMPTING, S.EXPIRED, S.CANCELLED, S.FAILED, S.DEAD, S.INVALID}),
+    S.SCHEDULED: frozenset(
+        {S.ATTEMPTING, S.EXPIRED, S.CANCELLED, S.FAILED, S.DEAD, S.INVALID, S.OPTED_OUT}
+    ),
     S.ATTEMPTING: frozenset(
         {
             S.ACCEPTED,
@@ -35,24 +46,35 @@ ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
             S.UNCERTAIN,
             S.REVIEW,
             S.ATTEMPTING,
+            S.OPTED_OUT,
         }
     ),
-    S.RETRY_WAIT: frozenset({S.ATTEMPTING, S.SCHEDULED, S.DEAD, S.EXPIRED, S.CANCELLED, S.FAILED}),
-    S.ACCEPTED: frozenset({S.DELIVERED, S.READ, S.FAILED, S.CANCELLED, S.REVIEW}),
-    S.DELIVERED: frozenset({S.READ, S.FAILED}),
+    S.RETRY_WAIT: frozenset(
+        {S.ATTEMPTING, S.SCHEDULED, S.DEAD, S.EXPIRED, S.CANCELLED, S.FAILED, S.OPTED_OUT}
+    ),
+    S.ACCEPTED: frozenset({S.DELIVERED, S.READ, S.FAILED, S.CANCELLED, S.REVIEW, S.OPTED_OUT}),
+    S.DELIVERED: frozenset({S.READ, S.FAILED, S.OPTED_OUT}),
     S.READ: frozenset(),
-    S.UNCERTAIN: frozenset({S.ACCEPTED, S.DELIVERED, S.READ, S.ATTEMPTING, S.CANCELLED, S.EXPIRED}),
+    S.UNCERTAIN: frozenset(
+        {S.ACCEPTED, S.DELIVERED, S.READ, S.ATTEMPTING, S.CANCELLED, S.EXPIRED, S.OPTED_OUT}
+    ),
     S.REVIEW: frozenset({S.ACCEPTED, S.DELIVERED, S.READ, S.FAILED, S.CANCELLED}),
-    S.FAILED: frozenset({S.ATTEMPTING, S.EXPIRED}),
-    S.DEAD: frozenset({S.ATTEMPTING, S.EXPIRED}),
+    S.FAILED: frozenset({S.ATTEMPTING, S.EXPIRED, S.OPTED_OUT}),
+    S.DEAD: frozenset({S.ATTEMPTING, S.EXPIRED, S.OPTED_OUT}),
     S.EXPIRED: frozenset(),
+    S.OPTED_OUT: frozenset(),
     S.CANCELLED: frozenset(),
     S.INVALID: frozenset(),
 }
 """From each state, the states a job may move to (besides a note to itself).
 FAILED, DEAD and UNCERTAIN move on only by an operator's reprocess. INVALID (the relay
 rejected the row; written by the state sink from ``zapstream.invalid``) never moves: the
-row itself is malformed, so neither cancel nor reprocess applies. SCHEDULED waits in
+row itself is malformed, so neither cancel nor reprocess applies. OPTED_OUT (the recipient
+opted out: the worker skipped the job, or the gateway refused it for that, Meta's 131050) never
+moves either: the job is not to be sent; after an opt-in the application enqueues anew. A job
+waiting (PENDING, RETRY_WAIT) or being reprocessed (FAILED, DEAD, UNCERTAIN) reaches it when
+the opt-out is met before its next attempt; an accepted or delivered one when the gateway's
+failed status says the recipient opted out (Meta's 131050 in a status webhook). SCHEDULED waits in
 PostgreSQL: a job inserted due later never reaches the worker as SCHEDULED (its release
 is its first intent); the worker moves a bulk job to SCHEDULED to hold it for the
 recipient's quiet hours, and the release brings it back."""
@@ -60,7 +82,16 @@ recipient's quiet hours, and the release brings it back."""
 SENT = frozenset({S.ACCEPTED, S.DELIVERED, S.READ})
 """The gateway has the message: sending it again would be a duplicate."""
 
-SETTLED = SENT | {S.FAILED, S.DEAD, S.EXPIRED, S.CANCELLED, S.UNCERTAIN, S.REVIEW, S.INVALID}
+SETTLED = SENT | {
+    S.FAILED,
+    S.DEAD,
+    S.EXPIRED,
+    S.CANCELLED,
+    S.UNCERTAIN,
+    S.REVIEW,
+    S.INVALID,
+    S.OPTED_OUT,
+}
 """No automatic attempt follows from these; only an operator moves the job on."""
 
 NOT_HANDED_OVER = frozenset({S.PENDING, S.SCHEDULED, S.RETRY_WAIT})

@@ -6,8 +6,10 @@ from ``outbox_commands`` through the relay's own row conversion
 (:func:`~connectors.cdc.outbox_rows.command_row_to_record`), its states written
 through the state sink's own SQL (:func:`~connectors.sink.state_sink.apply_states`).
 So every event a test sees is one the real worker writes, with its structured
-outcome. The last tests run the whole pipeline (relay, Faust worker, sink as
-subprocesses) for bulk reprocess and for how fast ``jobs reprocess`` returns.
+outcome. The outbox article's own statements (:mod:`tests.integration.article_sql`) each
+have a test here: what docs/guides/application.md says each does. The last tests run the
+whole pipeline (relay, Faust worker, sink as subprocesses) for bulk reprocess and for how
+fast ``jobs reprocess`` returns.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import asyncio
 import concurrent.futures
 import datetime as dt
 import io
+import json
 import os
 import subprocess
 import sys
@@ -29,8 +32,10 @@ from typing import Any, TypeVar
 import psycopg
 import pytest
 from psycopg import errors
+from psycopg.conninfo import make_conninfo
 
 from connectors.cdc.outbox_rows import command_row_to_record, row_to_record
+from connectors.ops.delivery_risk import delivery_risk
 from connectors.ops.jobs_cli import (
     add_jobs_parser,
     cancel_job,
@@ -38,6 +43,7 @@ from connectors.ops.jobs_cli import (
     reprocess_job,
     reprocess_matching,
 )
+from connectors.ops.jobs_sql import fetch_events
 from connectors.outbox.commands import (
     InvalidCommand,
     cancel,
@@ -47,6 +53,7 @@ from connectors.outbox.commands import (
     request_reprocess_many,
 )
 from connectors.outbox.enqueue import enqueue
+from connectors.outbox.migrate import ForeignOutboxTable, migrate
 from connectors.sink.state_sink import apply_batch, apply_states
 from devtools.stack.local_pipeline import LocalPipeline
 from streams.job_processor import JobProcessor, Park, RetryPolicy
@@ -65,6 +72,7 @@ from streams.kernel.errors import (
 )
 from streams.kernel.ports import CancelOutcome, ListedJob, SendAccepted, TextMessage
 from streams.kernel.state_machine import JobRef, transition
+from tests.integration import article_sql
 from tests.integration.support import Arrivals, count_rows, wait_for_status, wait_until
 
 T = TypeVar("T")
@@ -102,7 +110,10 @@ def _job(
         )
         if status is not None:
             conn.execute(
-                "UPDATE outbox_jobs SET status = %s, attempts = 3, last_error = %s WHERE id = %s",
+                # As the state sink writes it: one version up (migration 0009 refuses
+                # a status write that leaves state_version alone).
+                "UPDATE outbox_jobs SET status = %s, attempts = 3, last_error = %s, "
+                "state_version = state_version + 1 WHERE id = %s",
                 (status, last_error, job_id),
             )
     return job_id
@@ -878,7 +889,11 @@ def test_jobs_reprocess_reports_the_workers_refusal_by_its_outcome(
     assert worker.commands_handled == 1
     # The edit is final: apply() awaited every state write, and nothing will replay one.
     with psycopg.connect(outbox_db, autocommit=True) as conn:
-        conn.execute("UPDATE outbox_jobs SET status = 'FAILED' WHERE id = %s", (job_id,))
+        conn.execute(
+            "UPDATE outbox_jobs SET status = 'FAILED', state_version = state_version + 1 "
+            "WHERE id = %s",
+            (job_id,),
+        )
     worker.serve()
     out = io.StringIO()
     code = reprocess_job(
@@ -1051,6 +1066,277 @@ def test_request_reprocess_many_skips_jobs_that_are_not_reprocessable(outbox_db:
     assert len(ids) == 1
     assert _commands(outbox_db, failed) == [("reprocess", "why", "ops")]
     assert _commands(outbox_db, pending) == []
+
+
+# --- the outbox article's statements (tests/integration/article_sql.py) -------------------------
+#
+# docs/guides/application.md lists each statement with what it does here; these tests hold
+# each row of that table to what the database does. The reprocess end to end, on the real
+# pipeline and as an application's role, is in test_commands_e2e.py.
+
+
+def _article_job(dsn: str, key: str) -> int:
+    """A job enqueued by the article's own INSERT."""
+    payload = json.dumps({"type": "text", "to": RECIPIENT, "text": TEXT})
+    with psycopg.connect(dsn) as conn:
+        conn.execute(article_sql.INSERT, ("shop-article", payload, key))
+        row = conn.execute(
+            "SELECT id FROM outbox_jobs WHERE idempotency_key = %s", (key,)
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _article_columns(dsn: str, job_id: int) -> tuple[Any, ...]:
+    """What the article's statements write, and the sink's version."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT status, attempts, next_retry_at, last_error, sent_at, state_version "
+            "FROM outbox_jobs WHERE id = %s",
+            (job_id,),
+        ).fetchone()
+    assert row is not None
+    return tuple(row)
+
+
+def _refused(dsn: str, statement: str, params: tuple[object, ...]) -> psycopg.Error:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        with pytest.raises(psycopg.Error) as caught:
+            conn.execute(statement.encode(), params)
+    return caught.value
+
+
+def test_article_table_first_migrate_refuses_in_one_line_and_the_named_steps_adopt_it(
+    outbox_db: str,
+) -> None:
+    name = f"article_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(outbox_db, autocommit=True) as conn:
+        # On zapstream's schema the article's CREATE TABLE fails: the table is there.
+        with pytest.raises(errors.DuplicateTable, match='"outbox_jobs" already exists'):
+            conn.execute(article_sql.CREATE_TABLE.encode())
+        conn.execute(f"CREATE DATABASE {name}".encode())
+    dsn = make_conninfo(outbox_db, dbname=name)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(article_sql.CREATE_TABLE.encode())
+        conn.execute(article_sql.CREATE_INDEXES.encode())
+        conn.execute(
+            article_sql.INSERT.encode(),
+            ("shop-1", json.dumps({"type": "text", "to": RECIPIENT, "text": TEXT}), "order-1"),
+        )
+        conn.execute(
+            "INSERT INTO outbox_jobs (instance_id, payload, idempotency_key, status) "
+            "VALUES ('shop-1', '{}', 'order-0', 'SENT')"
+        )
+
+    with pytest.raises(ForeignOutboxTable) as refused:
+        migrate(dsn)
+    line = str(refused.value)
+    print(f"zapstream db migrate on the article's table: {line}")
+    assert "\n" not in line
+    assert "not zapstream's" in line
+    assert "ALTER TABLE outbox_jobs SET SCHEMA article_outbox" in line
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        created = conn.execute("SELECT to_regclass('outbox_commands')").fetchone()
+        assert created == (None,), "nothing of zapstream's was created"
+        # The steps the line names, then the copy docs/guides/application.md gives.
+        conn.execute("CREATE SCHEMA article_outbox")
+        conn.execute("ALTER TABLE outbox_jobs SET SCHEMA article_outbox")
+    assert "0001_outbox" in migrate(dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        copied = conn.execute(
+            """INSERT INTO outbox_jobs (instance_id, payload, idempotency_key, max_attempts)
+               SELECT instance_id, payload, coalesce(idempotency_key, 'article-' || id),
+                      max_attempts
+               FROM article_outbox.outbox_jobs WHERE status = 'PENDING' ORDER BY id
+               RETURNING idempotency_key, status, conversation_key"""
+        ).fetchall()
+        # The article's indexes on zapstream's table: created, and harmless.
+        conn.execute(article_sql.CREATE_INDEXES.encode())
+    assert copied == [("order-1", "PENDING", NORMALIZED)]
+
+
+def test_article_worker_loop_claims_nothing_and_its_writes_are_refused_naming_zapstream(
+    outbox_db: str,
+) -> None:
+    job_id = _article_job(outbox_db, _key("article-loop"))
+    with psycopg.connect(outbox_db) as conn:
+        claimed = [int(r[0]) for r in conn.execute(article_sql.CLAIM.encode())]
+    assert job_id not in claimed, "zapstream's worker sends it; next_retry_at is not set"
+    before = _article_columns(outbox_db, job_id)
+
+    for statement, params in [
+        (article_sql.MARK_SENT, (job_id,)),
+        (article_sql.MARK_FAILED, ("PENDING", 1, "timeout", job_id)),
+        (article_sql.MARK_FAILED, ("DEAD", 5, "timeout", job_id)),
+    ]:
+        error = _refused(outbox_db, statement, params)
+        assert isinstance(error, errors.InsufficientPrivilege), error
+        message = error.diag.message_primary or ""
+        assert f"job {job_id} is sent by zapstream's worker" in message
+        assert "it would send twice" in message and "`zapstream worker`" in message
+    assert _article_columns(outbox_db, job_id) == before
+
+    # What the trigger leaves alone: a write of next_retry_at only (rescheduling).
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+    with psycopg.connect(outbox_db, autocommit=True) as conn:
+        conn.execute("UPDATE outbox_jobs SET next_retry_at = %s WHERE id = %s", (later, job_id))
+    assert _article_columns(outbox_db, job_id)[2] == later
+
+
+def test_article_idempotency_select_sees_zapstreams_sent_state_and_the_key_refuses_a_second_row(
+    outbox_db: str,
+) -> None:
+    key = _key("article-idem")
+    job_id = _article_job(outbox_db, key)
+    _history_event(outbox_db, job_id, [("ATTEMPTING", None), ("ACCEPTED", None)])
+    # The article's worker would now mark it SENT over zapstream's state: refused.
+    assert isinstance(
+        _refused(outbox_db, article_sql.MARK_SENT, (job_id,)), errors.InsufficientPrivilege
+    )
+    with psycopg.connect(outbox_db, autocommit=True) as conn:
+        assert conn.execute(article_sql.IDEMPOTENCY, (key,)).fetchall() == [("ACCEPTED",)]
+        with pytest.raises(errors.UniqueViolation):
+            conn.execute(article_sql.INSERT.encode(), ("shop-article", "{}", key))
+
+
+def test_article_stuck_query_counts_waiting_jobs_and_not_a_dead_job_reprocessed_by_sql(
+    outbox_db: str,
+) -> None:
+    def stuck() -> int:
+        return count_rows(outbox_db, article_sql.STUCK)
+
+    def dead() -> int:
+        return count_rows(outbox_db, article_sql.DEAD_ALERT)
+
+    waiting = _article_job(outbox_db, _key("article-waiting"))
+    gave_up = _article_job(outbox_db, _key("article-gave-up"))
+    _history_event(outbox_db, gave_up, [("ATTEMPTING", None), ("DEAD", "503 five times")])
+    stuck_before, dead_before = stuck(), dead()
+    with psycopg.connect(outbox_db, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE outbox_jobs SET created_at = now() - interval '20 minutes' WHERE id = ANY(%s)",
+            ([waiting, gave_up],),
+        )
+        conn.execute(article_sql.REPROCESS.encode(), (gave_up,))
+    # The reprocessed job is not a PENDING row nobody will ever send (as it was before
+    # migration 0009): it stays DEAD until the worker takes its command up.
+    assert stuck() == stuck_before + 1
+    assert dead() == dead_before
+    assert [c[0] for c in _commands(outbox_db, gave_up)] == ["reprocess"]
+
+
+def test_article_reprocess_of_a_dead_job_is_an_audited_command_the_worker_answers(
+    outbox_db: str, worker: InProcessWorker
+) -> None:
+    job_id = _article_job(outbox_db, _key("article-dead"))
+    unavailable = TransientGatewayError("503 service unavailable")
+    assert worker.send(job_id, *[unavailable] * 5) == "DEAD"
+    before = _article_columns(outbox_db, job_id)
+    notices: list[str] = []
+    with psycopg.connect(outbox_db) as conn:
+        conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
+        role = str((conn.execute("SELECT current_user").fetchone() or ("",))[0])
+        conn.execute("SET LOCAL zapstream.reason = 'gateway fixed, per the article'")
+        cur = conn.execute(article_sql.REPROCESS.encode(), (job_id,))
+        assert cur.rowcount == 1
+    # The row keeps its settled columns until the worker moves it; a command was written.
+    assert _article_columns(outbox_db, job_id) == before
+    assert _commands(outbox_db, job_id) == [("reprocess", "gateway fixed, per the article", role)]
+    (command_id,) = _command_ids(outbox_db, job_id)
+    assert any(f"job {job_id} reprocess requested (command {command_id}" in n for n in notices)
+
+    worker.serve()
+    wait_until(lambda: _status(outbox_db, job_id) == "ACCEPTED", 10, "the reprocessed job")
+    answers = [e for e in _event_rows(outbox_db, job_id) if e[4] == command_id]
+    assert answers == [("DEAD", "DEAD", role, "reprocessed", command_id)]
+    assert [m.reference for m in worker.gateway.sent][-1] == f"{job_id}-6"
+    assert len([m for m in worker.gateway.sent if m.reference.startswith(f"{job_id}-")]) == 6
+
+    # Without zapstream.reason the command says it came from SQL.
+    failed = _article_job(outbox_db, _key("article-failed"))
+    assert worker.send(failed, PermanentGatewayError("400 bad template")) == "FAILED"
+    with psycopg.connect(outbox_db, autocommit=True) as conn:
+        conn.execute(article_sql.REPROCESS.encode(), (failed,))
+    ((_, reason, actor),) = _commands(outbox_db, failed)
+    assert reason.startswith("reprocess by SQL") and actor == role
+
+
+def test_article_reprocess_is_refused_where_jobs_reprocess_refuses_or_asks_for_yes(
+    outbox_db: str, worker: InProcessWorker
+) -> None:
+    uncertain = _article_job(outbox_db, _key("article-uncertain"))
+    assert worker.send(uncertain, UncertainGatewayError("read timeout")) == "UNCERTAIN"
+    earlier = _article_job(outbox_db, _key("article-earlier"))
+    _history_event(
+        outbox_db,
+        earlier,
+        [("ATTEMPTING", None), ("UNCERTAIN", None), ("ATTEMPTING", None), ("DEAD", "503")],
+    )
+    for job_id, why in [
+        (uncertain, "this job's last attempt is UNCERTAIN"),
+        (earlier, "an earlier attempt of this job ended UNCERTAIN"),
+    ]:
+        error = _refused(outbox_db, article_sql.REPROCESS, (job_id,))
+        assert isinstance(error, errors.ObjectNotInPrerequisiteState), error
+        message = error.diag.message_primary or ""
+        assert f"job {job_id} may already have been delivered" in message and why in message
+        assert f"`zapstream jobs reprocess {job_id} --reason ... --by ... --yes`" in message
+
+    accepted = _article_job(outbox_db, _key("article-accepted"))
+    _history_event(outbox_db, accepted, [("ATTEMPTING", None), ("ACCEPTED", None)])
+    invalid = _article_job(outbox_db, _key("article-invalid"))
+    _make_invalid(outbox_db, invalid, "payload is a JSON list, not an object")
+    for job_id, status in [(accepted, "ACCEPTED"), (invalid, "INVALID")]:
+        error = _refused(outbox_db, article_sql.REPROCESS, (job_id,))
+        assert isinstance(error, errors.ObjectNotInPrerequisiteState), error
+        message = error.diag.message_primary or ""
+        assert f"job {job_id} is {status}, and only DEAD, FAILED or UNCERTAIN" in message
+        assert "new idempotency_key" in message
+
+    waiting = _article_job(outbox_db, _key("article-retry"))
+    _history_event(outbox_db, waiting, [("ATTEMPTING", None), ("RETRY_WAIT", "503")])
+    error = _refused(outbox_db, article_sql.REPROCESS, (waiting,))
+    assert isinstance(error, errors.InsufficientPrivilege), error
+    assert "retries it on its own" in (error.diag.message_primary or "")
+
+    dead = _article_job(outbox_db, _key("article-fix"))
+    _history_event(outbox_db, dead, [("ATTEMPTING", None), ("DEAD", "503")])
+    error = _refused(
+        outbox_db,
+        "UPDATE outbox_jobs SET status = 'PENDING', payload = '{}' WHERE id = %s",
+        (dead,),
+    )
+    assert "in an UPDATE of their own" in (error.diag.message_primary or "")
+
+    for job_id in (uncertain, earlier, accepted, invalid, waiting, dead):
+        assert _commands(outbox_db, job_id) == []
+    assert [_status(outbox_db, j) for j in (uncertain, earlier, accepted, invalid, waiting)] == [
+        "UNCERTAIN", "DEAD", "ACCEPTED", "INVALID", "RETRY_WAIT",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "history",
+    [
+        ["ATTEMPTING", "DEAD"],
+        ["ATTEMPTING", "UNCERTAIN"],
+        ["ATTEMPTING", "UNCERTAIN", "ATTEMPTING", "DEAD"],
+        ["ATTEMPTING", "REVIEW", "FAILED"],
+        ["ATTEMPTING", "ACCEPTED", "DELIVERED", "FAILED"],
+        ["ATTEMPTING", "ACCEPTED", "FAILED"],
+        ["ATTEMPTING", "ATTEMPTING", "RETRY_WAIT", "ATTEMPTING", "DEAD"],
+        ["ATTEMPTING"],
+    ],
+)
+def test_sql_delivery_risk_agrees_with_the_clis_rule(outbox_db: str, history: list[str]) -> None:
+    job_id = _article_job(outbox_db, _key("article-risk"))
+    _history_event(outbox_db, job_id, [(status, None) for status in history])
+    with psycopg.connect(outbox_db, autocommit=True) as conn:
+        (in_sql,) = conn.execute("SELECT zapstream_delivery_risk(%s)", (job_id,)).fetchone() or (
+            None,
+        )
+        risk = delivery_risk(_status(outbox_db, job_id), fetch_events(conn, job_id))
+    assert in_sql == (risk.explanation if risk is not None else None)
 
 
 # --- argparse wiring ----------------------------------------------------------------------------

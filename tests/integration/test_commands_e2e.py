@@ -1,7 +1,9 @@
-"""Cancel and reprocess through the CDC path, on real processes (issue 3, acceptance 4 and 7)."""
+"""Cancel and reprocess through the CDC path, on real processes (issue 3, acceptance 4 and 7;
+issue 19: the outbox article's reprocess UPDATE, end to end)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -11,10 +13,13 @@ from collections.abc import Iterator
 import httpx
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 
 from connectors.outbox.commands import cancel
 from connectors.outbox.enqueue import enqueue
+from connectors.outbox.roles import apply_roles
 from devtools.stack.local_pipeline import LocalPipeline
+from tests.integration import article_sql
 from tests.integration.support import Arrivals, wait_for_status
 
 pytestmark = pytest.mark.integration
@@ -190,6 +195,44 @@ def test_reprocessing_a_dead_job_sends_it_once_more_and_records_who_and_why(
         ).fetchone()
     assert rows and "gateway fixed" in rows[0][1]
     assert keys == (1,)
+
+
+def test_the_articles_reprocess_update_sends_a_dead_job_once_more_audited_as_the_role(
+    pipeline: LocalPipeline,
+) -> None:
+    # An application's login role, with zapstream_app's grants only.
+    apply_roles(pipeline.dsn)
+    with psycopg.connect(pipeline.dsn, autocommit=True) as conn:
+        conn.execute("CREATE ROLE shop_backend LOGIN IN ROLE zapstream_app")
+    app = make_conninfo(pipeline.dsn, user="shop_backend")
+    key = f"{uuid.uuid4().hex[:8]}-article-dead"
+    text = f"m [{key}:0]"
+    pipeline.sim_config(error_rate=1.0)
+    try:
+        with psycopg.connect(app) as conn:  # the article's enqueue, verbatim
+            payload = json.dumps({"type": "text", "to": "5511900000205", "text": text})
+            conn.execute(article_sql.INSERT.encode(), ("shop", payload, key))
+        wait_for_status(pipeline.dsn, [key], "DEAD", 60)
+    finally:
+        pipeline.sim_config(error_rate=0.0)
+    with psycopg.connect(pipeline.dsn, autocommit=True) as conn:
+        (job_id,) = conn.execute(
+            "SELECT id FROM outbox_jobs WHERE idempotency_key = %s", (key,)
+        ).fetchone() or (0,)
+    with psycopg.connect(app) as conn:  # the FAQ's reprocess, with the documented reason
+        conn.execute("SET LOCAL zapstream.reason = 'gateway fixed'")
+        assert conn.execute(article_sql.REPROCESS.encode(), (job_id,)).rowcount == 1
+    wait_for_status(pipeline.dsn, [key], "ACCEPTED", 60)
+    sent = [m for m in Arrivals(pipeline).refresh() if m["text"] == text]
+    print(f"job {job_id}: reprocessed by the article's UPDATE, sent {len(sent)} time(s)")
+    assert len(sent) == 1
+    with psycopg.connect(pipeline.dsn, autocommit=True) as conn:
+        answers = conn.execute(
+            "SELECT e.actor, e.reason, e.outcome FROM outbox_job_events e "
+            "JOIN outbox_commands c ON c.id = e.command_id WHERE e.job_id = %s",
+            (job_id,),
+        ).fetchall()
+    assert answers == [("shop_backend", "reprocess requested: gateway fixed", "reprocessed")]
 
 
 def test_jobs_list_masks_recipients(pipeline: LocalPipeline) -> None:

@@ -273,7 +273,13 @@ def test_a_publication_from_before_controls_gets_the_table_added(outbox_db: str)
         with psycopg.connect(outbox_db, autocommit=True) as conn:
             conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
             conn.execute(f"DROP PUBLICATION {publication}")
-    assert tables == {"outbox_jobs", "outbox_commands", "outbox_replays", "outbox_controls"}
+    assert tables == {
+        "outbox_jobs",
+        "outbox_commands",
+        "outbox_replays",
+        "outbox_controls",
+        "outbox_optouts",
+    }
 
 
 # --- through the relay, with the real command line ------------------------------------------

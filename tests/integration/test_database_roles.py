@@ -26,6 +26,7 @@ from connectors.outbox import commands, controls
 from connectors.outbox.enqueue import enqueue
 from connectors.outbox.retention import prune
 from devtools.stack.local_pipeline import LOGIN_ROLES, LocalPipeline
+from tests.integration import article_sql
 from tests.integration.support import wait_for_status, zapstream
 
 pytestmark = pytest.mark.integration
@@ -157,7 +158,10 @@ REFUSED: list[tuple[str, str]] = [
         "INSERT INTO outbox_jobs (instance_id, payload, idempotency_key) "
         "VALUES ('x', '{}', 'relay-insert')",
     ),  # fmt: skip
-    ("app", "UPDATE outbox_jobs SET status = 'READ'"),
+    # The app may UPDATE the outbox article's columns (a trigger answers those writes,
+    # test below), never state_version, which tells the sink's writes apart.
+    ("app", "UPDATE outbox_jobs SET state_version = 99"),
+    ("app", "UPDATE outbox_jobs SET payload = '{}'"),
     ("app", "DELETE FROM outbox_jobs"),
     ("operator", "UPDATE outbox_jobs SET status = 'READ'"),
     ("operator", "DROP TABLE outbox_controls"),
@@ -179,6 +183,31 @@ def test_a_component_role_is_refused_what_its_component_never_does(
     with psycopg.connect(pipeline.component_dsn(component), autocommit=True) as conn:
         with pytest.raises(pg_errors.InsufficientPrivilege):
             conn.execute(statement.encode())
+
+
+def test_the_articles_updates_as_the_application_role_get_the_triggers_answer(
+    pipeline: LocalPipeline,
+) -> None:
+    # Not a bare "permission denied": the app role may run the outbox article's UPDATEs,
+    # and the trigger of migration 0009, running as that role, says what to do instead.
+    key = f"{uuid.uuid4().hex[:8]}-article"
+    with psycopg.connect(pipeline.component_dsn("app")) as conn:
+        conn.execute(
+            article_sql.INSERT.encode(),
+            ("shop", '{"type":"text","to":"5511900000601","text":"hi"}', key),
+        )
+    wait_for_status(pipeline.dsn, [key], "READ", 90)
+    job_id = _job_id(pipeline.dsn, key)
+    with psycopg.connect(pipeline.component_dsn("app"), autocommit=True) as conn:
+        assert conn.execute(article_sql.CLAIM.encode()).fetchall() == []
+        with pytest.raises(pg_errors.InsufficientPrivilege, match="sent by zapstream's worker"):
+            conn.execute(article_sql.MARK_SENT.encode(), (job_id,))
+        with pytest.raises(pg_errors.InsufficientPrivilege, match="sent by zapstream's worker"):
+            conn.execute(article_sql.MARK_FAILED.encode(), ("DEAD", 5, "timeout", job_id))
+        with pytest.raises(pg_errors.ObjectNotInPrerequisiteState, match="is READ, and only"):
+            conn.execute(article_sql.REPROCESS.encode(), (job_id,))
+        (status,) = conn.execute(article_sql.IDEMPOTENCY.encode(), (key,)).fetchone() or ("",)
+    assert status == "READ"
 
 
 def _doctor(pipeline: LocalPipeline, dsn: str, *args: str) -> tuple[int, str]:

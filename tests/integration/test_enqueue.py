@@ -182,7 +182,10 @@ async def test_reschedule_moves_a_scheduled_job_and_refuses_a_released_one(outbo
         await aconn.commit()
     with psycopg.connect(outbox_db, autocommit=True) as conn:
         row = conn.execute("SELECT next_retry_at FROM outbox_jobs WHERE id = %s", (job,)).fetchone()
-    assert row is not None and row[0] == soon
+        assert row is not None and row[0] == soon
+        # The article's "send it now" would leave it PENDING with nothing streamed: refused.
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="zapstream_reschedule"):
+            conn.execute("UPDATE outbox_jobs SET status = 'PENDING' WHERE id = %s", (job,))
 
 
 async def test_the_release_takes_due_jobs_in_due_order_in_batches_never_a_cancelled_one(

@@ -23,15 +23,23 @@ import orjson
 import psycopg
 import pytest
 
-from connectors.outbox.enqueue import enqueue
+from connectors.outbox.enqueue import enqueue, enqueue_template
+from connectors.outbox.optouts import opt_in, opted_out
 from connectors.webhook.signature import sign_hub
+from devtools.stack.devstack import find_free_port
 from devtools.stack.local_pipeline import (
     META_APP_SECRET,
     META_VERIFY_TOKEN,
     SIM_TOKEN,
     LocalPipeline,
 )
-from tests.integration.support import Arrivals, count_rows, wait_for_status, wait_until
+from tests.integration.support import (
+    Arrivals,
+    count_rows,
+    metric_value,
+    wait_for_status,
+    wait_until,
+)
 from tests.integration.topic_reader import read_topic
 
 pytestmark = pytest.mark.integration
@@ -45,6 +53,7 @@ ENV = {
     "ZAPSTREAM_WORKER_RETRY_JITTER": "0",
     "ZAPSTREAM_WORKER_RETRY_SCAN_INTERVAL_S": "0.2",
     "ZAPSTREAM_WORKER_COMMIT_INTERVAL_S": "0.5",
+    "ZAPSTREAM_WORKER_TEMPLATE_RECHECK_S": "1",
 }
 SETTLED = {"ACCEPTED", "DELIVERED", "READ"}
 
@@ -53,7 +62,8 @@ SETTLED = {"ACCEPTED", "DELIVERED", "READ"}
 def pipeline() -> Iterator[LocalPipeline]:
     with LocalPipeline(partitions=4, worker_env=ENV) as p:
         p.start_relay()
-        p.start_worker()
+        p.worker_port = find_free_port()  # type: ignore[attr-defined]
+        p.start_worker(env={"ZAPSTREAM_WORKER_WEB_PORT": str(p.worker_port)})  # type: ignore[attr-defined]
         p.webhook_url = p.start_webhook()  # type: ignore[attr-defined]
         yield p
 
@@ -66,6 +76,10 @@ DEFAULT_SIM: dict[str, Any] = {
     "rate_limit_rate": 0.0,
     "error_rate": 0.0,
     "drop_response_rate": 0.0,
+    "meta_templates": [],
+    "meta_template_errors": {},
+    "meta_window_closed": [],
+    "opted_out_recipients": [],
 }
 
 
@@ -387,6 +401,142 @@ def test_the_access_token_is_never_logged(pipeline: LocalPipeline) -> None:
     assert count_rows(pipeline.dsn, "SELECT count(*) FROM outbox_jobs") > 0
 
 
+# --- templates ------------------------------------------------------------------------------
+
+ORDER_TEMPLATE = {"name": "order_confirmation", "language": "pt_BR", "parameters": {"body": 2}}
+"""What the simulator approves: order_confirmation in pt_BR, two body parameters."""
+
+
+def _order(*texts: str, name: str = "order_confirmation") -> dict[str, Any]:
+    parameters = [{"type": "text", "text": t} for t in texts]
+    return {
+        "name": name,
+        "language": {"code": "pt_BR"},
+        "components": [{"type": "body", "parameters": parameters}],
+    }
+
+
+def _enqueue_template(pipeline: LocalPipeline, key: str, to: str, template: Any) -> int:
+    with psycopg.connect(pipeline.dsn) as conn:
+        job_id = enqueue_template(
+            conn, instance_id=PHONE_NUMBER_ID, to=to, template=template, idempotency_key=key
+        )
+        conn.commit()
+    return job_id
+
+
+def _of_job(pipeline: LocalPipeline, job_id: int) -> list[dict[str, Any]]:
+    return [m for m in Arrivals(pipeline).refresh() if str(m["reference"]).startswith(f"{job_id}-")]
+
+
+def _last_error(dsn: str, job_id: int) -> str:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT last_error FROM outbox_jobs WHERE id = %s", (job_id,)).fetchone()
+    return str(row[0]) if row and row[0] else ""
+
+
+def test_a_template_job_is_sent_once_with_its_parameters(pipeline: LocalPipeline) -> None:
+    pipeline.sim_config(meta_templates=[ORDER_TEMPLATE])
+    key = f"{_run()}-template"
+    template = {**_order("Ana", "#123"), "language": "pt_BR"}  # the bare code, normalised
+    job_id = _enqueue_template(pipeline, key, "5511900000721", template)
+    wait_until(lambda: _status(pipeline.dsn, key) in SETTLED, 60, f"{key} accepted")
+    (msg,) = _of_job(pipeline, job_id)
+    print(f"template job {job_id}: {msg['text']} with {msg['template']['components']}")
+    assert msg["template"] == _order("Ana", "#123")
+    assert msg["text"] == "[template order_confirmation/pt_BR]"
+    assert _job(pipeline.dsn, job_id)[:2] in {(s, 1) for s in SETTLED}
+
+
+def test_each_template_error_ends_failed_with_the_reason(pipeline: LocalPipeline) -> None:
+    pipeline.sim_config(
+        meta_templates=[
+            ORDER_TEMPLATE,
+            {**ORDER_TEMPLATE, "name": "short_note", "max_chars": 5},
+            {**ORDER_TEMPLATE, "name": "old_offer", "status": "DISABLED"},
+            {**ORDER_TEMPLATE, "name": "flagged"},
+            {**ORDER_TEMPLATE, "name": "wrong_format"},
+        ],
+        meta_template_errors={"flagged": 132007, "wrong_format": 132012},
+    )
+    run = _run()
+    cases = {
+        132000: (_order("only one"), "the number of parameters does not match"),
+        132001: (_order("a", "b", name="no_such_template"), "does not exist in this language"),
+        132005: (_order("a", "far too long", name="short_note"), "too long once filled in"),
+        132007: (_order("a", "b", name="flagged"), "violates a WhatsApp policy"),
+        132012: (_order("a", "b", name="wrong_format"), "format does not match"),
+        132016: (_order("a", "b", name="old_offer"), "the template is disabled"),
+    }
+    jobs = {
+        code: _enqueue_template(pipeline, f"{run}-t{code}", f"55119000007{i:02d}", template)
+        for i, (code, (template, _)) in enumerate(cases.items(), start=30)
+    }
+    wait_for_status(pipeline.dsn, [f"{run}-t{code}" for code in cases], "FAILED", 60)
+    for code, job_id in jobs.items():
+        error = _last_error(pipeline.dsn, job_id)
+        print(f"{code}: job {job_id} FAILED: {error}")
+        assert f"code {code}" in error and cases[code][1] in error, error
+        assert _job(pipeline.dsn, job_id)[1] == 1, "a template error is never retried"
+        assert _of_job(pipeline, job_id) == []
+    outcomes = _outcomes(pipeline)
+    assert all(outcomes.get(f"template_{code}", 0) >= 1 for code in cases)
+
+
+def test_a_paused_template_holds_its_job_until_meta_lifts_the_pause(
+    pipeline: LocalPipeline,
+) -> None:
+    pipeline.sim_config(meta_templates=[{**ORDER_TEMPLATE, "status": "PAUSED"}])
+    key = f"{_run()}-paused"
+    job_id = _enqueue_template(pipeline, key, "5511900000740", _order("Ana", "#9"))
+    wait_for_status(pipeline.dsn, [key], "RETRY_WAIT", 60)
+    error = _last_error(pipeline.dsn, job_id)
+    print(f"held: {error}")
+    assert "template order_confirmation/pt_BR paused by Meta" in error and "132015" in error
+    # Re-checked every second (ZAPSTREAM_WORKER_TEMPLATE_RECHECK_S): still paused, still held.
+    wait_until(lambda: _outcomes(pipeline).get("template_132015", 0) >= 2, 30, "a re-check")
+    assert _of_job(pipeline, job_id) == []
+    pipeline.sim_config(meta_templates=[ORDER_TEMPLATE])
+    wait_until(lambda: _status(pipeline.dsn, key) in SETTLED, 60, f"{key} sent after the pause")
+    assert len(_of_job(pipeline, job_id)) == 1
+    status, attempts, _ = _job(pipeline.dsn, job_id)
+    print(f"sent after the pause: {status}, attempts {attempts}")
+    assert attempts == 1, "the paused attempts were given back"
+
+
+def test_a_text_answered_131047_is_sent_once_as_its_fallback_template(
+    pipeline: LocalPipeline,
+) -> None:
+    to = "5511900000750"
+    pipeline.sim_config(meta_templates=[ORDER_TEMPLATE], meta_window_closed=[to])
+    before = _outcomes(pipeline).get("window_closed", 0)
+    key = f"{_run()}-fallback"
+    with psycopg.connect(pipeline.dsn) as conn:
+        job_id = enqueue(
+            conn,
+            instance_id=PHONE_NUMBER_ID,
+            to=to,
+            text=f"m [{key}:0]",
+            idempotency_key=key,
+            fallback_template=_order("Ana", "#7"),
+        )
+        conn.commit()
+    wait_until(lambda: _status(pipeline.dsn, key) in SETTLED, 60, f"{key} accepted")
+    arrived = _of_job(pipeline, job_id)
+    print(f"fallback job {job_id}: {len(arrived)} accepted message(s): {arrived[0]['text']}")
+    assert len(arrived) == 1, "sent once, as the template"
+    assert arrived[0]["template"] == _order("Ana", "#7")
+    assert _arrivals(pipeline, key) == [], "the text never went"
+    assert _outcomes(pipeline).get("window_closed", 0) == before + 1
+    assert _history(pipeline.dsn, job_id)[:4] == [
+        "ATTEMPTING",
+        "ATTEMPTING",
+        "ATTEMPTING",
+        "ACCEPTED",
+    ]
+    assert _job(pipeline.dsn, job_id)[1] == 1
+
+
 # --- the simulator's Cloud API, in-process (no pipeline) ------------------------------------
 
 
@@ -459,3 +609,87 @@ async def test_sim_speaks_the_cloud_api_to_the_client() -> None:
                 await client.send_text(text(9))
             assert outage.value.status_code == 503 and outage.value.retry_after_s is not None
     assert [m.reference for m in sim.messages] == ["1-1", "3-1", "6-1"]
+
+
+# --- opt-outs (acceptance 5 of issue 19) -------------------------------------------------------
+
+
+def _send(pipeline: LocalPipeline, key: str, to: str, priority: str = "operational") -> int:
+    with psycopg.connect(pipeline.dsn) as conn:
+        job_id = enqueue(
+            conn,
+            instance_id=PHONE_NUMBER_ID,
+            to=to,
+            text=f"m [{key}:0]",
+            idempotency_key=key,
+            priority=priority,
+        )
+        conn.commit()
+    return job_id
+
+
+def _known_optouts(pipeline: LocalPipeline) -> float:
+    return metric_value(pipeline.worker_port, "zapstream_optouts_known")  # type: ignore[attr-defined]
+
+
+def _reason(dsn: str, job_id: int) -> str:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT last_error FROM outbox_jobs WHERE id = %s", (job_id,)).fetchone()
+    return str(row[0]) if row else ""
+
+
+def test_opt_outs_by_sql_and_from_131050_stop_bulk_jobs_until_an_opt_in(
+    pipeline: LocalPipeline,
+) -> None:
+    run = _run()
+    digits = f"{int(run, 16) % 10**8:08d}"
+    by_sql, by_meta = f"55119{digits}", f"55118{digits}"
+    known = _known_optouts(pipeline)
+    # 1. The application writes an opt-out with plain SQL, in the number's written form.
+    written = f"+55 11 9{digits[:4]}-{digits[4:]}"
+    with psycopg.connect(pipeline.dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "INSERT INTO outbox_optouts (instance_id, recipient, reason) "
+            "VALUES (%s, %s, 'replied STOP') RETURNING recipient, source",
+            (PHONE_NUMBER_ID, written),
+        ).fetchone()
+    assert row == (by_sql, "app"), "normalised to the person's digits"
+    # 2. Meta answers 131050 to an operational job: it ends OPTED_OUT, the opt-out recorded.
+    pipeline.sim_config(opted_out_recipients=[by_meta])
+    refused_id = _send(pipeline, f"{run}-meta-op", by_meta)
+    wait_for_status(pipeline.dsn, [f"{run}-meta-op"], "OPTED_OUT", 60)
+    assert _outcomes(pipeline).get("opted_out", 0) >= 1
+    assert "131050" in _reason(pipeline.dsn, refused_id)
+    sql = "SELECT source, job_id FROM outbox_optouts WHERE recipient = %s"
+    counted = sql.replace("source, job_id", "count(*)")
+    wait_until(
+        lambda: count_rows(pipeline.dsn, counted, (by_meta,)) == 1, 30, "the 131050 opt-out row"
+    )
+    with psycopg.connect(pipeline.dsn, autocommit=True) as conn:
+        assert conn.execute(sql, (by_meta,)).fetchall() == [("meta", refused_id)]
+        assert opted_out(conn, PHONE_NUMBER_ID, f"{by_meta}@s.whatsapp.net")
+    # Both reached the worker through the relay and zapstream.controls.
+    wait_until(lambda: _known_optouts(pipeline) >= known + 2, 60, "the worker knows both")
+    # 3. From now on Meta would take anything: bulk jobs to either never reach it.
+    pipeline.sim_config(opted_out_recipients=[])
+    keys = [f"{run}-bulk-sql", f"{run}-bulk-meta"]
+    bulk_ids = [_send(pipeline, keys[0], by_sql, "bulk"), _send(pipeline, keys[1], by_meta, "bulk")]
+    wait_for_status(pipeline.dsn, keys, "OPTED_OUT", 60)
+    for key, job_id in zip(keys, bulk_ids, strict=True):
+        assert _arrivals(pipeline, key) == [], f"{key} reached the gateway"
+        assert "opted out" in _reason(pipeline.dsn, job_id)
+        assert _history(pipeline.dsn, job_id) == ["OPTED_OUT"]
+    # 4. An operational job to an opted-out recipient is still sent.
+    operational = f"{run}-op-sql"
+    _settled_once(pipeline, operational, _send(pipeline, operational, by_sql))
+    # 5. An opt-in sends bulk again.
+    with psycopg.connect(pipeline.dsn) as conn:
+        opt_in(conn, PHONE_NUMBER_ID, written, reason="replied START")
+        conn.commit()
+    wait_until(lambda: _known_optouts(pipeline) <= known + 1, 60, "the worker saw the opt-in")
+    again = f"{run}-bulk-again"
+    _settled_once(pipeline, again, _send(pipeline, again, by_sql, "bulk"))
+    print(
+        f"opt-outs: sql and meta(131050) bulk jobs OPTED_OUT, 0 arrivals; operational sent; "
+        f"opt-in sent; worker knows {_known_optouts(pipeline):.0f}"
+    )

@@ -86,7 +86,12 @@ def _job(dsn: str, key: str, instance: str, *, status: str | None = None) -> int
     with psycopg.connect(dsn) as conn:
         job_id = enqueue(conn, instance_id=instance, to=RECIPIENT, text=TEXT, idempotency_key=key)
         if status is not None:
-            conn.execute("UPDATE outbox_jobs SET status = %s WHERE id = %s", (status, job_id))
+            # As the state sink writes it: one version up (migration 0009 refuses others).
+            conn.execute(
+                "UPDATE outbox_jobs SET status = %s, state_version = state_version + 1 "
+                "WHERE id = %s",
+                (status, job_id),
+            )
     return job_id
 
 

@@ -28,6 +28,9 @@ from tests.integration.support import wait_until
 
 pytestmark = pytest.mark.integration
 
+_BY_SINK = "state_version = state_version + 1"
+"""What makes a test's status write the state sink's (migration 0009 refuses any other)."""
+
 
 def _sample(name: str, **labels: str) -> float | None:
     return REGISTRY.get_sample_value(name, labels)
@@ -73,7 +76,8 @@ async def test_gauges_follow_the_database(outbox_db: str) -> None:
     _job(outbox_db, "pm-a2", "pm-shop-a", purpose="black-friday")
     _job(outbox_db, "pm-b1", "pm-shop-b")
     dead = _job(outbox_db, "pm-b2", "pm-shop-b")
-    _sql(outbox_db, "UPDATE outbox_jobs SET status = 'DEAD' WHERE id = %s", dead)
+    # States as the state sink writes them: one version up (migration 0009 refuses others).
+    _sql(outbox_db, f"UPDATE outbox_jobs SET status = 'DEAD', {_BY_SINK} WHERE id = %s", dead)
     _sql(
         outbox_db,
         "UPDATE outbox_jobs SET created_at = now() - interval '20 minutes' WHERE id = %s",
@@ -104,7 +108,8 @@ async def test_gauges_follow_the_database(outbox_db: str) -> None:
         # Nothing pending any more for shop-a: its series goes; shop-b's stays.
         _sql(
             outbox_db,
-            "UPDATE outbox_jobs SET status = 'ACCEPTED' WHERE instance_id = 'pm-shop-a'",
+            f"UPDATE outbox_jobs SET status = 'ACCEPTED', {_BY_SINK} "
+            "WHERE instance_id = 'pm-shop-a'",
         )
         await gauges.refresh()
         assert _oldest("pm-shop-a", "black-friday") is None
@@ -205,7 +210,11 @@ def test_the_sink_process_serves_the_gauges_and_outlives_a_database_outage(
         assert sink.is_running
         proxy.restore()
 
-        _sql(dsn, "UPDATE outbox_jobs SET status = 'ACCEPTED' WHERE instance_id = 'proc-shop'")
+        _sql(
+            dsn,
+            f"UPDATE outbox_jobs SET status = 'ACCEPTED', {_BY_SINK} "
+            "WHERE instance_id = 'proc-shop'",
+        )
         wait_until(lambda: oldest not in _scrape(port), 30, "the series to go")
         assert _scrape(port).get(pending) == 0
         log = sink.log_tail(400)

@@ -78,6 +78,8 @@ LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     released INTEGER;
 BEGIN
+    -- Tells outbox_jobs_scheduled_writes below that this is the release.
+    PERFORM set_config('zapstream.releasing', 'on', true);
     WITH due AS (
         SELECT j.id
         FROM outbox_jobs j
@@ -104,6 +106,7 @@ BEGIN
     FROM moved m
     ORDER BY m.next_retry_at, m.id;
     GET DIAGNOSTICS released = ROW_COUNT;
+    PERFORM set_config('zapstream.releasing', '', true);
     RETURN released;
 END
 $$;
@@ -117,3 +120,29 @@ BEGIN
 END
 $$;
 REVOKE ALL ON FUNCTION zapstream_release_due(INTEGER) FROM PUBLIC;
+
+-- A SCHEDULED job leaves that state only by its release (above), a reschedule keeps it,
+-- and the worker's own moves (the sink: state_version changes) apply as ever. Any other
+-- status write, e.g. the article's `SET status = 'PENDING'` to send it now, would leave
+-- it PENDING with nothing streamed: refused, naming what to do instead.
+CREATE OR REPLACE FUNCTION zapstream_outbox_scheduled_write() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF coalesce(current_setting('zapstream.releasing', true), '') = 'on' THEN
+        RETURN NEW;
+    END IF;
+    RAISE EXCEPTION 'zapstream: job % is SCHEDULED (due %): it is released when due; to send '
+        'it now, move its time: SELECT zapstream_reschedule(%, now())', OLD.id,
+        OLD.next_retry_at, OLD.id
+        USING ERRCODE = 'insufficient_privilege',
+              HINT = 'cancel it with SELECT zapstream_cancel(idempotency_key, reason)';
+END
+$$;
+
+DROP TRIGGER IF EXISTS outbox_jobs_scheduled_writes ON outbox_jobs;
+CREATE TRIGGER outbox_jobs_scheduled_writes
+    BEFORE UPDATE OF status ON outbox_jobs
+    FOR EACH ROW
+    WHEN (OLD.status = 'SCHEDULED' AND NEW.status IS DISTINCT FROM OLD.status
+          AND NEW.state_version IS NOT DISTINCT FROM OLD.state_version)
+    EXECUTE FUNCTION zapstream_outbox_scheduled_write();

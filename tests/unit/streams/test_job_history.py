@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import logging
 
 import pytest
 
@@ -251,6 +252,22 @@ async def test_a_receipt_waits_while_outbox_jobs_cannot_answer() -> None:
     history.error = None
     moved = await asyncio.wait_for(task, 1.0)
     assert moved is not None and moved.status == "DELIVERED"
+
+
+async def test_an_outbox_jobs_outage_is_logged_once_each_way(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    history = History(error=HistoryUnavailable("connection refused"))
+    late = _late(history)
+    with caplog.at_level(logging.INFO, logger="streams.kernel.job_history"):
+        for _ in range(5):
+            assert await late.check(_intent(OLD), NOW) is LateVerdict.LATER
+        history.error, history.status = None, S.ACCEPTED
+        assert await late.check(_intent(OLD), NOW) is LateVerdict.DUPLICATE
+    outage = [r for r in caplog.records if "outbox_jobs (for late redeliveries)" in r.getMessage()]
+    assert [r.levelname for r in outage] == ["WARNING", "INFO"], [r.getMessage() for r in outage]
+    assert "connection refused" in outage[0].getMessage()
+    assert "after" in outage[1].getMessage() and "5 failed attempts" in outage[1].getMessage()
 
 
 class _ScheduledHistory(History):

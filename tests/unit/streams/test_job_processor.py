@@ -24,10 +24,12 @@ from streams.kernel.errors import (
     InstanceUnavailableError,
     PermanentGatewayError,
     RateLimitedError,
+    RecipientOptedOut,
     TransientGatewayError,
     UncertainGatewayError,
 )
 from streams.kernel.ports import CancelOutcome, ListedJob, SendAccepted, TextMessage
+from streams.kernel.templates import TemplatePaused, TemplateRejected, WindowClosed
 from streams.pacing import Pacer
 from streams.reconcile import InstanceListings
 
@@ -642,6 +644,242 @@ async def test_gateway_call_and_accepted_to_delivered_are_observed() -> None:
     await p.on_receipt(_receipt("delivered", "DELIVERED", "e1"), 0)
     await p.on_receipt(_receipt("read", "READ", "e2"), 0)  # not from ACCEPTED: not again
     assert _sample("zapstream_accepted_to_delivered_seconds_count", instance="i") == delivered + 1
+
+
+# --- templates ------------------------------------------------------------------------------
+
+TEMPLATE = {"name": "order_update", "language": {"code": "pt_BR"}}
+
+
+class TemplateGateway(ScriptedGateway):
+    """Meta's: it sends templates."""
+
+    sends_templates = True
+
+
+def _template_intent(job_id: int = 7, to: str = "5511987654321", **kw: object) -> IntentCaptured:
+    return _intent(
+        job_id=job_id,
+        idempotency_key=f"k{job_id}",
+        conversation_key=f"c{job_id}",
+        to=to,
+        message_type="template",
+        text="[template order_update/pt_BR]",
+        template=TEMPLATE,
+        **kw,
+    )
+
+
+async def test_a_template_intent_is_sent_with_its_template() -> None:
+    gw = TemplateGateway(OK)
+    p, store, _ = _processor(gw)
+    outcome = await p.on_intent(_template_intent(), 0)
+    assert isinstance(outcome, Done) and outcome.state and outcome.state.status == "ACCEPTED"
+    assert gw.sent[0].template == TEMPLATE
+
+
+async def test_a_gateway_without_templates_fails_a_template_intent_without_calling_it() -> None:
+    gw = ScriptedGateway(OK)
+    p, store, pub = _processor(gw)
+    outcome = await p.on_intent(_template_intent(), 0)
+    assert isinstance(outcome, Done) and outcome.state and outcome.state.status == "FAILED"
+    assert gw.sent == []
+    assert outcome.state.reason is not None
+    assert "cannot send WhatsApp templates" in outcome.state.reason
+    assert "ZAPSTREAM_GATEWAY=meta" in outcome.state.reason
+    assert [a.outcome for a in pub.attempts] == ["permanent"]
+
+
+async def test_a_closed_window_sends_the_fallback_template_once_in_place_of_the_text() -> None:
+    closed = WindowClosed("meta: HTTP 400: code 131047: Re-engagement message", status_code=400)
+    gw = TemplateGateway(closed, OK)
+    p, store, pub = _processor(gw)
+    outcome = await p.on_intent(_intent(template=TEMPLATE), 0)
+    assert isinstance(outcome, Done) and outcome.state and outcome.state.status == "ACCEPTED"
+    text, template = gw.sent
+    assert (text.template, text.text) == (None, "hi")
+    assert template.template == TEMPLATE and template.reference == "7-2"
+    assert [s.status for s in store.history] == [
+        "ATTEMPTING",
+        "ATTEMPTING",
+        "ATTEMPTING",
+        "ACCEPTED",
+    ]
+    assert "sending the fallback template order_update/pt_BR" in str(store.history[1].reason)
+    assert outcome.state.attempts == 1, "the refused text's attempt is given back"
+    attempts = sorted((a.attempt, a.outcome) for a in pub.attempts)
+    assert attempts == [(1, "permanent"), (2, "accepted")]
+
+
+async def test_a_closed_window_without_a_fallback_fails_the_text() -> None:
+    gw = TemplateGateway(WindowClosed("code 131047", status_code=400))
+    p, _, _ = _processor(gw)
+    outcome = await p.on_intent(_intent(), 0)
+    assert isinstance(outcome, Done) and outcome.state and outcome.state.status == "FAILED"
+    assert len(gw.sent) == 1
+
+
+async def test_template_errors_fail_the_job_and_never_pause_the_instance() -> None:
+    errors = [TemplateRejected("code 132001: no such template", code=132001) for _ in range(7)]
+    gw = TemplateGateway(*errors, OK)
+    p, _, _ = _processor(gw)
+    for n in range(7):
+        outcome = await p.on_intent(_template_intent(job_id=10 + n, to=f"55119876543{n:02d}"), 0)
+        assert isinstance(outcome, Done) and outcome.state and outcome.state.status == "FAILED"
+        assert "no such template" in str(outcome.state.reason)
+    assert not p.pauses.paused("i"), "a template's fault is not the number's"
+
+
+async def test_a_paused_template_holds_its_jobs_until_a_re_check_gets_through() -> None:
+    paused = TemplatePaused("code 132015: Template is Paused", code=132015, status_code=400)
+    gw = TemplateGateway(paused, OK, OK, OK)
+    p, store, _ = _processor(gw)
+    recheck = p.template_pauses.recheck_interval_s
+    first = await p.on_intent(_template_intent(job_id=1), 0)
+    assert isinstance(first, Park) and first.state is not None
+    assert first.state.status == "RETRY_WAIT" and first.state.attempts == 0
+    assert first.due == NOW.timestamp() + recheck
+    assert "template order_update/pt_BR paused by Meta" in str(first.state.reason)
+    # Another job of the template waits unchanged, Meta not called; a text goes on.
+    held = await p.on_intent(_template_intent(job_id=2), 0)
+    assert isinstance(held, Park) and held.state is None and held.due == first.due
+    text = await p.on_intent(_intent(job_id=3, idempotency_key="k3", conversation_key="c3"), 0)
+    assert isinstance(text, Done) and len(gw.sent) == 2
+    # At the re-check, one job goes; the other waits for its answer, then follows.
+    later = NOW + dt.timedelta(seconds=recheck)
+    p.now = lambda: later
+    probe = await p.on_intent(_template_intent(job_id=1), 0)
+    assert isinstance(probe, Done) and probe.state and probe.state.status == "ACCEPTED"
+    assert p.template_pauses.paused() == []
+    follows = await p.on_intent(_template_intent(job_id=2), 0)
+    assert isinstance(follows, Done) and follows.state and follows.state.status == "ACCEPTED"
+    assert [m.template is not None for m in gw.sent] == [True, False, True, True]
+
+
+async def test_while_a_template_re_check_is_in_flight_the_others_wait_briefly() -> None:
+    from streams.template_pauses import PROBE_WAIT_S, TemplatePauses
+
+    pauses = TemplatePauses(recheck_interval_s=100)
+    assert pauses.pause("i", "t/pt_BR", "132015", 0.0) == 100.0
+    assert pauses.hold("i", "t/pt_BR", 50.0) == 100.0
+    assert pauses.hold("i", "t/pt_BR", 100.0) is None  # the re-check
+    assert pauses.hold("i", "t/pt_BR", 101.0) == 101.0 + PROBE_WAIT_S
+    assert pauses.pause("i", "t/pt_BR", "132015", 102.0) == 202.0  # still paused
+    assert pauses.hold("i", "t/pt_BR", 103.0) == 202.0
+    assert pauses.hold("i", "other/pt_BR", 103.0) is None
+    assert pauses.resume("i", "t/pt_BR", 203.0) and pauses.hold("i", "t/pt_BR", 203.0) is None
+
+
+# --- opt-outs (streams/optouts.py) -----------------------------------------------------
+
+
+def _opted_out(processor: JobProcessor, instance: str = "i", person: str = "5511987654321") -> None:
+    processor.optouts.add(instance, person)
+
+
+async def test_a_bulk_job_to_an_opted_out_recipient_ends_opted_out_never_sent() -> None:
+    gw = ScriptedGateway(OK)
+    p, store, pub = _processor(gw)
+    _opted_out(p)
+    outcome = await p.on_intent(_intent(priority="bulk", to="5511987654321@s.whatsapp.net"), 0)
+    assert isinstance(outcome, Done) and outcome.state is not None
+    assert outcome.state.status == "OPTED_OUT" and outcome.state.actor == "worker"
+    assert "opted out" in (outcome.state.reason or "")
+    assert gw.sent == [] and [a.outcome for a in pub.attempts] == ["opted_out"]
+    assert [s.status for s in store.history] == ["OPTED_OUT"]
+
+
+async def test_an_operational_job_is_sent_unless_it_respects_the_opt_out() -> None:
+    gw = ScriptedGateway(OK, OK)
+    p, _, _ = _processor(gw)
+    _opted_out(p)
+    sent = await p.on_intent(_intent(), 0)
+    assert isinstance(sent, Done) and sent.state and sent.state.status == "ACCEPTED"
+    marked = await p.on_intent(_intent(job_id=8, idempotency_key="k8", respect_opt_out=True), 0)
+    assert isinstance(marked, Done) and marked.state and marked.state.status == "OPTED_OUT"
+    # A bulk job the application marked respect_opt_out=False is sent too.
+    bulk = await p.on_intent(
+        _intent(job_id=9, idempotency_key="k9", priority="bulk", respect_opt_out=False), 0
+    )
+    assert isinstance(bulk, Done) and bulk.state and bulk.state.status == "ACCEPTED"
+    assert len(gw.sent) == 2
+
+
+async def test_an_opt_in_sends_bulk_again_and_other_instances_are_not_touched() -> None:
+    gw = ScriptedGateway(OK, OK)
+    p, _, _ = _processor(gw)
+    _opted_out(p, instance="other")
+    other = await p.on_intent(_intent(priority="bulk"), 0)
+    assert isinstance(other, Done) and other.state and other.state.status == "ACCEPTED"
+    _opted_out(p)
+    p.optouts.remove("i", "5511987654321")
+    again = await p.on_intent(_intent(job_id=8, idempotency_key="k8", priority="bulk"), 0)
+    assert isinstance(again, Done) and again.state and again.state.status == "ACCEPTED"
+
+
+async def test_a_bulk_job_waits_until_the_opt_out_list_is_read() -> None:
+    gw = ScriptedGateway(OK)
+    p, store, _ = _processor(gw)
+    p.optouts.ready = False
+    outcome = await p.on_intent(_intent(priority="bulk"), 0)
+    assert isinstance(outcome, Park) and outcome.state is None
+    assert gw.sent == [] and store.history == []
+    # An operational job does not wait: the list cannot stop it.
+    sent = await p.on_intent(_intent(job_id=8, idempotency_key="k8"), 0)
+    assert isinstance(sent, Done) and sent.state and sent.state.status == "ACCEPTED"
+
+
+async def test_a_job_waiting_for_a_retry_meets_an_opt_out_made_meanwhile() -> None:
+    gw = ScriptedGateway(TransientGatewayError("503"), OK)
+    p, store, _ = _processor(gw)
+    first = await p.on_intent(_intent(priority="bulk"), 0)
+    assert isinstance(first, Park) and store.get(7).status == "RETRY_WAIT"  # type: ignore[union-attr]
+    _opted_out(p)
+    retried = await p.on_intent(_intent(priority="bulk"), 0)
+    assert isinstance(retried, Done) and retried.state and retried.state.status == "OPTED_OUT"
+    assert len(gw.sent) == 1
+
+
+async def test_the_gateways_opt_out_ends_the_job_and_is_honoured_at_once() -> None:
+    refused = RecipientOptedOut("meta: HTTP 400: code 131050: opted out", status_code=400)
+    gw = ScriptedGateway(*([refused] * 6), OK)
+    p, store, pub = _processor(gw)
+    outcome = await p.on_intent(_intent(), 0)
+    assert isinstance(outcome, Done) and outcome.state is not None
+    assert outcome.state.status == "OPTED_OUT" and outcome.state.actor == "gateway:scripted"
+    assert [s.status for s in store.history] == ["ATTEMPTING", "OPTED_OUT"]
+    assert [a.outcome for a in pub.attempts] == ["permanent"]
+    # Before the opt-out's round trip through PostgreSQL: a bulk job is not sent.
+    bulk = await p.on_intent(_intent(job_id=8, idempotency_key="k8", priority="bulk"), 0)
+    assert isinstance(bulk, Done) and bulk.state and bulk.state.status == "OPTED_OUT"
+    assert len(gw.sent) == 1
+    # Opt-outs of many recipients in a row are not a configuration fault: none pauses.
+    for n in range(5):
+        to = f"55119876500{n:02d}"
+        done = await p.on_intent(_intent(job_id=20 + n, idempotency_key=f"x{n}", to=to), 0)
+        assert isinstance(done, Done) and done.state and done.state.status == "OPTED_OUT"
+    assert not p.pauses.paused("i")
+
+
+async def test_metas_failed_status_with_131050_ends_the_job_opted_out() -> None:
+    gw = ScriptedGateway(OK)
+    gw.name = "meta"
+    p, _, _ = _processor(gw)
+    await p.on_intent(_intent(), 0)
+    receipt = dataclasses.replace(
+        _receipt("failed", "FAILED", "e1"),
+        gateway="meta",
+        phone_number_id="i",
+        reason="131050 Unable to deliver the message: the recipient stopped marketing messages",
+    )
+    moved = await p.on_receipt(receipt, 0)
+    assert moved is not None and moved.status == "OPTED_OUT" and moved.actor == "gateway:meta"
+    # Another code, or 131050 from another gateway, is a plain FAILED.
+    p2, _, _ = _processor(ScriptedGateway(OK))
+    await p2.on_intent(_intent(), 0)
+    other = dataclasses.replace(_receipt("failed", "FAILED", "e2"), reason="131050 opted out")
+    failed = await p2.on_receipt(other, 0)
+    assert failed is not None and failed.status == "FAILED"
 
 
 async def test_quiet_hours_hold_a_bulk_job_until_the_window_ends_not_an_operational_one() -> None:

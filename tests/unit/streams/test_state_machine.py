@@ -71,3 +71,31 @@ def test_operator_reprocess_reenters_attempting_from_dead() -> None:
 
 def test_every_state_has_a_row() -> None:
     assert set(ALLOWED) == set(S)
+
+
+@pytest.mark.parametrize(
+    "start", [None, S.RETRY_WAIT, S.ATTEMPTING, S.ACCEPTED, S.DELIVERED, S.DEAD, S.FAILED]
+)
+def test_an_opt_out_ends_a_job_not_sent_yet_or_refused_by_the_gateway(start: S | None) -> None:
+    paths = {S.RETRY_WAIT: [S.ATTEMPTING, S.RETRY_WAIT], S.FAILED: [S.ATTEMPTING, S.FAILED]}
+    current = None
+    for step in paths.get(start, []) if start is not None else []:
+        current = transition(JOB, current, step)
+    if start is not None and start not in paths:
+        current = reach(start)
+    assert transition(JOB, current, S.OPTED_OUT, reason="opted out").status == "OPTED_OUT"
+
+
+@pytest.mark.parametrize("to", [S.ATTEMPTING, S.ACCEPTED, S.PENDING, S.CANCELLED, S.FAILED])
+def test_opted_out_is_final_and_settled(to: S) -> None:
+    from streams.kernel.state_machine import REPROCESSABLE, SETTLED
+
+    opted_out = transition(JOB, None, S.OPTED_OUT)
+    assert S.OPTED_OUT in SETTLED and S.OPTED_OUT not in REPROCESSABLE
+    with pytest.raises(InvalidTransition):
+        transition(JOB, opted_out, to)
+
+
+def test_a_read_message_is_never_opted_out_afterwards() -> None:
+    with pytest.raises(InvalidTransition):
+        transition(JOB, reach(S.READ), S.OPTED_OUT)

@@ -121,3 +121,20 @@ async def test_the_overview_is_the_landing_page_and_needs_a_token(client: TestCl
     landing = await client.get("/", headers=auth, allow_redirects=False)
     assert landing.status == 303 and landing.headers["Location"] == "/overview"
     assert (await client.get("/overview", headers=auth)).status == 503
+
+
+def test_the_overview_counts_opt_outs_and_links_the_jobs_not_sent() -> None:
+    import dataclasses
+
+    page = overview_page(
+        dataclasses.replace(_overview(OPTED_OUT=3), optouts=12),
+        consumer=ConsumerLag(None),
+        slots=[],
+        operator=ALICE,
+    )
+    assert _cell(page, "OPTED_OUT") == "3"
+    row = page.split('data-status="OPTED_OUT"', 1)[1].split("</tr>", 1)[0]
+    assert "opted out" in row and "needs an operator" not in row
+    section = page.split('id="optouts"', 1)[1].split("</p>", 1)[0]
+    assert '<span class="count">12</span> recipient(s) opted out' in section
+    assert "/jobs?state=OPTED_OUT" in section and "3 job(s) not sent" in section

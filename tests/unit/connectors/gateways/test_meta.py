@@ -255,7 +255,7 @@ def test_throughput_limit_honours_retry_after() -> None:
 
 @pytest.mark.parametrize(
     ("code", "subcode"),
-    [(131026, None), (100, None), (100, 2494010), (131049, None), (131047, None), (131051, None)],
+    [(131026, None), (100, None), (100, 2494010), (131049, None), (131051, None)],
 )
 def test_permanent_codes(code: int, subcode: int | None) -> None:
     error = meta_error(response(400, graph_error(code, "Message undeliverable", subcode)))
@@ -416,3 +416,17 @@ async def test_started_log_line_never_shows_the_token(caplog: pytest.LogCaptureF
         await gw.send_text(message())
     assert "meta client started" in caplog.text
     assert TOKEN not in caplog.text
+
+
+def test_the_user_stopped_marketing_131050_is_an_opt_out_not_a_plain_failure() -> None:
+    from streams.kernel.errors import RecipientOptedOut
+
+    body = graph_error(
+        131050,
+        "Unable to deliver the message. This recipient has chosen to stop receiving marketing "
+        "messages on WhatsApp from your business",
+    )
+    error = meta_error(response(400, body))
+    assert isinstance(error, RecipientOptedOut) and isinstance(error, PermanentGatewayError)
+    assert not error.retriable
+    assert "code 131050" in str(error) and "opted out" in str(error)

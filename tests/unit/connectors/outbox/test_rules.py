@@ -33,7 +33,7 @@ NOT_A_PHONE = "is not an international phone number (8 to 15 digits with country
 
 def test_limits() -> None:
     assert MAX_TEXT_CHARS == 4096
-    assert SUPPORTED_TYPES == {"text"}
+    assert SUPPORTED_TYPES == {"text", "template"}
     assert enqueue.MAX_TEXT_CHARS == MAX_TEXT_CHARS  # still importable from the API
     assert issubclass(RuleViolation, ValueError)
 

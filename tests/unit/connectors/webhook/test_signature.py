@@ -221,3 +221,14 @@ def test_dead_letter_record_keeps_allow_listed_scalars_only() -> None:
     nested = dead_letter_record("zapapi", {"id": {"to": "5511987654321"}, "status": ["x"]})
     assert nested["id"] is None and nested["status"] is None
     assert "5511987654321" not in repr(record) + repr(nested)
+
+
+def test_a_signer_upgrading_from_v1_may_send_both_entries() -> None:
+    """The documented upgrade path: ``v1`` beside ``v2`` is ignored, ``v2`` is checked."""
+
+    secret, body, t = "u" * 32, b'{"id":"g-1","status":"read"}', 1767225600
+    v1 = hmac.new(secret.encode(), f"{t}.".encode() + body, hashlib.sha256).hexdigest()
+    both = f"t={t},v1={v1},{sign(secret, body, gateway='stackzap', timestamp=t)[len(f't={t},') :]}"
+    assert check_signature(secret, body, both, gateway="stackzap", now=t) is SignatureCheck.VALID
+    # Replayed to another gateway's path, the v1 entry beside it does not help.
+    assert check_signature(secret, body, both, gateway="zapapi", now=t) is SignatureCheck.MISMATCH

@@ -106,7 +106,9 @@ def test_every_normalised_recipient_form_is_accepted(to: str) -> None:
 
 def _valid_records() -> list[Record]:
     return [
-        INTENT,
+        # A text with a fallback template: every field holds a value (an object is no
+        # wrong value for a field that is None).
+        dataclasses.replace(INTENT, template={"name": "t", "language": {"code": "pt_BR"}}),
         IntentRejected(job_id=None, reason="r", row={"id": "1", "payload": None}),
         AttemptFinished(
             job_id=1,
