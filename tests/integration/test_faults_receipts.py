@@ -199,7 +199,9 @@ def test_replayed_failed_receipt_of_an_earlier_attempt_changes_nothing(
     assert after[: len(before)] == before
     assert [e[1] for e in after[len(before) :]] == ["DELIVERED"], "a replay changed the job"
     assert (status_after, gateway_after) == ("DELIVERED", g2)
-    assert ignored == 3 and log_lines == 3
+    # One line per reason a minute (a flood of replays is one line with a count): the
+    # event already applied, and the two about attempt 1.
+    assert ignored == 3 and log_lines == 2
     with psycopg.connect(pipeline.dsn, autocommit=True) as conn:
         references = conn.execute(
             "SELECT count(*) FROM outbox_job_events "
