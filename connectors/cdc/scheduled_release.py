@@ -33,8 +33,9 @@ job; the worker has never seen the job, so the replay is not a duplicate to it.
 The bound: a job is released no earlier than its ``next_retry_at`` (PostgreSQL's
 clock decides) and, while a relay streams, at most one interval plus one release
 transaction after it when fewer than a batch are due at once (a larger crowd enters
-at a batch per interval, in due order); then it is sent as its instance's pacing
-allows.
+at a batch per interval, in due order, and an instance with two batches released and
+not yet attempted gets no more until the worker caught up); then it is sent as its
+instance's pacing allows.
 """
 
 from __future__ import annotations
@@ -138,10 +139,10 @@ class ScheduledRelease(Service):
     async def tick(self) -> int:
         """Release one batch of what is due (nothing unless streaming).
 
-        One batch a tick, never all that is due: a million jobs due at once enter the
-        stream at ``batch`` per interval (2,000/s by default, above any instance's send
-        rate) as pacing drains them, not all at once, ahead of operational rows in the
-        relay's WAL order."""
+        One batch a tick, never all that is due, and nothing more for an instance that
+        has two batches released and not yet attempted: a million jobs due at once enter
+        the stream as fast as pacing sends them (at most ``batch`` per interval), not as a
+        flood ahead of operational rows in the relay's WAL order and the worker's intake."""
         if not self._streaming() or self.stop_requested:
             return 0
         return await self.release_once() or 0

@@ -70,6 +70,35 @@ async def _end_offsets(bootstrap: str, topics: list[str]) -> int:
         await consumer.stop()
 
 
+async def _relayed_at(bootstrap: str, topic: str, keys: set[str]) -> dict[str, float]:
+    """When the relay produced each of ``keys``' intents (the record's timestamp, s)."""
+    from aiokafka import AIOKafkaConsumer
+
+    from streams.kernel.contract import ContractError, IntentCaptured
+
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest"
+    )
+    await consumer.start()
+    found: dict[str, float] = {}
+    try:
+        while True:
+            batch = await consumer.getmany(timeout_ms=2000)
+            if not batch:
+                return found
+            for records in batch.values():
+                for record in records:
+                    try:
+                        intent = IntentCaptured.loads(record.value or b"")
+                    except ContractError:
+                        continue
+                    key = KEY_IN_TEXT.search(intent.text)
+                    if key and key.group(1) in keys:
+                        found.setdefault(key.group(1), record.timestamp / 1000)
+    finally:
+        await consumer.stop()
+
+
 def _count(dsn: str, sql: str) -> int:
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute(sql).fetchone()
@@ -154,6 +183,15 @@ def run_scheduled_section(
                 campaign += 1
         latencies = sorted(first[k] - committed[k] for k in first)
         p99 = percentile(latencies, 0.99)
+        # Where the time goes: commit -> the relay's record, and that record -> the gateway.
+        relayed = asyncio.run(_relayed_at(pipe.kafka.bootstrap, topics[0], set(first)))
+        to_kafka = percentile(sorted(relayed[k] - committed[k] for k in relayed), 0.99)
+        to_gateway = percentile(sorted(first[k] - relayed[k] for k in relayed), 0.99)
+        _log(
+            out,
+            f"operational stages p99: commit->relay {ms(to_kafka)}, relay->gateway "
+            f"{ms(to_gateway)} ({len(relayed)} of {len(first)} found on {topics[0]})",
+        )
         _log(
             out,
             f"drain {drain_s:g} s: {campaign:,} campaign messages at the gateway "

@@ -250,3 +250,58 @@ def test_zapstream_jobs_reschedule_moves_a_scheduled_job_and_refuses_a_released_
     out = io.StringIO()
     assert reschedule_job(outbox_db, now_job, later, out=out) == EXIT_REFUSED
     assert "not rescheduled" in out.getvalue() and "PENDING" in out.getvalue()
+
+
+async def test_the_release_brakes_an_instance_with_two_batches_not_yet_attempted(
+    outbox_db: str,
+) -> None:
+    """A crowd due at once enters the stream as fast as the worker attempts it: an instance
+    with two batches released and still PENDING gets no more, the others go on."""
+    past = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=2)
+    with psycopg.connect(outbox_db) as conn:
+        crowd = [
+            enqueue(
+                conn,
+                **{**GOOD, "instance_id": "brake-a"},
+                idempotency_key=f"brake-a-{n}",
+                send_at=past,
+                priority="bulk",
+            )
+            for n in range(7)
+        ]
+        other = [
+            enqueue(
+                conn,
+                **{**GOOD, "instance_id": "brake-b"},
+                idempotency_key=f"brake-b-{n}",
+                send_at=past + dt.timedelta(seconds=1),
+            )
+            for n in range(2)
+        ]
+        conn.commit()
+        conn.execute(
+            "UPDATE outbox_jobs SET next_retry_at = next_retry_at - interval '1 minute' "
+            "WHERE idempotency_key LIKE 'brake-%%'"
+        )
+        conn.commit()
+    async with await psycopg.AsyncConnection.connect(outbox_db, autocommit=True) as aconn:
+        assert await release_due(aconn, batch=2) == 2  # brake-a 0, 1
+        assert await release_due(aconn, batch=2) == 2  # brake-a 2, 3: two batches waiting
+        assert await release_due(aconn, batch=2) == 2  # brake-a braked: brake-b's two
+        assert await release_due(aconn, batch=2) == 0
+        assert [_status(outbox_db, j) for j in crowd].count("PENDING") == 4
+        assert {_status(outbox_db, j) for j in other} == {"PENDING"}
+        # The worker attempts two of them (the sink's write: a new state_version).
+        with psycopg.connect(outbox_db, autocommit=True) as conn:
+            conn.execute(
+                "UPDATE outbox_jobs SET status = 'ATTEMPTING', state_version = state_version + 1 "
+                "WHERE id = ANY(%s)",
+                (crowd[:2],),
+            )
+        assert await release_due(aconn, batch=2) == 2  # brake-a 4, 5
+        assert await release_due(aconn, batch=2) == 0
+    assert [_status(outbox_db, j) for j in crowd] == [
+        *["ATTEMPTING"] * 2,
+        *["PENDING"] * 4,
+        "SCHEDULED",
+    ]

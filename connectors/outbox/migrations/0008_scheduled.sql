@@ -73,6 +73,10 @@ $$;
 -- transaction (being rescheduled) waits for the next call. SECURITY DEFINER: the
 -- relay's role may run this and nothing else that writes (roles.py), and never
 -- reads a payload itself.
+-- Released jobs the worker has not attempted yet, per instance (the release's brake).
+CREATE INDEX IF NOT EXISTS outbox_jobs_released_idx ON outbox_jobs (instance_id)
+    WHERE status = 'PENDING' AND next_retry_at IS NOT NULL;
+
 CREATE OR REPLACE FUNCTION zapstream_release_due(p_batch INTEGER) RETURNS INTEGER
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
@@ -80,10 +84,22 @@ DECLARE
 BEGIN
     -- Tells outbox_jobs_scheduled_writes below that this is the release.
     PERFORM set_config('zapstream.releasing', 'on', true);
-    WITH due AS (
+    WITH busy AS (
+        -- Instances with two batches released and not yet attempted (PENDING, with the
+        -- time they were due): their next jobs wait in PostgreSQL until the worker caught
+        -- up. A crowd due at once then enters the stream as fast as pacing sends it,
+        -- never as a flood the worker must read, park and re-read while an instance's
+        -- operational messages wait behind it. By outbox_jobs_released_idx.
+        SELECT r.instance_id
+        FROM outbox_jobs r
+        WHERE r.status = 'PENDING' AND r.next_retry_at IS NOT NULL
+        GROUP BY r.instance_id
+        HAVING count(*) >= 2 * greatest(p_batch, 1)
+    ), due AS (
         SELECT j.id
         FROM outbox_jobs j
         WHERE j.status = 'SCHEDULED' AND j.next_retry_at <= now()
+          AND j.instance_id NOT IN (SELECT instance_id FROM busy)
           AND NOT EXISTS (
               SELECT 1 FROM outbox_commands c WHERE c.job_id = j.id AND c.command = 'cancel'
           )
