@@ -200,7 +200,16 @@ def test_sigkill_and_restart_on_the_same_log_dirs_keep_records_and_offsets(
     print(f"\nrestart after SIGKILL to first metadata: {broker.last_start_s:.1f} s")
     assert broker.pid != pid
     assert sorted(asyncio.run(read_all(broker.bootstrap, topic, 500))) == before
-    assert asyncio.run(committed()) == {0: 7, 1: 11}
+    # Right after the restart the broker may not know the topic's partitions yet (the CI run
+    # logged NotLeaderForPartition): its OffsetFetch answers UNKNOWN_TOPIC_OR_PARTITION,
+    # which aiokafka's committed() turns into None (a warning, no retry): a CI run read None
+    # for both. Lost offsets never come back, so this still fails on them.
+    wait_until(
+        lambda: asyncio.run(committed()) == {0: 7, 1: 11},
+        30,
+        "the group's committed offsets after the restart",
+        interval_s=1.0,
+    )
 
 
 def test_what_one_node_costs(broker: KafkaBroker) -> None:
