@@ -32,6 +32,7 @@ from typing import Any
 
 import psycopg
 
+from connectors.outbox.returning import insert_returning_id, insert_returning_id_async
 from streams.kernel.contract import ControlAction, ControlKind
 
 __all__ = [
@@ -122,19 +123,11 @@ def _params(
 
 
 def _write(conn: psycopg.Connection[Any], params: tuple[str, ...]) -> int:
-    with conn.cursor() as cur:
-        cur.execute(_INSERT, params)
-        row = cur.fetchone()
-    assert row is not None  # INSERT ... RETURNING always returns the row
-    return int(row[0])
+    return insert_returning_id(conn, _INSERT, params)
 
 
 async def _write_async(conn: psycopg.AsyncConnection[Any], params: tuple[str, ...]) -> int:
-    async with conn.cursor() as cur:
-        await cur.execute(_INSERT, params)
-        row = await cur.fetchone()
-    assert row is not None
-    return int(row[0])
+    return await insert_returning_id_async(conn, _INSERT, params)
 
 
 def pause_instance(conn: psycopg.Connection[Any], instance: str, *, reason: str, actor: str) -> int:

@@ -33,6 +33,7 @@ from typing import Any
 import psycopg
 
 from connectors.outbox.recipients import InvalidRecipient, conversation_key_for, normalize_recipient
+from connectors.outbox.returning import insert_returning_id, insert_returning_id_async
 from connectors.outbox.rules import RuleViolation, check_instance_id
 from streams.kernel.contract import OptOutAction, OptOutSource, opt_out_person
 
@@ -111,19 +112,11 @@ def _params(
 
 
 def _write(conn: psycopg.Connection[Any], params: tuple[str, ...]) -> int:
-    with conn.cursor() as cur:
-        cur.execute(_INSERT, params)
-        row = cur.fetchone()
-    assert row is not None  # INSERT ... RETURNING always returns the row
-    return int(row[0])
+    return insert_returning_id(conn, _INSERT, params)
 
 
 async def _write_async(conn: psycopg.AsyncConnection[Any], params: tuple[str, ...]) -> int:
-    async with conn.cursor() as cur:
-        await cur.execute(_INSERT, params)
-        row = await cur.fetchone()
-    assert row is not None
-    return int(row[0])
+    return await insert_returning_id_async(conn, _INSERT, params)
 
 
 def opt_out(
