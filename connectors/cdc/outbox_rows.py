@@ -49,6 +49,7 @@ from connectors.outbox.rules import (
     check_message_type,
     check_priority,
     check_recipient,
+    check_respect_opt_out,
     check_template,
     check_timezone,
     require_text,
@@ -247,7 +248,7 @@ def row_to_intent(
                 "committed_at": committed_at,
                 "lsn": lsn,
                 "template": template,
-                "respect_opt_out": _respect_opt_out(payload.get("respect_opt_out")),
+                "respect_opt_out": check_respect_opt_out(payload.get("respect_opt_out")),
                 "timezone": timezone,
                 "schema": _INTENT_SCHEMA,
             }
@@ -269,13 +270,6 @@ def _content(kind: str, payload: Mapping[str, Any]) -> tuple[str, dict[str, Any]
     if fallback is None:
         return text, None
     return text, check_template(fallback, what="fallback_template")
-
-
-def _respect_opt_out(value: object) -> bool | None:
-    """The payload's ``respect_opt_out``: absent or null (by priority), true or false."""
-    if value is None or isinstance(value, bool):
-        return value
-    raise _Reject("respect_opt_out must be true, false or absent")
 
 
 def _row_id(row: Mapping[str, str | None], column: str) -> int | None:

@@ -44,6 +44,7 @@ from connectors.outbox.rules import (
     check_max_attempts,
     check_priority,
     check_recipient,
+    check_respect_opt_out,
     check_send_at,
     check_send_window,
     check_template,
@@ -124,12 +125,11 @@ def _validate(
         check_send_window(send_at, expires_at)
         if timezone is not None:
             timezone = check_timezone(timezone)
+        respect_opt_out = check_respect_opt_out(respect_opt_out, allowed="True, False or None")
     except RuleViolation as exc:
         raise InvalidIntent(str(exc)) from exc
     payload: dict[str, Any] = {"type": "text", "to": recipient, "text": text}
     if respect_opt_out is not None:
-        if not isinstance(respect_opt_out, bool):
-            raise InvalidIntent("respect_opt_out must be True, False or None")
         payload["respect_opt_out"] = respect_opt_out
     if timezone is not None:
         payload["timezone"] = timezone

@@ -65,6 +65,14 @@ def check_instance_id(value: object, *, problem: str = "is required") -> str:
     return instance_id
 
 
+def check_respect_opt_out(value: object, *, allowed: str = "true, false or absent") -> bool | None:
+    """Return ``value`` if it is None (decide by priority), True or False: whether the
+    recipient's opt-out stops the job. ``allowed`` words the choices for each end."""
+    if value is None or isinstance(value, bool):
+        return value
+    raise RuleViolation(f"respect_opt_out must be {allowed}")
+
+
 def check_recipient(value: object) -> str:
     """Return the normalised recipient (see :mod:`connectors.outbox.recipients`)."""
     try:

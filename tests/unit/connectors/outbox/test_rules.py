@@ -305,3 +305,16 @@ def test_the_relay_applies_the_timezone_rule_to_plain_sql_rows() -> None:
     row["payload"] = orjson.dumps({**payload, "timezone": "Nowhere/Land"}).decode()
     rejected = row_to_record(row, lsn="0/1", committed_at=None)
     assert isinstance(rejected, IntentRejected) and "IANA timezone" in rejected.reason
+
+
+def test_respect_opt_out_is_one_rule_worded_for_each_end() -> None:
+    assert _through_enqueue(respect_opt_out="yes") == "respect_opt_out must be True, False or None"
+    row = {
+        **_as_row(),
+        "payload": orjson.dumps(
+            {"type": "text", "to": "5511987654321", "text": "x", "respect_opt_out": "yes"}
+        ).decode(),
+    }
+    record = row_to_record(row, lsn="0/1", committed_at=None)
+    assert isinstance(record, IntentRejected)
+    assert record.reason == "respect_opt_out must be true, false or absent"
