@@ -115,7 +115,6 @@ from streams.reconcile import InstanceListings, ListingDeferred, Verdict, reconc
 from streams.template_pauses import TemplatePauses
 
 log = logging.getLogger(__name__)
-_IGNORED_RECEIPTS = ThrottledLog(log, level=logging.INFO)
 S = JobStatus
 _T = TypeVar("_T")
 
@@ -285,6 +284,8 @@ class JobProcessor:
         """The gateway can send template intents (Meta's Cloud API)."""
         self.optouts = optouts if optouts is not None else OptOuts()
         """Recipients who opted out, per instance (:mod:`streams.optouts`)."""
+        self._ignored_receipts = ThrottledLog(log, level=logging.INFO)
+        """Ignored receipts' lines, one per reason a minute: forged or replayed ones flood."""
         self.references = references
         """Makes the attempt references the gateway is told and verifies receipts' (None:
         legacy ``<job>-<seq>`` references, which bind nothing; tests and tools only)."""
@@ -1118,7 +1119,7 @@ class JobProcessor:
         if ignored is not None:
             RECEIPTS_IGNORED.labels(ignored.reason).inc()
             # Rate-limited per reason: forged or replayed receipts come in floods.
-            _IGNORED_RECEIPTS.note(
+            self._ignored_receipts.note(
                 ignored.reason,
                 f"job {receipt.job_id}: {receipt.gateway} receipt {receipt.label!r} ignored: "
                 f"{ignored.detail}",
