@@ -55,7 +55,10 @@ asserted by ``tests/unit/streams/faust_adapter/test_hooks.py``:
   ``._is_changelog_tp(tp)``, ``._filter_committable_offsets(tps)``,
   ``._should_commit(tp, offset)``, ``._get_active_partitions()`` and the bookkeeping
   ``_acked``, ``_acked_index``, ``_gap``, ``_committed_offset``, ``_unacked_messages``,
-  ``_buffered_partitions``, ``_paused_partitions``;
+  ``_buffered_partitions``, ``_paused_partitions``; ``Consumer.callback``, read once by
+  ``_drain_messages``, which delivers each record through ``self.wait_first(callback(record),
+  self.suspend_flow.wait())`` (:mod:`streams.faust_adapter.delivery`);
+- mode ``Service.wait_first(*coros, timeout)``, ``WaitResults``;
 - mode ``ThrowableQueue.clear()``, ``pressure_high_ratio``, ``pressure_drop_ratio``.
 """
 
@@ -72,9 +75,11 @@ import aiokafka
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 from faust.utils.functional import consecutive_numbers
+from mode.services import WaitResults
 from mode.utils.queues import ThrowableQueue
 
 from streams import metrics
+from streams.faust_adapter.delivery import deliver_at_once, handed_over
 
 log = logging.getLogger(__name__)
 
@@ -199,10 +204,20 @@ class _Consumer(faust_aiokafka.Consumer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # Read once by the fetch loop (Consumer._drain_messages, faust-streaming 0.15.3).
+        self.callback = deliver_at_once(self.callback)
         self._rewinds: dict[TP, int] = {}
         self._rewind_generation: int | None = None
         self._rewind_task: asyncio.Future[None] | None = None
         self._held: dict[TP, _HeldCommit] = {}
+
+    async def wait_first(self, *coros: Any, timeout: Any = None) -> WaitResults:
+        """mode's, except for a record delivered without waiting: nothing to wait for
+        (:mod:`streams.faust_adapter.delivery`)."""
+        delivered = handed_over(coros)
+        if delivered is not None:
+            return WaitResults([delivered], [delivered.result], False)
+        return await super().wait_first(*coros, timeout=timeout)
 
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
         # Private factory (faust-streaming 0.15.3), called once when the consumer starts.
