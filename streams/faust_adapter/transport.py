@@ -211,7 +211,11 @@ class _Consumer(faust_aiokafka.Consumer):
         self._rewind_task: asyncio.Future[None] | None = None
         self._held: dict[TP, _HeldCommit] = {}
 
-    async def wait_first(self, *coros: Any, timeout: Any = None) -> WaitResults:
+    async def wait_first(
+        self,
+        *coros: Any,
+        timeout: Any = None,  # noqa: ASYNC109 (mode's signature)
+    ) -> WaitResults:
         """mode's, except for a record delivered without waiting: nothing to wait for
         (:mod:`streams.faust_adapter.delivery`)."""
         delivered = handed_over(coros)
