@@ -271,6 +271,15 @@ class Pacer:
         operational = priority == OPERATIONAL
         start = self.clock()
         state = self._state(instance, start)
+        if (
+            not state.turn(operational).locked()
+            and self.wait_s(instance, recipient, priority, start) <= 0
+        ):
+            # Nobody of this instance and priority is waiting, and the tokens are there:
+            # what the turns below would come to, without their lock and timeout (most
+            # sends, and each of those cost as much as the rest of the decision).
+            self.take(instance, recipient, start)
+            return 0.0
         if operational:
             state.operational_waiting += 1
         try:
