@@ -249,7 +249,7 @@ class Dispatcher:
             ):
                 # Behind the parked head, in order, durably; the event can be acknowledged.
                 await self.parking.append(key, intent)
-                metrics.INTENTS.labels("parked").inc()
+                metrics.INTENTS_BY("parked").inc()
                 self.tally.intents["parked"] += 1
             return
         outcome = await self._run(intent, partition)
@@ -306,12 +306,12 @@ class Dispatcher:
             self.active_jobs.discard(intent.job_id)
         if isinstance(outcome, Done):
             decision = outcome.state.status if outcome.state else "duplicate"
-            metrics.INTENTS.labels(decision).inc()
+            metrics.INTENTS_BY(decision).inc()
             self.tally.intents[decision] += 1
             if outcome.state is not None and outcome.state.sent_at and intent.committed_at:
                 sent = dt.datetime.fromisoformat(outcome.state.sent_at)
                 committed = dt.datetime.fromisoformat(intent.committed_at)
-                metrics.COMMIT_TO_GATEWAY.labels(intent.instance_id, intent.priority).observe(
+                metrics.COMMIT_TO_GATEWAY_BY(intent.instance_id, intent.priority).observe(
                     (sent - committed).total_seconds()
                 )
         return outcome

@@ -100,7 +100,7 @@ from streams.kernel.templates import (
 )
 from streams.metrics import (
     ACCEPTED_TO_DELIVERED,
-    GATEWAY_CALL,
+    GATEWAY_CALL_BY,
     OPTOUT_SKIPPED,
     OPTOUTS_LEARNT,
     QUIET_HOURS_HELD,
@@ -185,6 +185,8 @@ class _Attempt:
     seq: int
     started: dt.datetime
     probe: bool
+    reference: str
+    """What the gateway was told (:meth:`JobProcessor.reference`), for the attempt's record."""
 
 
 def job_ref(intent: IntentCaptured) -> JobRef:
@@ -530,7 +532,7 @@ class JobProcessor:
         )
         if not probe:
             await self.pacer.before_send(intent.instance_id)
-        attempt = _Attempt(intent, ref, journal, partition, seq, self.now(), probe)
+        attempt = _Attempt(intent, ref, journal, partition, seq, self.now(), probe, reference)
         template = intent.template if intent.message_type == TEMPLATE else None
         message = TextMessage(intent.instance_id, intent.to, intent.text, reference, template)
         try:
@@ -610,6 +612,7 @@ class JobProcessor:
                 AttemptOutcome.REVIEW if review else AttemptOutcome.ACCEPTED,
                 lambda: self._put(settled, a.partition),
                 started=a.started,
+                reference=a.reference,
                 gateway_job_id=accepted.gateway_job_id,
                 gateway_status=accepted.gateway_status,
             )
@@ -807,7 +810,13 @@ class JobProcessor:
         then: Callable[[], Awaitable[_T]],
     ) -> _T:
         return await self._finish(
-            a.intent, a.seq, outcome, then, started=a.started, error=str(error)
+            a.intent,
+            a.seq,
+            outcome,
+            then,
+            started=a.started,
+            reference=a.reference,
+            error=str(error),
         )
 
     async def _finish(
@@ -1289,8 +1298,12 @@ class JobProcessor:
         """Hand the attempt's outcome to the publisher (``zapstream.results`` when published);
         await the result for the ack."""
         finished = self.now()
+        if "reference" not in fields:
+            fields["reference"] = (
+                self.reference(intent.instance_id, intent.job_id, seq) if seq else None
+            )
         if started is not None:
-            GATEWAY_CALL.labels(self.gateway.name, outcome).observe(
+            GATEWAY_CALL_BY(self.gateway.name, outcome).observe(
                 max(0.0, (finished - started).total_seconds())
             )
         record = AttemptFinished(
@@ -1300,7 +1313,6 @@ class JobProcessor:
             conversation_key=intent.conversation_key,
             attempt=seq,
             attempt_id=f"{intent.job_id}-{seq}",
-            reference=self.reference(intent.instance_id, intent.job_id, seq) if seq else None,
             outcome=outcome,
             gateway=self.gateway.name,
             started_at=(started or finished).isoformat(),

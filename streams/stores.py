@@ -21,7 +21,7 @@ from streams.kernel.contract import (
     TopicNames,
     job_state_key,
 )
-from streams.metrics import ATTEMPTS, STATES
+from streams.metrics import ATTEMPTS_BY, STATES_BY
 
 
 def compact(raw: bytes) -> bytes:
@@ -84,7 +84,7 @@ class FaustJobStore:
         key, value = job_state_key(state.job_id), compact(state.dumps())
         self.table.data[key] = value
         ack = await self.writer.send(self.topic, key, value, partition)
-        STATES.labels(state.status).inc()
+        STATES_BY(state.status).inc()
         return ack
 
 
@@ -114,7 +114,7 @@ class FaustPublisher:
         self.publish_attempts = publish_attempts
 
     async def attempt_finished(self, record: AttemptFinished, key: bytes) -> Awaitable[Any]:
-        ATTEMPTS.labels(record.gateway, record.instance_id, record.outcome).inc()
+        ATTEMPTS_BY(record.gateway, record.instance_id, record.outcome).inc()
         if not self.publish_attempts:
             return _Settled()
         return await self.writer.send(self.results, key, record.dumps())
