@@ -7,7 +7,7 @@ conversations' store is :class:`streams.parking.ParkingLot`.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Generator
+from collections.abc import Awaitable, Callable, Generator
 from typing import Any
 
 from streams import metrics
@@ -66,11 +66,21 @@ class FaustJobStore:
     meantime already sees the new state.
     """
 
-    def __init__(self, table: Any, writer: KafkaWriter, topic: str = STATE) -> None:
-        """``topic``: the table's changelog (``KafkaSettings.names.state`` in a worker)."""
+    def __init__(
+        self,
+        table: Any,
+        writer: KafkaWriter,
+        topic: str = STATE,
+        *,
+        on_stored: Callable[[bytes, StatusChanged], None] | None = None,
+    ) -> None:
+        """``topic``: the table's changelog (``KafkaSettings.names.state`` in a worker);
+        ``on_stored``: called with each state's key and state once the local store holds
+        it (the dedup horizon indexes settled jobs there, :mod:`streams.dedup_horizon`)."""
         self.table = table
         self.writer = writer
         self.topic = topic
+        self.on_stored: Callable[[bytes, StatusChanged], None] = on_stored or (lambda k, s: None)
 
     def get(self, job_id: int) -> StatusChanged | None:
         raw = self.table.data.get(job_state_key(job_id))
@@ -83,6 +93,7 @@ class FaustJobStore:
         """Store ``state`` locally and queue its changelog record; await the result for the ack."""
         key, value = job_state_key(state.job_id), compact(state.dumps())
         self.table.data[key] = value
+        self.on_stored(key, state)
         ack = await self.writer.send(self.topic, key, value, partition)
         STATES_BY(state.status).inc()
         return ack

@@ -205,9 +205,37 @@ def build_worker_app(
     jobs, parked = register_tables(app, topics, partitions)
     parking_lot = ParkingLot(parked, topics.parked)
     writer = KafkaWriter(app)
+
+    def owns(partition: int) -> bool:
+        return TP(names.intents, partition) in app.consumer.assignment()
+
+    dispatcher: Dispatcher
+    horizon: DedupHorizon | None = None
+    if late is not None:
+
+        def referenced() -> set[int]:
+            # Called once the app runs: the dispatcher is built below, from the processor
+            # whose job store feeds the horizon.
+            return set(dispatcher.active_jobs) | set(dispatcher.parking.job_ids())
+
+        horizon = DedupHorizon(
+            jobs,
+            topics.state,
+            horizon_s=horizon_s,
+            partitions=partitions,
+            scan_keys=settings.dedup_scan_keys,
+            retry_s=settings.dedup_scan_interval_s,
+            owns=owns,
+            busy=lambda: bool(app.rebalancing or app.in_recovery),
+            rebalances=lambda: app.rebalancing_count,
+            referenced=referenced,
+            durable_until=progress.durable_until if progress is not None else None,
+        )
     processor = JobProcessor(
         gateway,
-        FaustJobStore(jobs, writer, names.state),
+        FaustJobStore(
+            jobs, writer, names.state, on_stored=horizon.noted if horizon is not None else None
+        ),
         FaustPublisher(writer, names, publish_attempts=settings.publish_attempts),
         RetryPolicy(schedule_s=tuple(settings.retry_schedule_s), jitter=settings.retry_jitter),
         listing_authoritative=settings.gateway.listing_authoritative,
@@ -269,26 +297,7 @@ def build_worker_app(
         Periodic("retries", settings.retry_scan_interval_s, fire_due_retries, crash_on_bug=True)
     ]
 
-    if late is not None:
-        parking = dispatcher.parking
-
-        def referenced() -> set[int]:
-            return set(dispatcher.active_jobs) | set(parking.job_ids())
-
-        def owns(partition: int) -> bool:
-            return TP(names.intents, partition) in app.consumer.assignment()
-
-        horizon = DedupHorizon(
-            jobs,
-            topics.state,
-            horizon_s=horizon_s,
-            partitions=partitions,
-            scan_keys=settings.dedup_scan_keys,
-            owns=owns,
-            busy=lambda: bool(app.rebalancing or app.in_recovery),
-            referenced=referenced,
-            durable_until=progress.durable_until if progress is not None else None,
-        )
+    if horizon is not None:
         if progress is not None:
             sink = progress
 
@@ -299,8 +308,10 @@ def build_worker_app(
                 Periodic("sink progress", settings.dedup_sink_check_s, read_sink_progress)
             )
 
+        forgetting = horizon
+
         async def forget_settled_jobs() -> None:
-            await horizon.tick()
+            await forgetting.tick()
 
         timers.append(
             Periodic(

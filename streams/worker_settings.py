@@ -103,9 +103,13 @@ class WorkerSettings(SettingsBase):
     """Intents younger than ``dedup_horizon_s`` minus this are new without a lookup; the
     margin covers clock skew between PostgreSQL and the worker."""
     dedup_scan_interval_s: float = Field(default=1.0, gt=0)
-    """How often the horizon timer scans the next keys of the ``jobs`` table."""
+    """How often the horizon timer forgets the settled jobs that fell due; a due job a lane,
+    a parked conversation or the state sink holds back is judged again this much later."""
     dedup_scan_keys: int = Field(default=10_000, ge=1)
-    """Keys looked at per scan (about 1.5 µs each): the sweep must outpace new jobs."""
+    """Jobs judged per tick (about 3 µs each, one state decoded): those of the horizon's
+    index that fell due, and the keys of the one sweep over the ``jobs`` table after a
+    start or a rebalance (it indexes the states recovered from the changelog). It must
+    outpace the jobs that settle per interval, or due jobs wait."""
     dedup_lookup_retry_s: float = Field(default=10.0, gt=0)
     """While ``outbox_jobs`` cannot be asked, a late intent's conversation waits this long."""
     dedup_sink_group: str = "zapstream-state-sink"
