@@ -116,7 +116,7 @@ async def test_a_waiting_delivery_is_abandoned_when_the_flow_is_suspended(tmp_pa
     consumer.suspend_flow.set()  # a rebalance
     result = await asyncio.wait_for(waiting, 5)
     assert abandoned.is_set()  # the cancellation reached the delivery's own coroutine
-    assert result.results == [True]  # the suspension won (Event.wait returns True), as with mode alone
+    assert result.results == [True]  # the suspension won (Event.wait: True), as mode alone
 
 
 async def test_an_error_after_the_delivery_waited_reaches_the_fetch_loop(tmp_path: Path) -> None:
