@@ -36,6 +36,7 @@ from devtools.stack.delivery_audit import DeliveryReport, audit, demo_key, demo_
 from devtools.stack.demo_mix import RETRY_SCHEDULE_S, DemoMix, MixReport
 from devtools.stack.devstack import find_free_port
 from devtools.stack.local_pipeline import CONSOLE_DEMO_TOKEN, LOGIN_ROLES, LocalPipeline
+from devtools.stack.run_profile import RunProfile, sample
 
 DEMO_PURPOSE = "demo"
 
@@ -232,6 +233,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{args.conversations} conversations ...",
             flush=True,
         )
+        pids = {p.name: p.pid for p in pipeline.processes if p.is_running}
+        broker_pid = getattr(pipeline.kafka, "pid", None)  # one broker node (not a cluster)
+        if isinstance(broker_pid, int):
+            pids["broker"] = broker_pid
+        started = sample(pids)
         keys, committed = enqueue_demo(
             pipeline.component_dsn("app"),
             run=run,
@@ -239,11 +245,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             instances=args.instances,
             conversations=args.conversations,
         )
+        enqueued = sample(pids)
         report = wait_for_delivery(pipeline, keys, committed, timeout_s=args.timeout)
+        profile = RunProfile(len(keys), started, enqueued, sample(pids))
         states = wait_for_outbox(pipeline.dsn, len(keys), timeout_s=60)
         mixed = run_mix(mix)
         print("\nsummary")
         print(report.summary())
+        for line in profile.lines():
+            print(line)
         print(
             "processes:                "
             + ", ".join(f"{p.name} (pid {p.pid})" for p in pipeline.processes if p.is_running)
