@@ -5,9 +5,11 @@ The runs themselves need real processes; what a run's numbers turn into does not
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
-from devtools.bench.runner import scaling_figures, worker_figures
+from devtools.bench.campaign import campaign_figures
+from devtools.bench.runner import Sizes, reduced, scaling_figures, worker_figures
 from devtools.bench.support import Figure
 
 
@@ -99,3 +101,80 @@ def test_the_second_scaling_row_compares_its_cpu_per_message_with_one_worker() -
         "1.50x of 1 worker's msg/s, CPU/msg 1.25x of 1 worker's (flat is the goal); "
     )
     assert "of 1 worker" not in one.comparison
+
+
+def _campaign(p99_s: float | None, delivered: int = 150) -> dict[str, Any]:
+    return {
+        "jobs": 100_000,
+        "drain_s": 30.0,
+        "paced_msg_s": 200.0,
+        "fill_s": 1.8,
+        "in_kafka_s": 4.2,
+        "at_gateway_s": 4.9,
+        "in_kafka": 100_000,
+        "sent_before": 700,
+        "ahead": 99_300,
+        "campaign_during_drain": 5_970,
+        "campaign_sent": 6_900,
+        "drain_msg_s": 199.0,
+        "committed": 150,
+        "delivered": delivered,
+        "p50_s": 0.012,
+        "p99_s": p99_s,
+        "to_relay_p50_s": 0.004,
+        "to_relay_p99_s": 0.009,
+        "to_gateway_p50_s": 0.008,
+        "to_gateway_p99_s": 0.030,
+    }
+
+
+def test_campaign_rows_say_the_operational_latency_the_drain_and_what_was_ahead() -> None:
+    latency, drain, ahead = campaign_figures(_campaign(0.040))
+
+    assert latency.what == (
+        "operational commit->gateway, same instance, while a 100,000-message campaign drains"
+    )
+    assert (latency.value, latency.target, latency.verdict) == (
+        "p50 12.0 ms / p99 40.0 ms",
+        "p99 <= 1 s, all delivered",
+        "PASS",
+    )
+    assert latency.comparison == (
+        "150/150 delivered; stages p50/p99: commit->relay record 4.0 ms/9.0 ms, "
+        "relay record->gateway 8.0 ms/30.0 ms"
+    )
+    assert (drain.value, drain.verdict) == ("199 msg/s", "")
+    assert drain.comparison.startswith("paced at 200/s; 6,900 of 100,000 sent")
+    assert ahead.value == "99,300"
+    assert "700 already at the gateway" in ahead.comparison
+
+
+def test_a_slow_or_lost_operational_message_misses_the_campaign_target() -> None:
+    assert campaign_figures(_campaign(1.2))[0].verdict == "MISS"
+    assert campaign_figures(_campaign(0.040, delivered=149))[0].verdict == "MISS"
+    missing = campaign_figures(_campaign(None, delivered=0))[0]
+    assert (missing.value, missing.verdict) == ("p50 12.0 ms / p99 n/a", "MISS")
+
+
+def test_the_second_broker_runs_the_same_campaign_and_old_runs_describe_none() -> None:
+    full = Sizes(
+        relay_rows=200_000,
+        relay_latency_s=20.0,
+        rate=500.0,
+        worker_messages=20_000,
+        memory_jobs=100_000,
+        fifty=True,
+        baseline=True,
+        e2e_seconds=30.0,
+        campaign_jobs=100_000,
+    )
+
+    second = reduced(full)
+
+    assert (second.campaign_jobs, second.campaign_drain_s) == (100_000, 30.0)
+    assert second.describe(["campaign"]) == "campaign 100,000 jobs, operational run 30 s"
+    # A results file from before the section has no campaign size: nothing to describe.
+    recorded = dataclasses.asdict(full)
+    old = Sizes(**{k: v for k, v in recorded.items() if not k.startswith("campaign_")})
+    assert old.describe(["relay", "campaign"]).startswith("relay rows 200,000")
+    assert "campaign" not in old.describe(["relay", "campaign"])
