@@ -429,7 +429,7 @@ def reduced(full: Sizes) -> Sizes:
     Half the relay's rows and half its latency run, no memory run (the
     worker's memory does not depend on the broker; the first broker's run measures it);
     the worker, scaling, end-to-end and campaign runs as the first broker's, so they
-    compare (the campaign section takes about a minute and a half on either broker).
+    compare (the campaign section takes about a minute on either broker).
     """
     return dataclasses.replace(
         full,
