@@ -34,7 +34,9 @@ as JSON to ``bench/results/<UTC timestamp>.json``. The first broker runs the
 sizes given; the others run :func:`reduced` sizes (``--same-sizes``: the same) so
 that the default run stays near 15 minutes. A MISS fails the run only with
 ``--strict``; a section that failed on a broker shows as an ERROR row and makes the
-run exit 1. Speed targets belong here, never in timed unit tests.
+run exit 1. Speed targets belong here, never in timed unit tests. ``--profile`` says
+where a MISS's time goes: py-spy samples the worker of the worker and e2e sections
+while busy (:mod:`devtools.bench.profile`), printed below the table and kept in the JSON.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from typing import Any, TextIO
 import orjson
 
 from devtools.bench.campaign import campaign_figures, run_campaign
+from devtools.bench.profile import Profiler, find_py_spy
 from devtools.bench.relay import run_relay_section
 from devtools.bench.scheduled import run_scheduled_section
 from devtools.bench.support import Figure, ms
@@ -441,10 +444,26 @@ def reduced(full: Sizes) -> Sizes:
 
 
 def run_section(
-    section: str, broker: str, sizes: Sizes, *, partitions: int, log: TextIO
+    section: str,
+    broker: str,
+    sizes: Sizes,
+    *,
+    partitions: int,
+    log: TextIO,
+    profiler: Profiler | None = None,
 ) -> list[Figure]:
-    """One section on one broker (its own throwaway pipeline): its figures."""
+    """One section on one broker (its own throwaway pipeline): its figures.
+
+    With ``profiler`` (``--profile``), the worker of the worker section's 0 ms run and of
+    the end-to-end run is recorded while busy; the text goes to ``profiler.texts``.
+    """
     name = broker_label(broker)
+
+    def attach(label: str) -> Callable[[int], None] | None:
+        if profiler is None:
+            return None
+        return lambda pid: profiler.attach(f"{label} on {name}", pid)
+
     if section == "relay":
         print(f"bench: relay on {name} ({sizes.relay_rows:,} rows) ...", file=log, flush=True)
         return run_relay_section(
@@ -462,15 +481,20 @@ def run_section(
             file=log,
             flush=True,
         )
-        zero = run_worker_alone(
-            latency_ms=0,
-            messages=sizes.worker_messages,
-            memory_total=sizes.memory_jobs,
-            baseline=sizes.baseline,
-            partitions=partitions,
-            out=log,
-            broker=broker,
-        )
+        try:
+            zero = run_worker_alone(
+                latency_ms=0,
+                messages=sizes.worker_messages,
+                memory_total=sizes.memory_jobs,
+                baseline=sizes.baseline,
+                partitions=partitions,
+                out=log,
+                broker=broker,
+                on_busy=attach("worker alone, gateway 0 ms"),
+            )
+        finally:
+            if profiler is not None:
+                profiler.collect()
         fifty = None
         if sizes.fifty:
             fifty = run_worker_alone(
@@ -532,15 +556,19 @@ def run_section(
         )
     assert section == "e2e", section
     print(f"bench: end to end on {name} ({sizes.rate:g} msg/s) ...", file=log, flush=True)
-    return e2e_figures(
-        run_end_to_end(
+    try:
+        e2e = run_end_to_end(
             rate=sizes.rate,
             seconds=sizes.e2e_seconds,
             partitions=partitions,
             out=log,
             broker=broker,
+            on_busy=attach("end to end"),
         )
-    )
+    finally:
+        if profiler is not None:
+            profiler.collect()
+    return e2e_figures(e2e)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -594,6 +622,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=30.0,
         help="how long operational messages go to the campaign's instance",
     )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="py-spy the worker while busy (worker and e2e sections): top self-time "
+        "functions and packages, printed and in the JSON (the profiled runs are a little slower)",
+    )
+    parser.add_argument(
+        "--py-spy", metavar="PATH", help="the py-spy executable (default: py-spy on PATH)"
+    )
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--results-dir", type=Path, default=REPO_ROOT / "bench" / "results")
     parser.add_argument("--strict", action="store_true", help="exit 1 on any MISS")
@@ -624,13 +661,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     columns: dict[str, list[Figure]] = {b: [] for b in brokers}
     section_s: dict[str, dict[str, float]] = {b: {} for b in brokers}
     errors: list[str] = []
+    profiler: Profiler | None = None
+    if args.profile:
+        py_spy = find_py_spy(args.py_spy)
+        if py_spy is None:
+            print(
+                f"bench: --profile: py-spy not found ({args.py_spy or 'not on PATH'}); "
+                "running without profiles",
+                file=log,
+                flush=True,
+            )
+        else:
+            profiler = Profiler(py_spy, out=log)
 
     for section in sections:
         for broker in brokers:
             section_began = time.monotonic()
             try:
                 columns[broker].extend(
-                    run_section(section, broker, sizes[broker], partitions=args.partitions, log=log)
+                    run_section(
+                        section,
+                        broker,
+                        sizes[broker],
+                        partitions=args.partitions,
+                        log=log,
+                        profiler=profiler,
+                    )
                 )
             except Exception as exc:  # the other brokers' and sections' figures still count
                 traceback.print_exc(file=log)
@@ -650,6 +706,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     print(render(columns))
     print()
+    profiles = profiler.texts if profiler is not None else {}
+    for label, text in profiles.items():
+        print(f"where the time goes: py-spy, the worker of {label}\n{text}\n")
     for broker in brokers:
         took = ", ".join(f"{s} {t:.0f} s" for s, t in section_s[broker].items())
         print(f"ran on {broker_label(broker)}: {sizes[broker].describe(sections)} ({took})")
@@ -673,6 +732,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for b in brokers
         },
         "errors": errors,
+        "profiles": profiles,
         "figures": [
             {**dataclasses.asdict(f), "broker": b, "verdict": f.verdict or None}
             for b in brokers
