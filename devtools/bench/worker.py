@@ -17,7 +17,7 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -88,11 +88,13 @@ def _timed_delivery(
     target: int,
     timeout_s: float,
     also: dict[str, int] | None = None,
+    on_first: Callable[[], None] | None = None,
 ) -> dict[str, float]:
     """Poll the simulator until ``target`` accepted; rate and CPU from first to last.
 
     With several workers, CPU is their sum; ``machine_busy`` is the share of all the
     machine's cores that were busy over the same span (workers, broker, simulator).
+    ``on_first`` runs once the first message is accepted (after the span's first reading).
     """
     pids = [worker_pid] if isinstance(worker_pid, int) else list(worker_pid)
 
@@ -111,6 +113,8 @@ def _timed_delivery(
             first = (now, accepted, cpu())
             machine_first = _machine_busy_s()
             others_first = {name: cpu_seconds(pid) for name, pid in others.items()}
+            if on_first is not None:
+                on_first()
         if accepted >= target:
             break
         if now > deadline:
@@ -205,11 +209,13 @@ def run_worker_alone(
     partitions: int,
     out: TextIO,
     broker: str | None = None,
+    on_busy: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     """One worker-alone run; with ``memory_total`` > ``messages``, keep feeding it to there.
 
     ``broker``: ``tansu`` or ``kafka`` (:class:`LocalPipeline`'s; default ``DEVSTACK_BROKER``),
-    as in every run of this module."""
+    as in every run of this module. ``on_busy`` gets the worker's pid once its first
+    message reached the gateway (``make bench --profile`` attaches py-spy there)."""
     result: dict[str, Any] = {"latency_ms": latency_ms, "messages": messages}
     with LocalPipeline(partitions=partitions, with_sink=False, broker=broker) as pipe:
         pipe.sim_config(latency_ms=latency_ms)
@@ -218,7 +224,13 @@ def run_worker_alone(
         _relay_into_kafka(pipe, run=run, start=0, count=messages)
         _log(out, f"{messages} intents in Kafka after {time.monotonic() - started:.1f} s")
         worker = pipe.start_worker(wait=False)
-        timed = _timed_delivery(pipe, worker.pid, target=messages, timeout_s=1800)
+        timed = _timed_delivery(
+            pipe,
+            worker.pid,
+            target=messages,
+            timeout_s=1800,
+            on_first=None if on_busy is None else lambda: on_busy(worker.pid),
+        )
         result.update(timed)
         result["rss_mib_after_first"] = proc_status_mib(worker.pid, "VmRSS")
         result.update(_audit_counts(pipe, keys_for(run, 0, messages)))
@@ -399,9 +411,17 @@ def _hops(
 
 
 def run_end_to_end(
-    *, rate: float, seconds: float, partitions: int, out: TextIO, broker: str | None = None
+    *,
+    rate: float,
+    seconds: float,
+    partitions: int,
+    out: TextIO,
+    broker: str | None = None,
+    on_busy: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
-    """Commit one intent per transaction at ``rate``/s; commit -> gateway percentiles."""
+    """Commit one intent per transaction at ``rate``/s; commit -> gateway percentiles.
+
+    ``on_busy`` gets the worker's pid as the commits begin."""
     with LocalPipeline(partitions=partitions, broker=broker) as pipe:
         relay = pipe.start_relay()
         worker = pipe.start_worker()
@@ -413,6 +433,8 @@ def run_end_to_end(
             # walsender only at the WAL writer's next 200 ms round. Applications commit
             # with the default (on), so this session does too.
             conn.execute("SET synchronous_commit = on")
+            if on_busy is not None:
+                on_busy(worker.pid)
             started = time.monotonic()
             for i in range(total):
                 delay = started + i / rate - time.monotonic()
