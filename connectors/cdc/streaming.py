@@ -6,7 +6,8 @@ their payloads to the :class:`~connectors.cdc.assembler.TransactionAssembler`,
 hands the records to the :class:`~connectors.cdc.publisher.Publisher` (whose
 :class:`~connectors.cdc.publisher.BatchingPolicy` says when batches go while
 the source runs dry), answers keepalives and reports the confirmed LSN every
-``status_interval_s``. When asked to stop it drains (:meth:`Streamer.drain`).
+``status_interval_s``, and as soon as the source goes quiet after a burst. When
+asked to stop it drains (:meth:`Streamer.drain`).
 
 The confirmed LSN is the end of the last transaction whose records Kafka all
 acknowledged (:class:`~connectors.cdc.acks.AckTracker`); with exactly-once,
@@ -47,6 +48,11 @@ from connectors.cdc.source import ReplicationSource
 log = logging.getLogger("connectors.cdc.relay")
 
 Message = XLogData | PrimaryKeepalive | None
+
+
+IDLE_CONFIRM_S = 0.02
+"""How long the source must stay quiet before what Kafka acknowledged is confirmed
+ahead of the ``status_interval_s`` tick (see :meth:`Streamer._read_idle`)."""
 
 
 class _Again:
@@ -171,7 +177,7 @@ class Streamer:
                     await self._commit(source)
                     return _AGAIN
                 return message
-            return await source.read(timeout_s=self._settings.status_interval_s)
+            return await self._read_idle(source)
         if publisher.batched < publisher.policy.full_records:
             wait = self._linger.wait(time.monotonic(), kafka_busy=bool(publisher.in_flight))
             if wait is not None:
@@ -184,6 +190,26 @@ class Streamer:
         await publisher.send_batches()
         self._linger.reset()
         return _AGAIN
+
+    async def _read_idle(self, source: ReplicationSource) -> Message:
+        """Wait for WAL with nothing to send; confirm what Kafka acknowledged once it goes quiet.
+
+        Records in flight (or acknowledged and not yet confirmed) and no WAL for
+        :data:`IDLE_CONFIRM_S`: confirm now rather than at the next ``status_interval_s``
+        tick, so a burst's WAL is released (and its slot lag gone) as soon as Kafka took it.
+        A steady trickle of WAL keeps the read busy and leaves confirmation to the interval.
+        """
+        timeout_s = self._settings.status_interval_s
+        tracker = self._publisher.tracker
+        if self._eos is not None or tracker is None:
+            # Exactly-once confirms at each Kafka commit (_wait_for_message commits when idle).
+            return await source.read(timeout_s=timeout_s)
+        if self._publisher.in_flight or tracker.confirmed > self.reported:
+            timeout_s = min(timeout_s, IDLE_CONFIRM_S)
+        message = await source.read(timeout_s=timeout_s)
+        if message is None and tracker.confirmed > self.reported:
+            await self.report(source)
+        return message
 
     async def _produce(self, step: RowCaptured) -> None:
         """A row the fast path did not take: produced whole, waiting for room if need be."""
