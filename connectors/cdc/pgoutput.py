@@ -561,10 +561,12 @@ class PgOutputDecoder:
         it, which decodes, sets aside or raises the precise error as ever.
         """
         # 'I' | Int32 oid | Byte1 'N' | TupleData new  (TupleData: see _tuple)
-        if type(payload) is not bytes or payload[0] != 0x49:  # 'I'
+        if type(payload) is not bytes:
             return None
         buf = payload
         try:
+            if buf[0] != 0x49:  # 'I'
+                return None
             (oid,) = _U32.unpack_from(buf, 1)
             keep = self._keep.get(oid)
             if keep is None or buf[5] != 0x4E or _I16.unpack_from(buf, 6)[0] != len(keep):
