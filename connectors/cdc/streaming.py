@@ -25,7 +25,13 @@ from collections.abc import Callable
 from typing import Any
 
 from connectors.cdc.acks import AckTracker
-from connectors.cdc.assembler import RowCaptured, TransactionAssembler, TxnBegun, TxnCommitted
+from connectors.cdc.assembler import (
+    RowCaptured,
+    Step,
+    TransactionAssembler,
+    TxnBegun,
+    TxnCommitted,
+)
 from connectors.cdc.exactly_once import KafkaTransactions
 from connectors.cdc.failures import RelayError
 from connectors.cdc.lsn import Lsn
@@ -130,7 +136,7 @@ class Streamer:
         status_interval_s = self._settings.status_interval_s
         next_status = time.monotonic() + status_interval_s
         publisher = self._publisher
-        feed, try_append = assembler.feed, publisher.try_append
+        feed, try_append, read_nowait = assembler.feed, publisher.try_append, source.read_nowait
         message: Message | _Again
         while not self._stopping() and publisher.failure is None:
             # Batches fill while WAL is already at hand; the rest is _wait_for_message.
@@ -138,11 +144,17 @@ class Streamer:
             if message is None:
                 message = await self._wait_for_message(source)
             if type(message) is XLogData:
-                step = feed(message.payload)
+                step: Step | PrimaryKeepalive | None = feed(message.payload)
+                while type(step) is RowCaptured and try_append(self._txn, step.record):
+                    # The common case without a coroutine: an intent appended to its batch,
+                    # then the next rows while WAL is at hand. Nothing is awaited in here, so
+                    # no stop, failure or timer can come in between: the checks can wait.
+                    message = read_nowait()
+                    step = feed(message.payload) if isinstance(message, XLogData) else message
                 if isinstance(step, RowCaptured):
-                    # The common case without a coroutine: an intent appended to its batch.
-                    if not try_append(self._txn, step.record):
-                        await self._produce(step)
+                    await self._produce(step)
+                elif isinstance(step, PrimaryKeepalive):
+                    await self._keepalive(source, step, tracker)
                 elif step is not None:
                     self._boundary(step, tracker)
             elif isinstance(message, PrimaryKeepalive):
