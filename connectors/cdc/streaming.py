@@ -56,9 +56,11 @@ log = logging.getLogger("connectors.cdc.relay")
 Message = XLogData | PrimaryKeepalive | None
 
 
-IDLE_CONFIRM_S = 0.02
-"""How long the source must stay quiet before what Kafka acknowledged is confirmed
-ahead of the ``status_interval_s`` tick (see :meth:`Streamer._read_idle`)."""
+QUIET_CONFIRM_FRACTION = 0.1
+"""How long the source must stay quiet, as a fraction of ``status_interval_s`` (100 ms by
+default), before what Kafka acknowledged is confirmed ahead of the interval's tick (see
+:meth:`Streamer._read_idle`). A fraction, not a fixed time: a longer interval (fewer
+status updates) still means WAL flowing at any steady pace is confirmed only on the tick."""
 
 
 class _Again:
@@ -207,9 +209,10 @@ class Streamer:
         """Wait for WAL with nothing to send; confirm what Kafka acknowledged once it goes quiet.
 
         Records in flight (or acknowledged and not yet confirmed) and no WAL for
-        :data:`IDLE_CONFIRM_S`: confirm now rather than at the next ``status_interval_s``
-        tick, so a burst's WAL is released (and its slot lag gone) as soon as Kafka took it.
-        A steady trickle of WAL keeps the read busy and leaves confirmation to the interval.
+        :data:`QUIET_CONFIRM_FRACTION` of ``status_interval_s``: confirm now rather than at
+        the interval's tick, so a burst's WAL is released (and its slot lag gone) soon after
+        Kafka took it. A steady trickle of WAL keeps the read busy and leaves confirmation
+        to the interval.
         """
         timeout_s = self._settings.status_interval_s
         tracker = self._publisher.tracker
@@ -217,7 +220,7 @@ class Streamer:
             # Exactly-once confirms at each Kafka commit (_wait_for_message commits when idle).
             return await source.read(timeout_s=timeout_s)
         if self._publisher.in_flight or tracker.confirmed > self.reported:
-            timeout_s = min(timeout_s, IDLE_CONFIRM_S)
+            timeout_s *= QUIET_CONFIRM_FRACTION
         message = await source.read(timeout_s=timeout_s)
         if message is None and tracker.confirmed > self.reported:
             await self.report(source)
