@@ -106,6 +106,17 @@ class TransactionAssembler:
 
     def feed(self, payload: Payload) -> Step | None:
         """What one pgoutput message means (see the module docstring)."""
+        if not self._skipping:
+            # The common case first, in as few calls as it takes (the relay's hot path).
+            kept = self._decoder.kept_insert(payload)
+            if kept is not None and kept[0].name == OUTBOX_TABLE:
+                row = kept[1]
+                intent = row_to_intent(row, lsn=self.lsn, committed_at=self.committed_at)
+                if type(intent) is CapturedIntent and waits_for_release(row):
+                    # Scheduled: it waits in PostgreSQL; its release is its intent. (A
+                    # row breaking a rule is rejected now, not at its due time.)
+                    return None
+                return RowCaptured(OUTBOX_TABLE, intent, row, payload, False)
         decoded = self._decoder.decode(payload)
         kind = type(decoded)
         if kind is Insert:

@@ -121,6 +121,24 @@ def _priority_value(value: object) -> str:
     return _cached_priority_value(value) if type(value) is str else check_priority(value).value
 
 
+@functools.lru_cache(maxsize=1024)
+def _cached_instance_id(value: str) -> str:
+    return check_instance_id(value)
+
+
+def _instance_id(row: Mapping[str, str | None]) -> str:
+    # Cached per text (a deployment has few instances); a violation is raised again.
+    value = row.get("instance_id")
+    if type(value) is str and value.strip():
+        return _cached_instance_id(value)
+    return check_instance_id(_required(row, "instance_id"))
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_max_attempts(text: str) -> int:
+    return check_max_attempts(_integer(text))
+
+
 def _required(row: Mapping[str, str | None], column: str) -> str:
     return required(row.get(column), column, problem="is missing")
 
@@ -153,6 +171,23 @@ class CapturedIntent:
         )
         self.topic = intents_topic(document["priority"])
 
+    @classmethod
+    def of(
+        cls, document: dict[str, Any], job_id: int, lsn: str, committed_at: str | None, topic: str
+    ) -> CapturedIntent:
+        """:class:`CapturedIntent` ``(document)`` from values the caller already holds
+        (:func:`row_to_intent`, once per row: no look-ups in the document)."""
+        intent = cls.__new__(cls)
+        intent.document = document
+        intent.job_id = job_id
+        intent.lsn = lsn
+        intent.committed_at = committed_at
+        intent.partition_key = conversation_partition_key(
+            document["instance_id"], document["conversation_key"]
+        )
+        intent.topic = topic
+        return intent
+
     def dumps(self) -> bytes:
         return orjson.dumps(self.document)
 
@@ -170,6 +205,9 @@ def row_to_record(
 
 
 _INTENT_SCHEMA = IntentCaptured.SCHEMA
+_OPERATIONAL = Priority.OPERATIONAL.value
+_INTENTS_TOPIC_OF = {p.value: intents_topic(p.value) for p in Priority}
+"""Each (valid) priority's logical topic, by its text."""
 
 INTENT_COLUMNS = frozenset(
     (
@@ -213,7 +251,7 @@ def row_to_intent(
     try:
         if job_id is None:
             raise _Reject("id is missing")
-        instance_id = check_instance_id(_required(row, "instance_id"))
+        instance_id = _instance_id(row)
         idempotency_key = _required(row, "idempotency_key")
         try:
             payload = orjson.loads(_required(row, "payload"))
@@ -225,13 +263,13 @@ def row_to_intent(
         recipient = _recipient(payload.get("to"))
         text, template = _content(kind, payload)
         # NULL or empty columns take the table's defaults.
-        priority = _priority_value(row.get("priority") or Priority.OPERATIONAL.value)
-        max_attempts = check_max_attempts(_integer(row.get("max_attempts") or "5"))
+        priority = _priority_value(row.get("priority") or _OPERATIONAL)
+        max_attempts = _cached_max_attempts(row.get("max_attempts") or "5")
         timezone = payload.get("timezone")
         if timezone is not None:
             timezone = check_timezone(timezone)
         # IntentCaptured's fields in declaration order, then its schema (see CapturedIntent).
-        return CapturedIntent(
+        return CapturedIntent.of(
             {
                 "job_id": job_id,
                 "instance_id": instance_id,
@@ -251,7 +289,11 @@ def row_to_intent(
                 "respect_opt_out": check_respect_opt_out(payload.get("respect_opt_out")),
                 "timezone": timezone,
                 "schema": _INTENT_SCHEMA,
-            }
+            },
+            job_id,
+            lsn,
+            committed_at,
+            _INTENTS_TOPIC_OF[priority],
         )
     except (_Reject, RuleViolation) as reason:
         return IntentRejected(

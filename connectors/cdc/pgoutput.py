@@ -551,6 +551,52 @@ class PgOutputDecoder:
                 return None
         return values, pos
 
+    def kept_insert(self, payload: Payload) -> tuple[Relation, TupleValues] | None:
+        """The relay's hot path: an INSERT of a table in ``columns``, as its kept values.
+
+        What :meth:`decode` gives as ``Insert(relation, new, complete=False)`` for a sound
+        INSERT of such a table with no value over ``max_value_bytes``, without the message
+        object or the dispatch. None for anything else (another message or table, a
+        ``memoryview``, a value it would set aside, anything malformed): :meth:`decode`
+        it, which decodes, sets aside or raises the precise error as ever.
+        """
+        # 'I' | Int32 oid | Byte1 'N' | TupleData new  (TupleData: see _tuple)
+        if type(payload) is not bytes:
+            return None
+        buf = payload
+        try:
+            if buf[0] != 0x49:  # 'I'
+                return None
+            (oid,) = _U32.unpack_from(buf, 1)
+            keep = self._keep.get(oid)
+            if keep is None or buf[5] != 0x4E or _I16.unpack_from(buf, 6)[0] != len(keep):
+                return None
+            pos, size, max_value = 8, len(buf), self._max_value
+            unpack_i32, decode = _I32.unpack_from, bytes.decode
+            values: TupleValues = {}
+            for name in keep:
+                kind = buf[pos]
+                if kind == 0x74:  # 't' Int32 len Byte[len]
+                    start = pos + 5
+                    pos = start + unpack_i32(buf, pos + 1)[0]
+                    if pos > size or pos < start:
+                        return None
+                    if name is not None:
+                        if pos - start > max_value:
+                            return None
+                        values[name] = decode(buf[start:pos])
+                elif kind == 0x6E:  # 'n'
+                    if name is not None:
+                        values[name] = None
+                    pos += 1
+                else:
+                    return None
+            if pos != size:
+                return None
+            return self._relations[oid], values
+        except (struct.error, IndexError, UnicodeDecodeError):
+            return None
+
     def decode_complete(self, payload: Payload) -> PgOutputMessage:
         """:meth:`decode`, with every column of an INSERT whatever ``columns`` said.
 

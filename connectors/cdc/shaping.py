@@ -109,6 +109,8 @@ SCHEMA_HEADERS: dict[type, bytes] = {
 }
 """The ``zapstream-schema`` header value of each record type the relay produces."""
 
+_INTENT_SCHEMA_HEADER = (HEADER_SCHEMA, SCHEMA_HEADERS[CapturedIntent])
+
 MINIMAL: Record = IntentRejected(job_id=None, reason="", row={})
 """Marks a send that already is the minimal form of a refused record (never replaced again)."""
 
@@ -130,6 +132,7 @@ class RecordShaper:
         # The LSN header of the transaction being produced, encoded once for all its records.
         self._lsn_text = ""
         self._lsn_header = b""
+        self._intent_lsn = (HEADER_LSN, b"")
 
     # --- conversion and reduction -----------------------------------------------------
 
@@ -220,11 +223,20 @@ class RecordShaper:
         topic, key = route_logical(record)
         return self.topic_name[topic], key
 
+    def intent_headers(self, intent: CapturedIntent) -> list[tuple[str, bytes]]:
+        """:meth:`headers` of a :class:`CapturedIntent` (the relay's hot path, once per row)."""
+        lsn = intent.lsn
+        if lsn != self._lsn_text:
+            self._lsn_text, self._lsn_header = lsn, lsn.encode()
+            self._intent_lsn = (HEADER_LSN, self._lsn_header)
+        return [_INTENT_SCHEMA_HEADER, self._intent_lsn, (HEADER_JOB_ID, b"%d" % intent.job_id)]
+
     def headers(self, record: Outgoing) -> list[tuple[str, bytes]]:
         lsn: str = getattr(record, "lsn", "0/0")
         if lsn != self._lsn_text:
             # Every record of a transaction carries the same LSN: encode it once.
             self._lsn_text, self._lsn_header = lsn, lsn.encode()
+            self._intent_lsn = (HEADER_LSN, self._lsn_header)
         return [
             (HEADER_SCHEMA, SCHEMA_HEADERS[type(record)]),
             (HEADER_LSN, self._lsn_header),

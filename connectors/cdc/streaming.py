@@ -6,7 +6,8 @@ their payloads to the :class:`~connectors.cdc.assembler.TransactionAssembler`,
 hands the records to the :class:`~connectors.cdc.publisher.Publisher` (whose
 :class:`~connectors.cdc.publisher.BatchingPolicy` says when batches go while
 the source runs dry), answers keepalives and reports the confirmed LSN every
-``status_interval_s``. When asked to stop it drains (:meth:`Streamer.drain`).
+``status_interval_s``, and as soon as the source goes quiet after a burst. When
+asked to stop it drains (:meth:`Streamer.drain`).
 
 The confirmed LSN is the end of the last transaction whose records Kafka all
 acknowledged (:class:`~connectors.cdc.acks.AckTracker`); with exactly-once,
@@ -24,7 +25,13 @@ from collections.abc import Callable
 from typing import Any
 
 from connectors.cdc.acks import AckTracker
-from connectors.cdc.assembler import RowCaptured, TransactionAssembler, TxnBegun, TxnCommitted
+from connectors.cdc.assembler import (
+    RowCaptured,
+    Step,
+    TransactionAssembler,
+    TxnBegun,
+    TxnCommitted,
+)
 from connectors.cdc.exactly_once import KafkaTransactions
 from connectors.cdc.failures import RelayError
 from connectors.cdc.lsn import Lsn
@@ -47,6 +54,13 @@ from connectors.cdc.source import ReplicationSource
 log = logging.getLogger("connectors.cdc.relay")
 
 Message = XLogData | PrimaryKeepalive | None
+
+
+QUIET_CONFIRM_FRACTION = 0.1
+"""How long the source must stay quiet, as a fraction of ``status_interval_s`` (100 ms by
+default), before what Kafka acknowledged is confirmed ahead of the interval's tick (see
+:meth:`Streamer._read_idle`). A fraction, not a fixed time: a longer interval (fewer
+status updates) still means WAL flowing at any steady pace is confirmed only on the tick."""
 
 
 class _Again:
@@ -124,7 +138,7 @@ class Streamer:
         status_interval_s = self._settings.status_interval_s
         next_status = time.monotonic() + status_interval_s
         publisher = self._publisher
-        feed, try_append = assembler.feed, publisher.try_append
+        feed, try_append, read_nowait = assembler.feed, publisher.try_append, source.read_nowait
         message: Message | _Again
         while not self._stopping() and publisher.failure is None:
             # Batches fill while WAL is already at hand; the rest is _wait_for_message.
@@ -132,11 +146,17 @@ class Streamer:
             if message is None:
                 message = await self._wait_for_message(source)
             if type(message) is XLogData:
-                step = feed(message.payload)
+                step: Step | PrimaryKeepalive | None = feed(message.payload)
+                while type(step) is RowCaptured and try_append(self._txn, step.record):
+                    # The common case without a coroutine: an intent appended to its batch,
+                    # then the next rows while WAL is at hand. Nothing is awaited in here, so
+                    # no stop, failure or timer can come in between: the checks can wait.
+                    message = read_nowait()
+                    step = feed(message.payload) if isinstance(message, XLogData) else message
                 if isinstance(step, RowCaptured):
-                    # The common case without a coroutine: an intent appended to its batch.
-                    if not try_append(self._txn, step.record):
-                        await self._produce(step)
+                    await self._produce(step)
+                elif isinstance(step, PrimaryKeepalive):
+                    await self._keepalive(source, step, tracker)
                 elif step is not None:
                     self._boundary(step, tracker)
             elif isinstance(message, PrimaryKeepalive):
@@ -171,7 +191,7 @@ class Streamer:
                     await self._commit(source)
                     return _AGAIN
                 return message
-            return await source.read(timeout_s=self._settings.status_interval_s)
+            return await self._read_idle(source)
         if publisher.batched < publisher.policy.full_records:
             wait = self._linger.wait(time.monotonic(), kafka_busy=bool(publisher.in_flight))
             if wait is not None:
@@ -184,6 +204,27 @@ class Streamer:
         await publisher.send_batches()
         self._linger.reset()
         return _AGAIN
+
+    async def _read_idle(self, source: ReplicationSource) -> Message:
+        """Wait for WAL with nothing to send; confirm what Kafka acknowledged once it goes quiet.
+
+        Records in flight (or acknowledged and not yet confirmed) and no WAL for
+        :data:`QUIET_CONFIRM_FRACTION` of ``status_interval_s``: confirm now rather than at
+        the interval's tick, so a burst's WAL is released (and its slot lag gone) soon after
+        Kafka took it. A steady trickle of WAL keeps the read busy and leaves confirmation
+        to the interval.
+        """
+        timeout_s = self._settings.status_interval_s
+        tracker = self._publisher.tracker
+        if self._eos is not None or tracker is None:
+            # Exactly-once confirms at each Kafka commit (_wait_for_message commits when idle).
+            return await source.read(timeout_s=timeout_s)
+        if self._publisher.in_flight or tracker.confirmed > self.reported:
+            timeout_s *= QUIET_CONFIRM_FRACTION
+        message = await source.read(timeout_s=timeout_s)
+        if message is None and tracker.confirmed > self.reported:
+            await self.report(source)
+        return message
 
     async def _produce(self, step: RowCaptured) -> None:
         """A row the fast path did not take: produced whole, waiting for room if need be."""

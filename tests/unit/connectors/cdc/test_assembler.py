@@ -183,3 +183,14 @@ def test_transactions_already_in_kafka_are_skipped_whole() -> None:
     assert assembler.feed(encode_commit(t2.commit_lsn, t2.end_lsn, COMMIT_TS)) == TxnCommitted(
         t2.end_lsn, skipped=False
     )
+
+
+def test_intent_headers_are_the_headers_of_the_intent() -> None:
+    assembler, _ = _assembler()
+    shaper = RecordShaper(RelaySettings(max_record_bytes=LIMIT), RelayStats())
+    for number in (1, 2):
+        assembler.feed(encode_begin(Txn(number).commit_lsn, COMMIT_TS, 700 + number))
+        row = assembler.feed(encode_insert(OUTBOX.oid, _values(100 * number)))
+        assert isinstance(row, RowCaptured) and isinstance(row.record, CapturedIntent)
+        assert shaper.intent_headers(row.record) == shaper.headers(row.record)
+        assert shaper.headers(row.record) == shaper.intent_headers(row.record)

@@ -365,3 +365,31 @@ def test_columns_filter_still_checks_skipped_values() -> None:
         decoder.decode(_insert_audit(b"\x00\x02" + b"u" + b"n"))
     with pytest.raises(PgOutputError, match="trailing bytes"):
         decoder.decode(_insert_audit(b"\x00\x02" + b"nn" + b"x"))
+
+
+def test_kept_insert_is_decode_of_a_sound_filtered_insert_and_none_for_the_rest() -> None:
+    decoder = _filtered_decoder({"what"})
+    relation = decoder.relations[AUDIT_OID]
+    sound = _insert_audit(b"\x00\x02" + b"t\x00\x00\x00\x017" + b"t\x00\x00\x00\x02ok")
+    assert decoder.kept_insert(sound) == (relation, {"what": "ok"})
+    assert decoder.kept_insert(_insert_audit(b"\x00\x02" + b"nn")) == (relation, {"what": None})
+    # Everything decode() raises on, sets aside or does not filter is left to decode().
+    for payload in (
+        *(sound[:cut] for cut in range(len(sound))),
+        sound + b"x",
+        _insert_audit(b"\x00\x02" + b"b\x00\x00\x00\x04\x00\x00\x00\x07" + b"n"),
+        _insert_audit(b"\x00\x02" + b"t\x00\x00\x00\x097" + b"n"),
+        _insert_audit(b"\x00\x02" + b"u" + b"n"),
+        _insert_audit(b"\x00\x03" + b"nnn"),
+        _insert_audit(b"\x00\x02" + b"n" + b"t\x00\x00\x00\x02\xff\xfe"),
+        memoryview(sound),
+        *PAYLOADS[:28],
+    ):
+        assert decoder.kept_insert(payload) is None
+    # A value over max_value_bytes is decode()'s to set aside.
+    capped = PgOutputDecoder(columns={relation.name: {"what"}}, max_value_bytes=1)
+    for payload in PAYLOADS[:28]:
+        capped.decode(payload)
+    assert capped.kept_insert(sound) is None
+    # Tables outside ``columns`` are decoded whole, by decode().
+    assert decoder_after(28).kept_insert(sound) is None

@@ -412,6 +412,25 @@ async def test_drain_waits_for_flush_then_confirms_last_fully_acknowledged_trans
     assert h.relay.confirmed == t3.end_lsn
 
 
+async def test_acknowledged_burst_is_confirmed_once_the_source_goes_quiet() -> None:
+    # Well before the status interval: the confirmation comes from the quiet source.
+    h = Harness(status_interval_s=2.0)
+    t1, t2 = Txn(1, rows=2), Txn(2)
+    loop = asyncio.get_running_loop()
+    async with h.running() as task:
+        h.source.push(relation_message(), *t1.messages(), *t2.messages())
+        await until(lambda: len(h.producer.sent) == 3, "three sends")
+        started = loop.time()
+        h.producer.ack(*t1.job_ids)
+        await until(lambda: h.source.flushes == [t1.end_lsn], "t1 confirmed")
+        h.producer.ack(*t2.job_ids)
+        await until(lambda: h.source.flushes == [t1.end_lsn, t2.end_lsn], "t2 confirmed")
+        assert loop.time() - started < 1.0
+        h.relay.request_stop()
+        await asyncio.wait_for(task, DEADLINE_S)
+    assert h.relay.confirmed == t2.end_lsn
+
+
 async def test_drain_is_bounded_and_confirms_only_up_to_an_unacknowledged_record() -> None:
     h = Harness(drain_timeout_s=0.1)
     t1, t2, t3 = Txn(1), Txn(2), Txn(3)
