@@ -20,7 +20,9 @@ class RelaySettings(SettingsBase):
     publication: str = "zapstream_outbox"
     """The publication (the outbox tables) the slot's pgoutput streams."""
     status_interval_s: float = Field(default=1.0, gt=0)
-    """How often the confirmed LSN is reported to PostgreSQL."""
+    """The longest gap between two reports of the confirmed LSN to PostgreSQL (only what Kafka
+    acknowledged is ever confirmed); once the WAL has been quiet for a tenth of it, what was
+    acknowledged is confirmed at once."""
     standby_retry_s: float = Field(default=2.0, gt=0)
     """How often a standby relay retries to take the slot."""
     drain_timeout_s: float = Field(default=30.0, gt=0)
