@@ -20,6 +20,11 @@ class SinkSettings(SettingsBase):
     """Most records written to PostgreSQL in one transaction."""
     within_s: float = Field(default=0.2, gt=0)
     """How long one poll waits for records before writing what it has."""
+    gather_s: float = Field(default=0.1, ge=0)
+    """Once a poll brought records, how much longer the sink collects more (up to ``batch``)
+    before it writes them: at a low rate, one PostgreSQL transaction and one offset commit
+    for a tenth of a second of states rather than for each fetch. A job's state reaches
+    ``outbox_jobs`` at most this much later; 0 writes each poll's records at once."""
     retry_initial_s: float = Field(default=0.5, gt=0)
     """First wait before retrying a batch when PostgreSQL or Kafka is unavailable."""
     retry_max_s: float = Field(default=10.0, gt=0)

@@ -351,6 +351,7 @@ class StateSink(Service):
                 records = [r for rs in batches.values() for r in rs]
                 if not records:
                     continue
+                await self._gather(consumer, records)
                 pending = len(records)
                 # A stop request arriving now waits for this batch: written, then committed.
                 await self._handle(records)
@@ -362,6 +363,28 @@ class StateSink(Service):
                 "committed; they are replayed on the next start",
                 pending,
             )
+
+    async def _gather(self, consumer: AIOKafkaConsumer, records: list[Any]) -> None:
+        """Add to ``records`` what arrives within ``gather_s`` (up to ``batch``).
+
+        Measured at 500 messages/s end to end (two states each): the sink wrote a
+        transaction per fetch, and it and PostgreSQL took half a core between them on a
+        2-core machine that the whole pipeline shared. A failure while gathering ends the
+        gathering: what is at hand is written, and the next poll meets the failure again
+        (:meth:`_retry`)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._settings.gather_s
+        limit = self._settings.batch
+        while len(records) < limit and not self.stop_requested:
+            left_ms = int((deadline - loop.time()) * 1000)
+            if left_ms <= 0:
+                return
+            try:
+                more = await consumer.getmany(timeout_ms=left_ms, max_records=limit - len(records))
+            except KafkaError:
+                return
+            for batch in more.values():
+                records.extend(batch)
 
     # --- one batch ------------------------------------------------------------------------
 
