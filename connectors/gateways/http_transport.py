@@ -749,7 +749,7 @@ class _Pool:
 
     @property
     def idle_count(self) -> int:
-        return len(self._idle)
+        return sum(1 for conn in self._idle if conn.usable)
 
 
 class HttpTransport:
@@ -850,7 +850,7 @@ class HttpTransport:
         return head + body if body else head
 
     def idle_connections(self) -> int:
-        """Idle pooled connections across origins (for tests and diagnostics)."""
+        """Idle pooled connections still fit for reuse (for tests and diagnostics)."""
         return sum(pool.idle_count for pool in self._pools.values())
 
     def open_connections(self) -> int:
