@@ -37,16 +37,21 @@ trickling its answer. Answers are identity-encoded (we send no ``Accept-Encoding
 gzip or deflate is decoded if a server sends it anyway. A body over ``max_body_bytes``
 (1 MiB) fails without being read whole.
 
-Measured (loopback, one aiohttp server process, 100 concurrent POSTs with keep-alive,
-10,000 requests per round, client CPU per request; 2-core machine shared with other
-benchmarks, so absolute figures move with the load and rounds are interleaved)::
+Measured 2026-12-05 (loopback, 100 concurrent keep-alive POSTs of a 130-byte JSON send to an
+aiohttp server in another process, 10,000 requests per round, client CPU per request;
+2-core machine shared with other benchmarks, rounds interleaved, 3 rounds)::
 
-    .venv/bin/python devtools/../connectors/gateways/... (see below)
     .venv/bin/python /tmp/prof/httpbench2.py serve &
-    PYTHONPATH=$PWD .venv/bin/python /tmp/prof/httpbench3.py
+    PYTHONPATH=$PWD .venv/bin/python /tmp/prof/httpbench3.py 3
 
-    aiohttp ClientSession via send_request     MEASURED_AIOHTTP
-    this transport via send_request            MEASURED_LEAN
+                                         us CPU / request
+    aiohttp ClientSession, send_request  117 119 121   (classify.py before this module)
+    this transport, send_request          63  44  51
+    aiohttp ClientSession, bare request  121 115 116
+    this transport, bare request          43  42  42
+
+(``httpbench3.py`` is the profiling scratch of issue 20: ``httpbench2.py`` plus these
+variants, the aiohttp one through ``send_request`` as of commit 51b5ae5.)
 """
 
 from __future__ import annotations
@@ -269,22 +274,22 @@ class ResponseReader:
         return True
 
     def _parse_head(self, head: bytes) -> None:
-        lines = head.split(b"\r\n")
-        parts = lines[0].split(b" ", 2)
-        code = parts[1] if len(parts) > 1 else b""
-        if not parts[0].startswith(b"HTTP/1.") or len(code) != 3 or not code.isdigit():
+        lines = head.decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ", 2)
+        code = parts[1] if len(parts) > 1 else ""
+        if not parts[0].startswith("HTTP/1.") or len(code) != 3 or not code.isdigit():
             raise MalformedResponseError("not an HTTP/1.x status line")
         self._status = int(code)
-        self._reason = parts[2].decode("latin-1") if len(parts) > 2 else ""
-        headers: CIMultiDict[str] = CIMultiDict()
+        self._reason = parts[2] if len(parts) > 2 else ""
+        fields = []
         for line in lines[1:]:
-            name, colon, value = line.partition(b":")
-            if not colon or not name or name[-1:] in b" \t" or name[:1] in b" \t":
+            name, colon, value = line.partition(":")
+            if not colon or not name or name[-1] in " \t" or name[0] in " \t":
                 raise MalformedResponseError("malformed header line")
-            headers.add(name.decode("latin-1"), value.strip(b" \t").decode("latin-1"))
-        self._headers = headers
+            fields.append((name, value.strip(" \t")))
+        self._headers = headers = CIMultiDict(fields)
         connection = headers.get("Connection", "").lower()
-        if parts[0] == b"HTTP/1.0":
+        if parts[0] == "HTTP/1.0":
             self._keep_alive = "keep-alive" in connection
         else:
             self._keep_alive = "close" not in connection
@@ -795,6 +800,8 @@ class HttpTransport:
         for name, value in (default_headers or {}).items():
             _check_header(name, value)
             self._defaults[name.lower()] = (name, value)
+        self._default_names = frozenset(self._defaults)
+        self._default_block = "".join(f"{n}: {v}\r\n" for n, v in self._defaults.values())
         self._pools: dict[tuple[str, str, int], _Pool] = {}
 
     def tls_context(self) -> ssl.SSLContext:
@@ -833,20 +840,32 @@ class HttpTransport:
         headers: Mapping[str, str] | None,
         body: bytes | None,
     ) -> bytes:
-        fields = self._defaults
-        if headers or origin.authorization:
-            fields = dict(fields)
-            if origin.authorization:
-                fields["authorization"] = ("Authorization", origin.authorization)
-            for name, value in (headers or {}).items():
-                _check_header(name, value)
-                fields[name.lower()] = (name, value)
-        lines = [f"{method} {target} HTTP/1.1\r\nHost: {origin.host_header}\r\n"]
-        lines.extend(f"{name}: {value}\r\n" for name, value in fields.values())
+        defaults = self._default_block
+        own = ""
+        if headers:
+            own = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
+            # One CR and one LF per line: more means a name or value holds a line break.
+            count = len(headers)
+            if own.count("\n") != count or own.count("\r") != count or "\0" in own:
+                for name, value in headers.items():
+                    _check_header(name, value)
+            if not all(headers):
+                raise InvalidRequestError("a header without a name")
+            if not self._default_names.isdisjoint(name.lower() for name in headers):
+                # The request's own header wins over a default of the same name.
+                names = {name.lower() for name in headers}
+                defaults = "".join(
+                    f"{name}: {value}\r\n"
+                    for key, (name, value) in self._defaults.items()
+                    if key not in names
+                )
+        if origin.authorization:
+            own += f"Authorization: {origin.authorization}\r\n"
         if body is not None or method not in _NO_BODY_METHODS:
-            lines.append(f"Content-Length: {len(body) if body else 0}\r\n")
-        lines.append("\r\n")
-        head = "".join(lines).encode("utf-8")
+            own += f"Content-Length: {len(body) if body else 0}\r\n"
+        head = (
+            f"{method} {target} HTTP/1.1\r\nHost: {origin.host_header}\r\n{defaults}{own}\r\n"
+        ).encode()
         return head + body if body else head
 
     def idle_connections(self) -> int:
