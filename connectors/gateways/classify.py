@@ -1,35 +1,37 @@
-"""Map aiohttp outcomes onto the gateway error tree, once, at the edge.
+"""Map transport outcomes onto the gateway error tree, once, at the edge.
 
 Every gateway client sends through :func:`send_request`, which turns transport
 exceptions and non-2xx answers into :class:`~streams.kernel.errors.PermanentGatewayError`,
 :class:`~streams.kernel.errors.TransientGatewayError`,
 :class:`~streams.kernel.errors.UncertainGatewayError` or
 :class:`~streams.kernel.errors.InstanceUnavailableError`. Callers look at ``retriable``
-and ``scope`` and never at aiohttp types; a 2xx comes back as a
+and ``scope`` and never at transport types; a 2xx comes back as a
 :class:`GatewayResponse` whose body is already read.
 
 The rule depends on whether the request can have an effect. A ``GET`` (listing)
 or ``HEAD`` never changes anything at the gateway; every other method (a send, a
 cancel) may.
 
-Transport exceptions, by how far the request got:
+Transport exceptions (:mod:`connectors.gateways.http_transport`), by how far the
+request got:
 
-- ``ClientConnectorError`` and its subclasses (refused, DNS, TLS handshake and
-  certificate, proxy connect) and ``ConnectionTimeoutError`` (the
-  ``ClientTimeout.connect`` budget: waiting for a pooled connection plus opening
-  a new one ran out): nothing was written, so it is **transient**.
-- ``SocketTimeoutError`` (``ClientTimeout.sock_read``): aiohttp starts that timer
-  only once the whole request body was written (``ClientRequest`` calls
-  ``protocol.start_timeout()`` after ``write_eof``), or when the gateway already
-  started answering, so the gateway may have acted: **uncertain** on a send.
-- ``ServerDisconnectedError``, ``ClientOSError`` (reset while writing or reading),
-  ``ClientPayloadError`` (a cut-off or undecodable body), ``ClientResponseError``
-  (a malformed answer) and a bare ``TimeoutError`` (the ``total`` safety net,
-  which cannot tell the phase apart): **uncertain** on a send. aiohttp never
-  resends a ``POST`` on a dropped keep-alive connection (it retries only
-  idempotent methods), so a send is written at most once per call.
-- ``InvalidURL`` / ``NonHttpUrlClientError``: our URL is wrong, a retry fails the
-  same way: **permanent**.
+- :class:`~connectors.gateways.http_transport.NotWrittenError`: ``ConnectError``
+  (refused, unreachable, DNS, TLS handshake and certificate),
+  ``ConnectTimeoutError`` (``connect_timeout_s``) and ``PoolTimeoutError`` (no free
+  pooled connection within ``pool_timeout_s``): nothing was written, so it is
+  **transient**.
+- :class:`~connectors.gateways.http_transport.PossiblyWrittenError`:
+  ``ReadTimeoutError`` (``read_timeout_s`` of silence; the timer starts once the
+  request was handed to the connection), ``ConnectionDroppedError`` (reset or closed
+  while writing or reading), ``MalformedResponseError`` (not HTTP, cut off or
+  undecodable), ``ResponseTooLargeError`` and ``TotalTimeoutError`` (the safety net,
+  which cannot tell the phase apart): the gateway may have acted, **uncertain** on a
+  send. The transport never resends a send on a dropped keep-alive connection (only
+  a ``GET``/``HEAD`` whose reused connection closed before any byte of the answer is
+  asked again, once), so a send is written at most once per call.
+- :class:`~connectors.gateways.http_transport.InvalidRequestError` (``InvalidURLError``:
+  malformed or not http(s); a header with a line break): our request is wrong, a
+  retry fails the same way: **permanent**.
 - On a ``GET`` every timeout, reset and cut-off is **transient** (a failed
   listing changed nothing).
 
@@ -82,12 +84,19 @@ import json
 import math
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-import aiohttp
 import orjson
+from multidict import CIMultiDictProxy
 
+from connectors.gateways.http_transport import (
+    HttpTransport,
+    InvalidRequestError,
+    NotWrittenError,
+    QueryParams,
+    TransportError,
+)
 from connectors.outbox.recipients import mask_phone
 from streams.kernel.errors import (
     GatewayError,
@@ -104,18 +113,8 @@ from streams.kernel.errors import (
 MAX_REASON_CHARS = 200
 """Longest gateway error message kept in an exception (after masking)."""
 
-_TRANSIENT_EXCEPTIONS: tuple[type[BaseException], ...] = (
-    # Nothing was written: the connection was never obtained.
-    aiohttp.ClientConnectorError,  # refused, DNS, TLS handshake/certificate, proxy connect
-    aiohttp.ConnectionTimeoutError,  # ClientTimeout.connect: pool wait + connect
-)
-_PERMANENT_EXCEPTIONS: tuple[type[BaseException], ...] = (
-    # Our own URL is malformed or not http(s): a retry fails the same way.
-    aiohttp.InvalidURL,
-    aiohttp.NonHttpUrlClientError,
-)
-TRANSPORT_EXCEPTIONS: tuple[type[BaseException], ...] = (aiohttp.ClientError, TimeoutError)
-"""What a request through aiohttp may raise besides cancellation; all classified here."""
+TRANSPORT_EXCEPTIONS: tuple[type[BaseException], ...] = (TransportError,)
+"""What a request through the transport may raise besides cancellation; all classified here."""
 
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 """Methods that never change anything at the gateway: a failure is never uncertain."""
@@ -221,12 +220,14 @@ def is_safe_method(method: str) -> bool:
 def classify_exception(
     exc: BaseException, *, gateway: str, sensitive: Iterable[str] = (), method: str = "POST"
 ) -> GatewayError:
-    """The error-tree class for an exception aiohttp raised while sending a request."""
+    """The error-tree class for an exception the transport raised while sending a request."""
     detail = mask_text(str(exc) or type(exc).__name__, sensitive)[:MAX_REASON_CHARS]
     message = f"{gateway}: {type(exc).__name__}: {detail}"
-    if isinstance(exc, _TRANSIENT_EXCEPTIONS):
+    if isinstance(exc, NotWrittenError):
+        # Nothing was written: the connection was never obtained.
         return TransientGatewayError(message)
-    if isinstance(exc, _PERMANENT_EXCEPTIONS):
+    if isinstance(exc, InvalidRequestError):
+        # Our own URL or header is wrong: a retry fails the same way.
         return PermanentGatewayError(message)
     if is_safe_method(method):
         # A listing that timed out or was cut off changed nothing: ask again later.
@@ -241,7 +242,7 @@ def classify_exception(
 class GatewayResponse:
     """A gateway's answer, read whole: what classification and the clients look at.
 
-    ``headers`` is case-insensitive (aiohttp's ``CIMultiDictProxy``). The body is
+    ``headers`` is case-insensitive (a ``multidict.CIMultiDictProxy``). The body is
     never in ``repr``: it may echo a recipient or a text.
     """
 
@@ -374,11 +375,8 @@ def _message_from_json(body: Any) -> str | None:
     return None
 
 
-QueryParams = Mapping[str, str | int] | Sequence[tuple[str, str]]
-
-
 async def send_request(
-    session: aiohttp.ClientSession,
+    session: HttpTransport,
     method: str,
     url: str,
     *,
@@ -392,7 +390,7 @@ async def send_request(
 ) -> GatewayResponse:
     """Send one request and return its 2xx answer, or raise a classified :class:`GatewayError`.
 
-    The only place gateway clients catch aiohttp exceptions. The body is read
+    The only place gateway clients catch transport exceptions. The body is read
     inside the request, so a reset or timeout while reading it is classified
     like one before the status line. ``error_for`` replaces :func:`error_for_response`
     for an API whose error bodies say more than the status (Meta's Graph error codes);
@@ -404,24 +402,18 @@ async def send_request(
     if content is not None:
         request_headers["Content-Type"] = "application/json"
     try:
-        async with session.request(
-            method,
-            url,
-            data=content,
-            headers=request_headers,
-            params=params,
-            allow_redirects=False,
-        ) as raw:
-            body = await raw.read()
-            response = GatewayResponse(
-                method=method,
-                status_code=raw.status,
-                reason_phrase=raw.reason or "",
-                headers=raw.headers,
-                content=body,
-            )
+        raw = await session.request(
+            method, url, headers=request_headers, body=content, params=params
+        )
     except TRANSPORT_EXCEPTIONS as exc:
         raise classify_exception(exc, gateway=gateway, sensitive=sensitive, method=method) from exc
+    response = GatewayResponse(
+        method=method,
+        status_code=raw.status,
+        reason_phrase=raw.reason,
+        headers=CIMultiDictProxy(raw.headers),
+        content=raw.body,
+    )
     if error_for is not None:
         error = error_for(response)
     else:

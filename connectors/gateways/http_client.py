@@ -1,25 +1,32 @@
-"""What every HTTP gateway client shares: one ``aiohttp.ClientSession``, owned from start to stop.
+"""What every HTTP gateway client shares: one connection pool, owned from start to stop.
 
-A client is a :class:`~streams.kernel.runtime.service.Service`: the session is created
-when it starts (never at import or construction) with the timeouts and pool size of
+A client is a :class:`~streams.kernel.runtime.service.Service`: its
+:class:`~connectors.gateways.http_transport.HttpTransport` is created when it starts
+(never at import or construction) with the timeouts and pool size of
 :class:`GatewaySettings`, and closed when it stops (idempotent). Subclasses give the
 base URL and their authentication header.
 
-aiohttp rather than httpx: on this workload httpx/httpcore spent 1-3 ms of CPU
+Our own HTTP/1.1 transport rather than a library: httpx/httpcore spent 1-3 ms of CPU
 per request in pool bookkeeping that grows with the pool (encode/httpcore#928,
-encode/httpx#3215), aiohttp ~0.1 ms whatever the pool size.
+encode/httpx#3215), aiohttp's client ~0.1 ms, the transport ~0.04 ms (figures in
+:mod:`connectors.gateways.http_transport`); the worker's budget is 0.35 ms per message.
 
-Timeouts (``aiohttp.ClientTimeout``), chosen so that the phase of a timeout
-tells whether the request was written (see :mod:`connectors.gateways.classify`):
+Timeouts, chosen so that the phase of a timeout tells whether the request was written
+(see :mod:`connectors.gateways.classify`):
 
-- ``connect`` = ``pool_timeout_s + connect_timeout_s``: waiting for a free pooled
-  connection plus opening a new one; raises ``ConnectionTimeoutError``, nothing
-  was written (transient).
-- ``sock_connect`` = ``connect_timeout_s``: the TCP/TLS connect alone.
-- ``sock_read`` = ``read_timeout_s``: silence from the gateway once the request
-  was written; raises ``SocketTimeoutError`` (uncertain on a send).
-- ``total`` = the sum of the three plus ``read_timeout_s`` again: only a safety
+- ``pool_timeout_s``: waiting for a free pooled connection (``max_connections``);
+  ``PoolTimeoutError``, nothing was written (transient).
+- ``connect_timeout_s``: the TCP/TLS connect; ``ConnectTimeoutError``, nothing was
+  written (transient).
+- ``read_timeout_s``: silence from the gateway once the request was written;
+  ``ReadTimeoutError`` (uncertain on a send).
+- total = ``pool_timeout_s + connect_timeout_s + 2 * read_timeout_s``: only a safety
   net against a gateway trickling its answer byte by byte (uncertain on a send).
+
+Idle connections are kept 5 s at most (httpx's keep-alive expiry): one the gateway
+(or its load balancer) may already have closed is not reused for a send, where a
+reset would make the outcome uncertain. No cookies, no proxies from the environment,
+no redirects followed: the transport has none of them.
 """
 
 from __future__ import annotations
@@ -29,10 +36,10 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import aiohttp
 import yarl
 
 from connectors.gateways.classify import GatewayResponse, json_object
+from connectors.gateways.http_transport import KEEPALIVE_S, HttpTransport
 from connectors.gateways.labels import map_label
 from streams.kernel.contract import JobStatus
 from streams.kernel.errors import PermanentGatewayError
@@ -43,7 +50,6 @@ from streams.kernel.settings import GatewaySettings
 log = logging.getLogger(__name__)
 
 _REFUSED = (JobStatus.FAILED, JobStatus.CANCELLED)
-_KEEPALIVE_S = 5.0
 
 
 def first_str(body: Mapping[str, Any], *keys: str) -> str | None:
@@ -77,8 +83,7 @@ def normalise_base_url(url: str, added_path: re.Pattern[str] | None) -> tuple[st
 
 
 class HttpGatewayClient(Service):
-    """Lifecycle of a gateway client's connection pool (the session: open on start, closed
-    on stop)."""
+    """Lifecycle of a gateway client's connection pool (open on start, closed on stop)."""
 
     name = "http"
     url_setting = ""
@@ -100,30 +105,17 @@ class HttpGatewayClient(Service):
         self._settings = settings
         self._base_url, self._normalised = normalise_base_url(base_url, self.added_path)
         self._auth_headers = dict(auth_headers)
-        self._session: aiohttp.ClientSession | None = None
+        self._session: HttpTransport | None = None
 
     async def on_start(self) -> None:
         s = self._settings
-        self._session = aiohttp.ClientSession(
-            headers={"Accept": "application/json", **self._auth_headers},
-            timeout=aiohttp.ClientTimeout(
-                connect=s.pool_timeout_s + s.connect_timeout_s,
-                sock_connect=s.connect_timeout_s,
-                sock_read=s.read_timeout_s,
-                total=s.pool_timeout_s + s.connect_timeout_s + 2 * s.read_timeout_s,
-            ),
-            connector=aiohttp.TCPConnector(
-                limit=s.max_connections,
-                limit_per_host=0,
-                # httpx's keep-alive expiry: an idle connection the gateway (or its load
-                # balancer) may already have closed is not reused for a send, where a
-                # reset would make the outcome uncertain.
-                keepalive_timeout=_KEEPALIVE_S,
-            ),
-            # No cookies (a gateway API has no session state) and no proxy variables.
-            cookie_jar=aiohttp.DummyCookieJar(),
-            trust_env=False,
-            raise_for_status=False,
+        self._session = HttpTransport(
+            max_connections=s.max_connections,
+            connect_timeout_s=s.connect_timeout_s,
+            read_timeout_s=s.read_timeout_s,
+            pool_timeout_s=s.pool_timeout_s,
+            keepalive_s=KEEPALIVE_S,
+            default_headers={"Accept": "application/json", **self._auth_headers},
         )
         url = yarl.URL(self._base_url)
         log.info(
@@ -148,7 +140,7 @@ class HttpGatewayClient(Service):
             await session.close()
 
     @property
-    def _http(self) -> aiohttp.ClientSession:
+    def _http(self) -> HttpTransport:
         if self._session is None:
             raise RuntimeError(f"{type(self).__name__} is not started")
         return self._session

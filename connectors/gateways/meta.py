@@ -336,9 +336,9 @@ def template_values(template: Mapping[str, Any] | None) -> list[str]:
 class MetaCloudClient(HttpGatewayClient):
     """A :class:`~streams.kernel.ports.Gateway` for the Meta WhatsApp Cloud API.
 
-    The instance id is the business number's ``phone_number_id``. Owns its
-    ``aiohttp.ClientSession``: opened in :meth:`start`, closed in :meth:`stop`
-    (idempotent); ``async with`` does both.
+    The instance id is the business number's ``phone_number_id``. Owns its connection
+    pool (:class:`~connectors.gateways.http_transport.HttpTransport`): opened in
+    :meth:`start`, closed in :meth:`stop` (idempotent); ``async with`` does both.
     """
 
     name = NAME

@@ -57,8 +57,8 @@ then narrowed by ``since`` only, and our references are recognised in the answer
 class StackZapClient(HttpGatewayClient):
     """A :class:`~streams.kernel.ports.Gateway` for StackZap.
 
-    Owns its ``aiohttp.ClientSession``: opened in :meth:`start`, closed in :meth:`stop`
-    (idempotent); ``async with`` does both.
+    Owns its connection pool (:class:`~connectors.gateways.http_transport.HttpTransport`):
+    opened in :meth:`start`, closed in :meth:`stop` (idempotent); ``async with`` does both.
     """
 
     name = "stackzap"

@@ -40,8 +40,8 @@ log = logging.getLogger(__name__)
 class ZapApiClient(HttpGatewayClient):
     """A :class:`~streams.kernel.ports.Gateway` for the ZAP API.
 
-    Owns its ``aiohttp.ClientSession``: opened in :meth:`start`, closed in :meth:`stop`
-    (idempotent); ``async with`` does both.
+    Owns its connection pool (:class:`~connectors.gateways.http_transport.HttpTransport`):
+    opened in :meth:`start`, closed in :meth:`stop` (idempotent); ``async with`` does both.
     """
 
     name = "zapapi"

@@ -379,7 +379,7 @@ async def test_pool_wait_is_transient_and_never_reaches_the_gateway(sim: Gateway
                 break
             await asyncio.sleep(0.01)
         assert sim.stats()["requests"] == 1
-        with pytest.raises(TransientGatewayError, match="ConnectionTimeoutError"):
+        with pytest.raises(TransientGatewayError, match="PoolTimeoutError"):
             await client.send_text(msg(2))
         assert (await holder).status is JobStatus.ACCEPTED
     assert [m.reference for m in sim.messages] == [msg(1).reference]

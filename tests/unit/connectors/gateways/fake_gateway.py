@@ -1,6 +1,6 @@
 """A scripted HTTP gateway on 127.0.0.1 for the gateway clients' tests.
 
-The clients own a real ``aiohttp.ClientSession``, so their tests talk to a real
+The clients own a real connection pool, so their tests talk to a real
 socket on loopback: a tiny aiohttp app whose every request goes to a handler
 ``(Seen) -> Reply | Fault``. :class:`Fault` reproduces how far a request got
 before it failed (answer never comes, connection dropped after the request was

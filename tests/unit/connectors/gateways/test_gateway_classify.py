@@ -1,17 +1,14 @@
-"""The aiohttp -> gateway error tree table, Retry-After parsing and masking."""
+"""The transport -> gateway error tree table, Retry-After parsing and masking."""
 
 from __future__ import annotations
 
 import email.utils
 import http
-import ssl
+from collections.abc import AsyncIterator
 
-import aiohttp
 import orjson
 import pytest
-from aiohttp.client_reqrep import ConnectionKey
 from multidict import CIMultiDict, CIMultiDictProxy
-from yarl import URL
 
 from connectors.gateways.classify import (
     MAX_REASON_CHARS,
@@ -23,6 +20,20 @@ from connectors.gateways.classify import (
     mask_text,
     parse_retry_after,
     send_request,
+)
+from connectors.gateways.http_transport import (
+    ConnectError,
+    ConnectionDroppedError,
+    ConnectTimeoutError,
+    HttpTransport,
+    InvalidRequestError,
+    InvalidURLError,
+    MalformedResponseError,
+    PoolTimeoutError,
+    ReadTimeoutError,
+    ResponseTooLargeError,
+    TotalTimeoutError,
+    TransportError,
 )
 from connectors.outbox.recipients import mask_phone
 from streams.kernel.errors import (
@@ -46,10 +57,6 @@ REQUEST = "POST"
 LISTING = "GET"
 NOW = 1_700_000_000.0
 PHRASES = {s.value: s.phrase for s in http.HTTPStatus}
-KEY = ConnectionKey("gw.test", 443, True, True, None, None, None, None)
-REQUEST_INFO = aiohttp.RequestInfo(
-    URL("http://gw.test/x"), "POST", CIMultiDictProxy(CIMultiDict()), URL("http://gw.test/x")
-)
 
 
 def response(
@@ -71,24 +78,22 @@ def response(
 
 
 CONNECT_FAILED = [
-    aiohttp.ClientConnectorError(KEY, ConnectionRefusedError(111, "Connection refused")),
-    aiohttp.ClientConnectorDNSError(KEY, OSError(-2, "Name or service not known")),
-    aiohttp.ClientConnectorCertificateError(KEY, ssl.SSLCertVerificationError("bad cert")),
-    aiohttp.ClientConnectorSSLError(KEY, ssl.SSLError("handshake")),
-    aiohttp.ClientProxyConnectionError(KEY, OSError(111, "proxy refused")),
-    aiohttp.ConnectionTimeoutError("Connection timeout to host http://gw.test/x"),
+    ConnectError("http://gw.test: ConnectionRefusedError: [Errno 111] Connection refused"),
+    ConnectError("https://gw.test: gaierror: [Errno -2] Name or service not known"),
+    ConnectError("https://gw.test: SSLCertVerificationError: certificate verify failed"),
+    ConnectTimeoutError("https://gw.test: connect took over 5 s"),
+    PoolTimeoutError("https://gw.test: no free connection within 5 s (256 in use)"),
 ]
 """Raised before the request was written: connect failed, or the pool/connect budget ran out."""
 
 AFTER_WRITTEN = [
-    aiohttp.SocketTimeoutError("Timeout on reading data from socket"),
-    aiohttp.ServerDisconnectedError(),
-    aiohttp.ClientOSError(104, "Connection reset by peer"),
-    aiohttp.ClientConnectionResetError("Cannot write to closing transport"),
-    aiohttp.ClientConnectionError("Failed to send bytes into the underlying connection"),
-    aiohttp.ClientPayloadError("Response payload is not completed"),
-    aiohttp.ClientResponseError(REQUEST_INFO, (), status=400, message="Invalid status line"),
-    TimeoutError(),  # the total safety net: the phase is unknown
+    ReadTimeoutError("https://gw.test: no answer for 15 s after the request"),
+    ConnectionDroppedError("https://gw.test: closed by the peer", before_answer=True),
+    ConnectionDroppedError("https://gw.test: ConnectionResetError: reset", before_answer=False),
+    MalformedResponseError("not an HTTP/1.x status line"),
+    MalformedResponseError("answer cut off (connection closed in LENGTH)"),
+    ResponseTooLargeError("answer body of 99999999 bytes is too large"),
+    TotalTimeoutError("https://gw.test: total timeout"),
 ]
 """Raised once the request was (or may have been) written."""
 
@@ -116,7 +121,11 @@ def test_failures_after_the_request_was_written_are_uncertain_on_a_send(
 
 @pytest.mark.parametrize(
     "exc",
-    [aiohttp.InvalidURL("not a url"), aiohttp.NonHttpUrlClientError("ftp://gw.test/x")],
+    [
+        InvalidURLError("malformed URL: ValueError"),
+        InvalidURLError("not an http(s) URL (scheme 'ftp')"),
+        InvalidRequestError("header 'X-API-Key' has a line break"),
+    ],
     ids=lambda e: type(e).__name__,
 )
 def test_a_wrong_url_is_permanent(exc: BaseException) -> None:
@@ -126,7 +135,9 @@ def test_a_wrong_url_is_permanent(exc: BaseException) -> None:
 
 
 def test_exception_message_masks_sensitive_values() -> None:
-    exc = aiohttp.ClientOSError(104, "peer said 5511987654321 hello world secret-key-123")
+    exc = ConnectionDroppedError(
+        "peer said 5511987654321 hello world secret-key-123", before_answer=False
+    )
     err = classify_exception(exc, gateway="zapapi", sensitive=("hello world", "secret-key-123"))
     assert "5511987654321" not in str(err)
     assert "hello world" not in str(err)
@@ -141,22 +152,27 @@ def test_a_failed_listing_is_transient_never_uncertain(exc: BaseException) -> No
     assert not isinstance(err, UncertainGatewayError)
 
 
-FAST_TIMEOUT = aiohttp.ClientTimeout(connect=0.2, sock_connect=0.2, sock_read=0.2, total=2.0)
+@pytest.fixture
+async def session() -> AsyncIterator[HttpTransport]:
+    """A transport with short timeouts, closed after the test."""
+    async with HttpTransport(
+        connect_timeout_s=0.2, read_timeout_s=0.2, pool_timeout_s=0.2, total_timeout_s=2.0
+    ) as transport:
+        yield transport
 
 
 @pytest.mark.parametrize("fault", [Fault.STALL, Fault.DISCONNECT, Fault.CUT_BODY, Fault.GARBAGE])
-async def test_send_request_after_written_get_is_transient_post_uncertain(fault: Fault) -> None:
+async def test_send_request_after_written_get_is_transient_post_uncertain(
+    fault: Fault, session: HttpTransport
+) -> None:
     """Real sockets: each way a written request can fail, on a listing and on a send."""
-    async with (
-        FakeGateway(failing(fault)) as fake,
-        aiohttp.ClientSession(timeout=FAST_TIMEOUT) as session,
-    ):
+    async with FakeGateway(failing(fault)) as fake:
         with pytest.raises(TransientGatewayError):
             await send_request(session, "GET", f"{fake.url}/x", gateway="g")
         with pytest.raises(UncertainGatewayError) as info:
             await send_request(session, "POST", f"{fake.url}/x", gateway="g", json_body={})
-        assert isinstance(info.value.__cause__, aiohttp.ClientError | TimeoutError)
-        # aiohttp may resend a GET once on a dropped connection; a POST is written once.
+        assert isinstance(info.value.__cause__, TransportError)
+        # A GET may be asked again once on a stale connection; a POST is written once.
         assert [s.method for s in fake.seen].count("POST") == 1
 
 
@@ -377,18 +393,14 @@ def test_mask_text_redacts_and_masks_digit_runs() -> None:
 # --- send_request ------------------------------------------------------------------
 
 
-async def test_send_request_raises_classified_and_chains() -> None:
-    async with aiohttp.ClientSession(timeout=FAST_TIMEOUT) as session:
-        with pytest.raises(TransientGatewayError) as info:
-            await send_request(session, "POST", f"{closed_port_url()}/x", gateway="g", json_body={})
-    assert isinstance(info.value.__cause__, aiohttp.ClientConnectorError)
+async def test_send_request_raises_classified_and_chains(session: HttpTransport) -> None:
+    with pytest.raises(TransientGatewayError) as info:
+        await send_request(session, "POST", f"{closed_port_url()}/x", gateway="g", json_body={})
+    assert isinstance(info.value.__cause__, ConnectError)
 
 
-async def test_send_request_returns_2xx_and_sends_json() -> None:
-    async with (
-        FakeGateway(answer(200, {"ok": True}, {"Retry-After": "3"})) as fake,
-        aiohttp.ClientSession() as session,
-    ):
+async def test_send_request_returns_2xx_and_sends_json(session: HttpTransport) -> None:
+    async with FakeGateway(answer(200, {"ok": True}, {"Retry-After": "3"})) as fake:
         resp = await send_request(session, "POST", f"{fake.url}/x", gateway="g", json_body={"a": 1})
     assert resp.status_code == 200
     assert resp.content == b'{"ok":true}'
@@ -398,12 +410,9 @@ async def test_send_request_returns_2xx_and_sends_json() -> None:
     assert seen.content == b'{"a":1}'
 
 
-async def test_send_request_classifies_answers_with_their_body() -> None:
+async def test_send_request_classifies_answers_with_their_body(session: HttpTransport) -> None:
     body = b'{"error": "slow down 5511987654321"}'
-    async with (
-        FakeGateway(lambda _: Reply(429, body=body, headers={"Retry-After": "2"})) as fake,
-        aiohttp.ClientSession() as session,
-    ):
+    async with FakeGateway(lambda _: Reply(429, body=body, headers={"Retry-After": "2"})) as fake:
         with pytest.raises(TransientGatewayError) as info:
             await send_request(session, "POST", f"{fake.url}/x", gateway="g", json_body={})
     assert info.value.status_code == 429
