@@ -662,8 +662,8 @@ class GatewaySettings(SettingsBase):
         ge=1,
         validation_alias=AliasChoices("ZAPSTREAM_GATEWAY_MAX_CONNECTIONS", "max_connections"),
     )
-    """Open connections to the gateway at most (aiohttp's pool). Every in-flight send holds
-    one for the gateway's whole latency, so the pool caps throughput at
+    """Open connections to the gateway at most (the gateway client's pool). Every in-flight
+    send holds one for the gateway's whole latency, so the pool caps throughput at
     ``max_connections / latency``: 256 (= ``ZAPSTREAM_WORKER_MAX_IN_FLIGHT``'s default)
     allows ~5,000 sends/s at 50 ms; keep it >= the worker's max in flight. A send that
     waits longer than ``pool_timeout_s`` for one is transient (nothing was written)."""
