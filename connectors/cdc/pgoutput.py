@@ -571,29 +571,10 @@ class PgOutputDecoder:
             keep = self._keep.get(oid)
             if keep is None or buf[5] != 0x4E or _I16.unpack_from(buf, 6)[0] != len(keep):
                 return None
-            pos, size, max_value = 8, len(buf), self._max_value
-            unpack_i32, decode = _I32.unpack_from, bytes.decode
-            values: TupleValues = {}
-            for name in keep:
-                kind = buf[pos]
-                if kind == 0x74:  # 't' Int32 len Byte[len]
-                    start = pos + 5
-                    pos = start + unpack_i32(buf, pos + 1)[0]
-                    if pos > size or pos < start:
-                        return None
-                    if name is not None:
-                        if pos - start > max_value:
-                            return None
-                        values[name] = decode(buf[start:pos])
-                elif kind == 0x6E:  # 'n'
-                    if name is not None:
-                        values[name] = None
-                    pos += 1
-                else:
-                    return None
-            if pos != size:
+            found = self._some(buf, 8, keep, self._max_value)
+            if found is None or found[1] != len(buf):
                 return None
-            return self._relations[oid], values
+            return self._relations[oid], found[0]
         except (struct.error, IndexError, UnicodeDecodeError):
             return None
 
