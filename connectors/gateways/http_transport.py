@@ -37,21 +37,12 @@ trickling its answer. Answers are identity-encoded (we send no ``Accept-Encoding
 gzip or deflate is decoded if a server sends it anyway. A body over ``max_body_bytes``
 (1 MiB) fails without being read whole.
 
-Measured 2026-12-05 (loopback, 100 concurrent keep-alive POSTs of a 130-byte JSON send to an
-aiohttp server in another process, 10,000 requests per round, client CPU per request;
-2-core machine shared with other benchmarks, rounds interleaved, 3 rounds)::
-
-    .venv/bin/python /tmp/prof/httpbench2.py serve &
-    PYTHONPATH=$PWD .venv/bin/python /tmp/prof/httpbench3.py 3
-
-                                         us CPU / request
-    aiohttp ClientSession, send_request  117 119 121   (classify.py before this module)
-    this transport, send_request          63  44  51
-    aiohttp ClientSession, bare request  121 115 116
-    this transport, bare request          43  42  42
-
-(``httpbench3.py`` is the profiling scratch of issue 20: ``httpbench2.py`` plus these
-variants, the aiohttp one through ``send_request`` as of commit 51b5ae5.)
+Measured 2026-12-05 on the 2-core development machine with
+``PYTHONPATH=$PWD .venv/bin/python -m devtools.bench.gateway_transport`` (loopback, 100
+concurrent keep-alive POSTs of a 130-byte JSON send to an aiohttp server in another process,
+10,000 requests a round, the client's CPU per request): this transport through
+``send_request`` 44-63 us; aiohttp's ``ClientSession`` 115-121 us (bare, and through the
+``send_request`` of commit 51b5ae5 alike).
 """
 
 from __future__ import annotations
