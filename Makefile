@@ -20,11 +20,16 @@ $(BIN)/.installed: pyproject.toml constraints.txt
 	touch $@
 
 # The tests and `make dev` start their own throwaway PostgreSQL from the binaries
-# of Debian's postgresql package; install it when no initdb is on the machine.
+# of Debian's postgresql package; install it when no initdb is on the machine. The PgBouncer
+# test (devtools/stack/pgbouncer.py) runs Debian's pgbouncer binary (its service is not used).
 postgres:
 	@if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then :; else \
 		echo "installing Debian's postgresql package (initdb, pg_ctl)"; \
 		$(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q postgresql; \
+	fi
+	@if command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ]; then :; else \
+		echo "installing Debian's pgbouncer package (tests/integration/test_pgbouncer.py)"; \
+		$(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends pgbouncer; \
 	fi
 
 # The tests' and `make dev`'s Apache Kafka broker (devtools/stack/kafka_broker.py) runs from the jars of

@@ -13,9 +13,10 @@ plus the relay's own hints:
 - **permanent**: besides the shared cases (authentication, no database, no
   outbox tables), the relay's own: 42501 no replication privilege, ``wal_level``
   not ``logical`` (55000), a slot with another plugin, a slot PostgreSQL
-  invalidated. The relay raises :class:`~streams.kernel.failures.StartRefused`
-  with one line naming the setting or command to fix; ``zapstream relay`` prints
-  it and exits 2.
+  invalidated, a DSN that reaches a connection pooler (PgBouncer refuses the
+  ``replication`` startup parameter: a replication connection cannot be pooled).
+  The relay raises :class:`~streams.kernel.failures.StartRefused` with one line
+  naming the setting or command to fix; ``zapstream relay`` prints it and exits 2.
 - **Kafka**: aiokafka's ``retriable`` (and an expired batch) is transient
   (:func:`kafka_transient`); a record Kafka refuses however often it is sent
   (:data:`PER_RECORD_ERRORS`) is replaced by its minimal rejection; any other
@@ -62,6 +63,11 @@ __all__ = [
     "refused",
 ]
 
+_POOLER = "POOLER"
+"""Not a SQLSTATE: PgBouncer (before 1.23) closes a connection whose startup packet carries a
+parameter it does not pool (``replication``; ``options``, which the relay's DSN sets for its
+timeouts) with a message and no SQLSTATE. Only a pooler says this; a reconnect meets it again."""
+
 _RELAY_SQLSTATES: dict[str, str] = {
     **PERMANENT_SQLSTATES,
     "42501": (
@@ -72,11 +78,16 @@ _RELAY_SQLSTATES: dict[str, str] = {
         "logical decoding is not available: set wal_level=logical in postgresql.conf "
         "and restart PostgreSQL"
     ),
+    _POOLER: (
+        f"{DATABASE_SETTING} of the relay reaches a connection pooler (PgBouncer), and a "
+        "replication connection cannot go through a pooler: point it at PostgreSQL itself"
+    ),
 }
 _RELAY_MESSAGES: tuple[tuple[re.Pattern[str], str], ...] = (
     *PERMANENT_MESSAGES,
     (re.compile(r"must be superuser or replication role|permission denied", re.I), "42501"),
     (re.compile(r"wal_level", re.I), "55000"),
+    (re.compile(r"unsupported startup parameter", re.I), _POOLER),
 )
 
 
@@ -104,7 +115,7 @@ def classify_postgres(sqlstate: str | None, message: str) -> Failure:
         # SQLSTATE 55000 too, but not a wal_level problem: the slot itself is unusable.
         return _postgres(f"{_SLOT_INVALIDATED_HINT} ({message})", False, sqlstate)
     verdict = _classify(sqlstate, message, hints=_RELAY_SQLSTATES, messages=_RELAY_MESSAGES)
-    code = verdict.code if verdict.code != "DSN" else None
+    code = verdict.code if verdict.code not in ("DSN", _POOLER) else None
     if verdict.hint is not None:
         return _postgres(f"{verdict.hint} ({verdict.problem})", False, code)
     if verdict.retriable or code is None:

@@ -96,7 +96,7 @@ def _by_id_params(
 
 def _insert(conn: psycopg.Connection[Any], query: str, params: tuple[Any, ...], job: str) -> int:
     with conn.cursor() as cur:
-        cur.execute(query, params)
+        cur.execute(query, params, prepare=False)
         found = cur.fetchone()
     if found is None:
         raise InvalidCommand(f"no outbox job with {job}")
@@ -121,7 +121,7 @@ async def cancel_async(
     """The async flavour of :func:`cancel`."""
     params = _by_key_params(idempotency_key, reason, actor)
     async with conn.cursor() as cur:
-        await cur.execute(_BY_KEY, params)
+        await cur.execute(_BY_KEY, params, prepare=False)
         found = await cur.fetchone()
     if found is None:
         raise InvalidCommand(f"no outbox job with idempotency_key {params[3]!r}")
@@ -167,5 +167,5 @@ def request_reprocess_many(
     if not ids:
         return []
     with conn.cursor() as cur:
-        cur.execute(_MANY, params)
+        cur.execute(_MANY, params, prepare=False)
         return sorted(int(row[0]) for row in cur.fetchall())

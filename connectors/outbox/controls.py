@@ -189,7 +189,7 @@ async def resume_campaign_async(
 def controls(conn: psycopg.Connection[Any]) -> list[Control]:
     """The latest control of every instance and campaign ever paused or resumed."""
     with conn.cursor() as cur:
-        cur.execute(_CONTROLS)
+        cur.execute(_CONTROLS, prepare=False)
         return [
             Control(str(k), str(t), str(a), str(r), str(who), at, int(cid))
             for k, t, a, r, who, at, cid in cur.fetchall()
@@ -211,7 +211,7 @@ def backlog(
     """What waits (PENDING, RETRY_WAIT, ATTEMPTING), per instance, purpose and priority."""
     params = (_optional(instance, "instance"), _optional(purpose, "purpose"))
     with conn.cursor() as cur:
-        cur.execute(_BACKLOG, params)
+        cur.execute(_BACKLOG, params, prepare=False)
         return [_backlog_row(tuple(row)) for row in cur.fetchall()]
 
 
@@ -221,7 +221,7 @@ async def backlog_async(
     """The async flavour of :func:`backlog`."""
     params = (_optional(instance, "instance"), _optional(purpose, "purpose"))
     async with conn.cursor() as cur:
-        await cur.execute(_BACKLOG, params)
+        await cur.execute(_BACKLOG, params, prepare=False)
         return [_backlog_row(tuple(row)) for row in await cur.fetchall()]
 
 
@@ -241,7 +241,7 @@ def should_hold(conn: psycopg.Connection[Any], instance: str, max_age_s: float) 
     """
     params = _hold_params(instance, max_age_s)
     with conn.cursor() as cur:
-        cur.execute(_SHOULD_HOLD, params)
+        cur.execute(_SHOULD_HOLD, params, prepare=False)
         row = cur.fetchone()
     return bool(row and row[0])
 
@@ -252,6 +252,6 @@ async def should_hold_async(
     """The async flavour of :func:`should_hold`."""
     params = _hold_params(instance, max_age_s)
     async with conn.cursor() as cur:
-        await cur.execute(_SHOULD_HOLD, params)
+        await cur.execute(_SHOULD_HOLD, params, prepare=False)
         row = await cur.fetchone()
     return bool(row and row[0])

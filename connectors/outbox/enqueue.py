@@ -14,6 +14,11 @@ an error and without a second row. Invalid input raises :class:`InvalidIntent`
 before anything is written; the rules are :mod:`connectors.outbox.rules`, which the
 relay applies again to rows applications INSERT directly.
 
+Every statement runs with ``prepare=False``: psycopg would prepare it on the server after its
+5th run on a connection, and behind PgBouncer in transaction pooling mode the next transaction
+may run on a server connection that lacks (or already has) that prepared statement. The other
+application helpers of this package do the same (docs/guides/application.md, "Through PgBouncer").
+
 Meta templates: :func:`enqueue_template` (and :func:`enqueue_template_async`) write a
 ``{"type": "template", "to", "template": {...}}`` intent, the Cloud API's template object;
 ``enqueue(..., fallback_template={...})`` a text sent as that template instead when Meta
@@ -196,10 +201,10 @@ def enqueue(
 
 def _insert(conn: psycopg.Connection[Any], row: _Row) -> int:
     with conn.cursor() as cur:
-        cur.execute(_INSERT, row.params())
+        cur.execute(_INSERT, row.params(), prepare=False)
         found = cur.fetchone()
         if found is None:
-            cur.execute(_EXISTING, (row.idempotency_key,))
+            cur.execute(_EXISTING, (row.idempotency_key,), prepare=False)
             found = cur.fetchone()
     assert found is not None, "ON CONFLICT without a conflicting row"
     return int(found[0])
@@ -243,10 +248,10 @@ async def enqueue_async(
 
 async def _insert_async(conn: psycopg.AsyncConnection[Any], row: _Row) -> int:
     async with conn.cursor() as cur:
-        await cur.execute(_INSERT, row.params())
+        await cur.execute(_INSERT, row.params(), prepare=False)
         found = await cur.fetchone()
         if found is None:
-            await cur.execute(_EXISTING, (row.idempotency_key,))
+            await cur.execute(_EXISTING, (row.idempotency_key,), prepare=False)
             found = await cur.fetchone()
     assert found is not None, "ON CONFLICT without a conflicting row"
     return int(found[0])

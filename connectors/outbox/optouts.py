@@ -170,7 +170,7 @@ async def opt_in_async(
 def opted_out(conn: psycopg.Connection[Any], instance_id: str, to: str) -> bool:
     """Whether ``to`` is opted out of ``instance_id`` now (as the database knows it)."""
     with conn.cursor() as cur:
-        cur.execute(_OPTED_OUT, (instance_id, person(to)))
+        cur.execute(_OPTED_OUT, (instance_id, person(to)), prepare=False)
         row = cur.fetchone()
     return bool(row and row[0])
 
@@ -178,7 +178,7 @@ def opted_out(conn: psycopg.Connection[Any], instance_id: str, to: str) -> bool:
 async def opted_out_async(conn: psycopg.AsyncConnection[Any], instance_id: str, to: str) -> bool:
     """The async flavour of :func:`opted_out`."""
     async with conn.cursor() as cur:
-        await cur.execute(_OPTED_OUT, (instance_id, person(to)))
+        await cur.execute(_OPTED_OUT, (instance_id, person(to)), prepare=False)
         row = await cur.fetchone()
     return bool(row and row[0])
 
@@ -188,7 +188,7 @@ def optouts(
 ) -> list[OptOut]:
     """The people opted out now (of ``instance_id``, or of every instance), newest first."""
     with conn.cursor() as cur:
-        cur.execute(_LIST, {"instance": instance_id, "limit": limit})
+        cur.execute(_LIST, {"instance": instance_id, "limit": limit}, prepare=False)
         return [
             OptOut(str(i), str(r), str(s), str(why), None if j is None else int(j), at, int(oid))
             for i, r, s, why, j, at, oid in cur.fetchall()

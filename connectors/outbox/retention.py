@@ -123,17 +123,17 @@ def prune(
         jobs = events = 0
         while True:
             with conn.transaction():
-                ids = [r[0] for r in conn.execute(_BATCH, params).fetchall()]
+                ids = [r[0] for r in conn.execute(_BATCH, params, prepare=False).fetchall()]
                 if not ids:
                     break
                 step = {**params, "ids": ids}
-                events += conn.execute(_DELETE_EARLIER_EVENTS, step).rowcount
+                events += conn.execute(_DELETE_EARLIER_EVENTS, step, prepare=False).rowcount
                 for table, column in (
                     ("outbox_jobs", "id"),
                     ("outbox_commands", "job_id"),
                     ("outbox_replays", "job_id"),
                 ):
                     target = {"table": sql.Identifier(table), "column": sql.Identifier(column)}
-                    conn.execute(_REDACT.format(**target), step)
+                    conn.execute(_REDACT.format(**target), step, prepare=False)
                 jobs += len(ids)
         return PruneResult(jobs, events, unresolved)

@@ -14,7 +14,7 @@ import psycopg
 def insert_returning_id(conn: psycopg.Connection[Any], sql: str, params: tuple[Any, ...]) -> int:
     """Run ``sql`` (an ``INSERT ... RETURNING id``) in the caller's transaction; its id."""
     with conn.cursor() as cur:
-        cur.execute(sql, params)
+        cur.execute(sql, params, prepare=False)
         row = cur.fetchone()
     assert row is not None  # INSERT ... RETURNING always returns the row
     return int(row[0])
@@ -25,7 +25,7 @@ async def insert_returning_id_async(
 ) -> int:
     """The async flavour of :func:`insert_returning_id`."""
     async with conn.cursor() as cur:
-        await cur.execute(sql, params)
+        await cur.execute(sql, params, prepare=False)
         row = await cur.fetchone()
     assert row is not None  # INSERT ... RETURNING always returns the row
     return int(row[0])

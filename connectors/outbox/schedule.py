@@ -73,10 +73,10 @@ def reschedule(conn: psycopg.Connection[Any], job_id: int, send_at: dt.datetime)
     """Move SCHEDULED job ``job_id`` to ``send_at`` (timezone-aware); return the new time."""
     params = _params(job_id, send_at)
     with conn.cursor() as cur:
-        cur.execute(_UPDATE, params)
+        cur.execute(_UPDATE, params, prepare=False)
         if cur.fetchone() is not None:
             return send_at
-        cur.execute(_STATE, params)
+        cur.execute(_STATE, params, prepare=False)
         raise _refusal(job_id, cur.fetchone(), send_at)
 
 
@@ -86,8 +86,8 @@ async def reschedule_async(
     """The async flavour of :func:`reschedule`."""
     params = _params(job_id, send_at)
     async with conn.cursor() as cur:
-        await cur.execute(_UPDATE, params)
+        await cur.execute(_UPDATE, params, prepare=False)
         if await cur.fetchone() is not None:
             return send_at
-        await cur.execute(_STATE, params)
+        await cur.execute(_STATE, params, prepare=False)
         raise _refusal(job_id, await cur.fetchone(), send_at)

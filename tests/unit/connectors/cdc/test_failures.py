@@ -63,6 +63,10 @@ def test_transient(sqlstate: str | None, message: str) -> None:
         (None, 'FATAL:  database "nope" does not exist', "database name"),
         (None, 'FATAL:  role "ghost" does not exist', "ZAPSTREAM_DATABASE_URL"),
         (None, 'invalid connection option "bogus"', "ZAPSTREAM_DATABASE_URL"),
+        # PgBouncer 1.18 in front of PostgreSQL: the replication connection, and the
+        # service connections' options (statement_timeout), are refused at startup.
+        (None, "FATAL:  unsupported startup parameter: replication", "cannot go through a pooler"),
+        (None, "FATAL:  unsupported startup parameter: options", "ZAPSTREAM_DATABASE_URL"),
     ],
 )
 def test_permanent_names_the_setting(sqlstate: str | None, message: str, hint: str) -> None:
