@@ -17,15 +17,25 @@ slot confirmed while a relay streamed it (copied from ``confirmed_flush_lsn`` ev
   restored from an older copy: a standby's, a backup's);
 - no record but a slot: a slot from before migration 0011; adopted, no gap.
 
-What a gap restreams, conservatively: **every PENDING job that exists when the relay
-settles the gap**, not only those whose commit falls between two LSNs. The jobs table
-has no commit LSN, and ``created_at`` is the inserting transaction's start, not its
-commit; any bound tighter than "now" could miss a long transaction that committed in the
-gap. So a PENDING job the old slot did stream (in Kafka, not yet written back by the sink)
-is replayed too: the worker drops a replay of a job it already handled (settled jobs are
+What a gap restreams, conservatively: **every PENDING job committed before the restream
+commits**, not only those whose commit falls between two LSNs. The jobs table has no
+commit LSN, and ``created_at`` is the inserting transaction's start, not its commit; any
+bound tighter than that could miss a long transaction that committed in the gap. So a
+PENDING job the old slot did stream (in Kafka, not yet written back by the sink) is
+replayed too: the worker drops a replay of a job it already handled (settled jobs are
 skipped, an in-flight attempt reconciled), so a replay costs a record, never a second
-message. A job that left PENDING was streamed; it is not touched. Rows committed after
-the new slot's consistent point are streamed by the slot as well as replayed: the same.
+message. A job that left PENDING was streamed; it is not touched.
+
+Order within a conversation: the new slot also streams the jobs committed between its
+consistent point and the restream's commit, which the restream replays too. Sent as they
+come, such a job would reach the gateway before an older job of its conversation that
+only the replay carries. So the restream locks ``outbox_jobs`` in SHARE mode (it waits for
+the transactions inserting jobs, and holds new ones for the few milliseconds until it
+commits: every job committed before it is among the replays) and the relay drops the
+slot's own ``outbox_jobs`` rows of the transactions before the restream's
+(:class:`ReplayedBefore`, recognised by its xid, bounded by the WAL position read after
+its commit). Only a relay restarted between the restream and streaming past it sends such
+a job twice, once in the wrong order: the worker drops the second.
 
 The restream is ``zapstream_restream_pending`` (the function ``zapstream outbox restream``
 uses), run with the record's update in one transaction under an advisory lock, so two
@@ -103,6 +113,20 @@ def find_gap(
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class ReplayedBefore:
+    """The restream's transaction: ``outbox_jobs`` rows of transactions before it are replayed
+    by it (the slot's copy is dropped), up to the Begin of ``xid`` or a transaction ending
+    after ``wal_bound`` (read after its commit), whichever comes first."""
+
+    xid: int
+    wal_bound: Lsn
+
+    def covers(self, xid: int, final_lsn: Lsn) -> bool:
+        """The transaction (``xid``, committed at ``final_lsn``) comes before the restream."""
+        return xid != self.xid and final_lsn <= self.wal_bound
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class GapOutcome:
     """What :func:`resolve_gap` found and did."""
 
@@ -112,6 +136,8 @@ class GapOutcome:
     restreamed: int = 0
     first_job_id: int | None = None
     last_job_id: int | None = None
+    replayed_before: ReplayedBefore | None = None
+    """Set when jobs were restreamed: the slot's copies before it are dropped."""
 
 
 _READ = (
@@ -137,37 +163,50 @@ def record_created(conn: psycopg.Connection[Any], slot: str, at: Lsn, reason: st
 
 def resolve_gap(dsn: str, slot: str, *, streamed_id: str | None) -> GapOutcome:
     """Find a gap and restream it, in one transaction (blocking: run it in a thread)."""
-    with psycopg.connect(dsn) as conn, conn.transaction():
-        if not has_slot_record(conn):
-            return GapOutcome(None, None)
-        conn.execute("SELECT pg_advisory_xact_lock(hashtext('zapstream.slot_gap.' || %s))", (slot,))
-        row = conn.execute(_READ, {"slot": slot}).fetchone()
-        assert row is not None
-        slot_id, confirmed, restream_reason, slot_confirmed_text = row
-        record = (
-            None
-            if slot_id is None
-            else SlotRecord(str(slot_id), Lsn.parse(str(confirmed)), restream_reason)
-        )
-        slot_confirmed = (
-            None if slot_confirmed_text is None else Lsn.parse(str(slot_confirmed_text))
-        )
-        gap = find_gap(record, slot_confirmed, streamed_id)
-        if gap is None and record is not None:
-            return GapOutcome(record.slot_id, None)
-        restreamed, first, last = 0, None, None
-        if gap is not None:
-            replay = conn.execute(
-                "SELECT replayed, first_job_id, last_job_id "
-                "FROM zapstream_restream_pending(now(), %s, 'relay')",
-                (f"slot gap ({gap.reason.value}): {gap.detail}",),
-            ).fetchone()
-            assert replay is not None
-            restreamed, first, last = int(replay[0]), replay[1], replay[2]
-        # Settle: the slot's position now (its start, for a new slot), nothing owed.
-        position = str(slot_confirmed) if slot_confirmed is not None else "0/0"
-        settled = conn.execute(
-            "SELECT zapstream_relay_slot_settled(%s, %s::pg_lsn)::text", (slot, position)
+    with psycopg.connect(dsn) as conn:
+        with conn.transaction():
+            outcome = _resolve(conn, slot, streamed_id)
+        if outcome.restreamed:
+            row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+            assert row is not None and outcome.replayed_before is not None
+            bound = ReplayedBefore(outcome.replayed_before.xid, Lsn.parse(str(row[0])))
+            outcome = dataclasses.replace(outcome, replayed_before=bound)
+        return outcome
+
+
+def _resolve(conn: psycopg.Connection[Any], slot: str, streamed_id: str | None) -> GapOutcome:
+    if not has_slot_record(conn):
+        return GapOutcome(None, None)
+    conn.execute("SELECT pg_advisory_xact_lock(hashtext('zapstream.slot_gap.' || %s))", (slot,))
+    row = conn.execute(_READ, {"slot": slot}).fetchone()
+    assert row is not None
+    slot_id, confirmed, restream_reason, slot_confirmed_text = row
+    record = (
+        None
+        if slot_id is None
+        else SlotRecord(str(slot_id), Lsn.parse(str(confirmed)), restream_reason)
+    )
+    slot_confirmed = None if slot_confirmed_text is None else Lsn.parse(str(slot_confirmed_text))
+    gap = find_gap(record, slot_confirmed, streamed_id)
+    if gap is None and record is not None:
+        return GapOutcome(record.slot_id, None)
+    outcome = GapOutcome(None, gap)
+    if gap is not None:
+        replay = conn.execute(
+            "SELECT replayed, first_job_id, last_job_id, "
+            "pg_current_xact_id()::text::bigint %% 4294967296 "
+            "FROM zapstream_restream_pending(NULL, %s, 'relay')",
+            (f"slot gap ({gap.reason.value}): {gap.detail}",),
         ).fetchone()
-        assert settled is not None
-        return GapOutcome(str(settled[0]), gap, restreamed, first, last)
+        assert replay is not None
+        restreamed, first, last, xid = int(replay[0]), replay[1], replay[2], int(replay[3])
+        outcome = GapOutcome(
+            None, gap, restreamed, first, last, ReplayedBefore(xid, Lsn(0)) if restreamed else None
+        )
+    # Settle: the slot's position now (its start, for a new slot), nothing owed.
+    position = str(slot_confirmed) if slot_confirmed is not None else "0/0"
+    settled = conn.execute(
+        "SELECT zapstream_relay_slot_settled(%s, %s::pg_lsn)::text", (slot, position)
+    ).fetchone()
+    assert settled is not None
+    return dataclasses.replace(outcome, slot_id=str(settled[0]))

@@ -157,6 +157,8 @@ class SlotSupervisor:
         self._gap_check_due = False
         self._streamed_id = outcome.slot_id
         gap = outcome.gap
+        if outcome.replayed_before is not None:
+            self._streamer.replayed_before = outcome.replayed_before
         if gap is not None:
             SLOT_GAPS.labels(gap.reason.value).inc()
             SLOT_GAP_RESTREAMED.inc(outcome.restreamed)

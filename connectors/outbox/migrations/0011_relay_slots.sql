@@ -62,9 +62,12 @@ LANGUAGE sql SECURITY DEFINER AS $$
     RETURNING s.confirmed_lsn
 $$;
 
--- Copy every PENDING job created before p_before into outbox_replays, in job id order
--- (`zapstream outbox restream` and the relay's gap recovery). FOR UPDATE SKIP LOCKED:
--- a job a sink is writing right now is left alone (it is not PENDING any more).
+-- Copy every PENDING job created before p_before (NULL: every PENDING job) into
+-- outbox_replays, in job id order (`zapstream outbox restream` and the relay's gap
+-- recovery). The SHARE lock waits for the transactions inserting jobs now and holds new
+-- ones until this one commits: every job committed before the replays is among them, so
+-- the relay may drop the slot's own copy of such a job (connectors/cdc/slot_gap.py) and
+-- a conversation keeps its order. FOR UPDATE: a job the sink writes is waited for.
 CREATE OR REPLACE FUNCTION zapstream_restream_pending(
     p_before TIMESTAMPTZ, p_reason TEXT, p_actor TEXT, p_limit INTEGER DEFAULT NULL
 ) RETURNS TABLE (replayed BIGINT, first_job_id BIGINT, last_job_id BIGINT)
@@ -72,11 +75,12 @@ LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     ids BIGINT[];
 BEGIN
+    LOCK TABLE outbox_jobs IN SHARE MODE;
     SELECT coalesce(array_agg(x.id ORDER BY x.id), '{}') INTO ids FROM (
         SELECT j.id FROM outbox_jobs j
-        WHERE j.status = 'PENDING' AND j.created_at < p_before
+        WHERE j.status = 'PENDING' AND (p_before IS NULL OR j.created_at < p_before)
         ORDER BY j.id LIMIT p_limit
-        FOR UPDATE SKIP LOCKED
+        FOR UPDATE
     ) x;
     INSERT INTO outbox_replays (job_id, reason, actor, instance_id, idempotency_key,
         conversation_key, payload, priority, purpose, expires_at, max_attempts, job_created_at)

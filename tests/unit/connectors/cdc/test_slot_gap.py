@@ -3,6 +3,7 @@ before it streams, on start and after a lost connection (fakes of ``test_relay_l
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import pytest
@@ -10,9 +11,22 @@ import pytest
 from connectors.cdc.lsn import Lsn
 from connectors.cdc.metrics import SLOT_GAP_RESTREAMED, SLOT_GAPS
 from connectors.cdc.replication_stream import ReplicationStreamClosed
-from connectors.cdc.slot_gap import GapOutcome, GapReason, SlotGap, SlotRecord, find_gap
+from connectors.cdc.slot_gap import (
+    GapOutcome,
+    GapReason,
+    ReplayedBefore,
+    SlotGap,
+    SlotRecord,
+    find_gap,
+)
 from tests.unit.connectors.cdc.test_relay_faults import _run_until_stop
-from tests.unit.connectors.cdc.test_relay_loop import Harness, Txn, relation_message
+from tests.unit.connectors.cdc.test_relay_loop import (
+    DEADLINE_S,
+    Harness,
+    Txn,
+    relation_message,
+    until,
+)
 
 RECORDED = Lsn.parse("0/5000")
 
@@ -103,3 +117,38 @@ async def test_the_relay_restreams_a_gap_before_streaming_and_checks_again_after
         "restreamed 3 PENDING jobs (job ids 10..12)"
     )
     assert len(lines) == 2
+
+
+def test_replayed_before_covers_the_transactions_before_the_restream_only() -> None:
+    replayed = ReplayedBefore(703, Lsn.parse("0/9000"))
+    assert replayed.covers(701, Lsn.parse("0/8000"))
+    assert replayed.covers(702, Lsn.parse("0/9000"))  # at the bound: still before it
+    assert not replayed.covers(703, Lsn.parse("0/8000"))  # the restream itself
+    assert not replayed.covers(704, Lsn.parse("0/9001"))  # past the bound
+
+
+@pytest.mark.parametrize(
+    ("replayed", "dropped", "produced"),
+    [
+        # Up to the restream's own transaction (xid 703): its replays carry txns 1 and 2.
+        (ReplayedBefore(703, Txn(9).commit_lsn), (1, 2), (3, 4)),
+        # The restream not seen (another relay streamed past it): the WAL bound ends it.
+        (ReplayedBefore(999, Txn(2).commit_lsn), (1, 2), (3, 4)),
+    ],
+)
+async def test_the_slots_own_jobs_before_the_restream_are_dropped_and_confirmed(
+    replayed: ReplayedBefore, dropped: tuple[int, ...], produced: tuple[int, ...]
+) -> None:
+    gaps = FakeGaps(GapOutcome("id-1", SlotGap(GapReason.MISSING, "new"), 2, 1, 2, replayed))
+    h = Harness(resolve_gap=gaps)
+    txns = [Txn(n) for n in (*dropped, *produced)]
+    h.source.push(relation_message(), *(m for t in txns for m in t.messages()))
+    expected = sorted(j for n in produced for j in Txn(n).job_ids)
+    async with h.running() as task:
+        await until(lambda: len(h.producer.sent) == len(expected), "the later txns sent")
+        h.producer.ack(*expected)
+        # Every transaction confirmed, the dropped ones too.
+        await until(lambda: txns[-1].end_lsn in h.source.flushes, "all confirmed")
+        h.relay.request_stop()
+        await asyncio.wait_for(task, DEADLINE_S)
+    assert sorted(s.job_id for s in h.producer.sent) == expected
