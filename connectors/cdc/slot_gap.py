@@ -15,7 +15,9 @@ slot confirmed while a relay streamed it (copied from ``confirmed_flush_lsn`` ev
   zapstream process recreated the slot meanwhile);
 - ``behind``: the slot's ``confirmed_flush_lsn`` is behind the recorded position (a slot
   restored from an older copy: a standby's, a backup's);
-- no record but a slot: a slot from before migration 0011; adopted, no gap.
+- no record but a slot: a slot from before migration 0011; adopted, no gap;
+- no slot: nothing yet (replays written now would never be decoded); the relay creates
+  the slot, which owes the restream.
 
 What a gap restreams, conservatively: **every PENDING job committed before the restream
 commits**, not only those whose commit falls between two LSNs. The jobs table has no
@@ -92,14 +94,14 @@ def find_gap(
     ``slot_confirmed`` is the slot's ``confirmed_flush_lsn`` (None: no slot, or none yet);
     ``streamed_id`` the identity this relay process last streamed (None: not yet).
     """
+    if slot_confirmed is None:
+        # No slot (yet): replays written now would never be decoded. The relay creates the
+        # slot next, and its creation owes the restream (settled once it exists).
+        return None
     if record is None:
-        if slot_confirmed is None:
-            return SlotGap(GapReason.MISSING, "the slot does not exist and has no record")
         return None  # a slot from before the record existed: adopt it
     if record.restream_reason is not None:
         return SlotGap(GapReason.MISSING, record.restream_reason)
-    if slot_confirmed is None:
-        return SlotGap(GapReason.MISSING, "the slot does not exist")
     if streamed_id is not None and record.slot_id != streamed_id:
         return SlotGap(
             GapReason.RECREATED, "the slot was recreated since this relay last streamed it"
@@ -187,6 +189,8 @@ def _resolve(conn: psycopg.Connection[Any], slot: str, streamed_id: str | None) 
         else SlotRecord(str(slot_id), Lsn.parse(str(confirmed)), restream_reason)
     )
     slot_confirmed = None if slot_confirmed_text is None else Lsn.parse(str(slot_confirmed_text))
+    if slot_confirmed is None:
+        return GapOutcome(streamed_id, None)  # settled once the relay created the slot
     gap = find_gap(record, slot_confirmed, streamed_id)
     if gap is None and record is not None:
         return GapOutcome(record.slot_id, None)
@@ -204,9 +208,8 @@ def _resolve(conn: psycopg.Connection[Any], slot: str, streamed_id: str | None) 
             None, gap, restreamed, first, last, ReplayedBefore(xid, Lsn(0)) if restreamed else None
         )
     # Settle: the slot's position now (its start, for a new slot), nothing owed.
-    position = str(slot_confirmed) if slot_confirmed is not None else "0/0"
     settled = conn.execute(
-        "SELECT zapstream_relay_slot_settled(%s, %s::pg_lsn)::text", (slot, position)
+        "SELECT zapstream_relay_slot_settled(%s, %s::pg_lsn)::text", (slot, str(slot_confirmed))
     ).fetchone()
     assert settled is not None
     return dataclasses.replace(outcome, slot_id=str(settled[0]))

@@ -46,9 +46,10 @@ def _record(*, slot_id: str = "a", owed: str | None = None) -> SlotRecord:
         # zapstream created the slot (relay or db migrate): a restream is owed.
         (_record(owed="zapstream created the slot at 0/9000"), Lsn.parse("0/9000"), "a", "missing"),
         (_record(owed="created"), Lsn.parse("0/9000"), None, "missing"),
-        # No slot at all.
-        (_record(), None, "a", "missing"),
-        (None, None, None, "missing"),
+        # No slot (yet): its creation owes the restream, settled once it exists.
+        (_record(), None, "a", None),
+        (_record(owed="created"), None, "a", None),
+        (None, None, None, None),
         # Another identity than the one this relay streamed: recreated meanwhile.
         (_record(slot_id="b"), Lsn.parse("0/9000"), "a", "recreated"),
         # Behind what was recorded (an older copy of the slot), even by one byte.
