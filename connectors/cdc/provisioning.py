@@ -146,7 +146,9 @@ def _record_created(conn: psycopg.Connection[tuple[object, ...]], slot: str, at:
     row = conn.execute("SELECT count(*) FROM outbox_jobs WHERE status = 'PENDING'").fetchone()
     pending = int(str(row[0])) if row else 0
     if has_slot_record(conn):
-        record_created(conn, slot, at, f"zapstream created the slot at {at}")
+        # Creating the slot waited for the transactions running then: one committing after
+        # it is streamed by it. So with no PENDING row now, no row can be missing.
+        record_created(conn, slot, at, f"zapstream created the slot at {at}" if pending else None)
         log.info(
             "created replication slot %s at %s; %d PENDING outbox rows committed before it "
             "will be restreamed by the relay",

@@ -155,8 +155,8 @@ def has_slot_record(conn: psycopg.Connection[Any]) -> bool:
     return bool(row and row[0])
 
 
-def record_created(conn: psycopg.Connection[Any], slot: str, at: Lsn, reason: str) -> None:
-    """zapstream just created ``slot`` at ``at``: a new identity, a restream owed."""
+def record_created(conn: psycopg.Connection[Any], slot: str, at: Lsn, reason: str | None) -> None:
+    """zapstream just created ``slot`` at ``at``: a new identity, a restream owed (None: not)."""
     if has_slot_record(conn):
         conn.execute(
             "SELECT zapstream_relay_slot_created(%s, %s::pg_lsn, %s)", (slot, str(at), reason)

@@ -243,6 +243,9 @@ class SlotSupervisor:
             self._settings.slot,
         )
         provisioned = await self._provision_until_ready()
+        # This relay recreated it: the restream owed in its record says what is missing, the
+        # new identity alone is no gap of its own.
+        self._streamed_id = None
         return None if provisioned is None else max(confirmed, provisioned)
 
     async def _session(self, source: ReplicationSource, confirmed: Lsn) -> Lsn:

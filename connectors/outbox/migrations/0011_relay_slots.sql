@@ -23,7 +23,8 @@ CREATE TABLE IF NOT EXISTS outbox_relay_slots (
 
 -- zapstream created the slot (at p_lsn, its consistent point): a new identity, and a
 -- restream owed for every PENDING job committed before it (written before the relay
--- streams it, so a crash in between still leaves the restream owed).
+-- streams it, so a crash in between still leaves the restream owed; p_reason NULL when
+-- no job was PENDING once the slot existed: nothing can be missing).
 CREATE OR REPLACE FUNCTION zapstream_relay_slot_created(p_slot TEXT, p_lsn PG_LSN, p_reason TEXT)
 RETURNS UUID
 LANGUAGE sql SECURITY DEFINER AS $$
