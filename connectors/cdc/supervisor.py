@@ -234,6 +234,9 @@ class SlotSupervisor:
             )
             self._announced_standby = True
         await self._sleep(self._settings.standby_retry_s)
+        # The relay that has the slot may die before settling a gap its creation owes: check
+        # again before taking the slot over (a read of one row while nothing is owed).
+        self._gap_check_due = True
 
     async def _recreate_slot(self, confirmed: Lsn) -> Lsn | None:
         self.set_state(SlotState.CONNECTING)
