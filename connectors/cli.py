@@ -362,7 +362,10 @@ def build_parser() -> argparse.ArgumentParser:
     outbox = sub.add_parser("outbox", help="outbox maintenance")
     outbox_sub = outbox.add_subparsers(dest="outbox_command", required=True)
     restream_parser = outbox_sub.add_parser(
-        "restream", help="re-publish PENDING jobs the relay never streamed (through CDC)"
+        "restream",
+        help="re-publish PENDING jobs the relay never streamed (through CDC); the relay "
+        "restreams a lost or recreated slot's gap by itself, so this is for a schema before "
+        "migration 0011 or a slot recreated by hand",
     )
     restream_parser.add_argument(
         "--older-than", required=True, help="only jobs created before now minus this (e.g. 10m)"

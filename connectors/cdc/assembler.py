@@ -20,7 +20,9 @@ carries, and a reduction cuts, all of them). Size before parse: a value over
 
 With exactly-once (:mod:`connectors.cdc.transactions`), ``skip_before`` names
 the transactions Kafka already holds: their rows are not captured again and
-their Commit says ``skipped``.
+their Commit says ``skipped``. After a slot gap, ``replayed_before`` names the
+restream's transaction: ``outbox_jobs`` rows of the transactions before it are in
+its replays, so they are not captured from the slot (:mod:`connectors.cdc.slot_gap`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from connectors.cdc.outbox_rows import (
 from connectors.cdc.pgoutput import Begin, Commit, Insert, Payload, PgOutputDecoder
 from connectors.cdc.provisioning import OUTBOX_TABLE, PUBLISHED_TABLES
 from connectors.cdc.shaping import Converted, RecordShaper, Row
+from connectors.cdc.slot_gap import ReplayedBefore
 from connectors.cdc.transactions import already_in_kafka
 
 NO_LSN = Lsn(0)
@@ -90,6 +93,7 @@ class TransactionAssembler:
         oversized_head_bytes: int,
         skip_before: Lsn = NO_LSN,
         start_lsn: Lsn = NO_LSN,
+        replayed_before: ReplayedBefore | None = None,
     ) -> None:
         self._shaper = shaper
         self._decoder = PgOutputDecoder(
@@ -99,6 +103,10 @@ class TransactionAssembler:
         )
         self._skip_before = skip_before
         self._skipping = False
+        self.replayed_before = replayed_before
+        """Until the restream's transaction is seen (then None)."""
+        self._replayed_jobs = False
+        """This transaction's ``outbox_jobs`` rows are in the restream's replays."""
         self.lsn = str(start_lsn)
         """The LSN the current transaction's records carry (its final LSN)."""
         self.committed_at: str | None = None
@@ -110,6 +118,8 @@ class TransactionAssembler:
             # The common case first, in as few calls as it takes (the relay's hot path).
             kept = self._decoder.kept_insert(payload)
             if kept is not None and kept[0].name == OUTBOX_TABLE:
+                if self._replayed_jobs:
+                    return None
                 row = kept[1]
                 intent = row_to_intent(row, lsn=self.lsn, committed_at=self.committed_at)
                 if type(intent) is CapturedIntent and waits_for_release(row):
@@ -121,7 +131,7 @@ class TransactionAssembler:
         kind = type(decoded)
         if kind is Insert:
             assert isinstance(decoded, Insert)
-            if self._skipping:
+            if self._skipping or (self._replayed_jobs and decoded.relation.name == OUTBOX_TABLE):
                 return None
             if decoded.oversized is None and decoded.relation.name == OUTBOX_TABLE:
                 # The common case first, in as few calls as it takes (the relay's hot path).
@@ -139,6 +149,11 @@ class TransactionAssembler:
             # Replayed by the slot, but committed to Kafka by an earlier relay: its inserts
             # are not produced again.
             self._skipping = already_in_kafka(decoded.final_lsn, self._skip_before)
+            replayed = self.replayed_before
+            if replayed is not None:
+                self._replayed_jobs = replayed.covers(decoded.xid, decoded.final_lsn)
+                if not self._replayed_jobs:
+                    self.replayed_before = None  # the restream itself, or past it
             return TxnBegun(decoded.final_lsn, decoded.commit_ts_us)
         if kind is Commit:
             assert isinstance(decoded, Commit)

@@ -99,8 +99,8 @@ _SLOT_INVALIDATED = re.compile(
 _SLOT_INVALIDATED_HINT = (
     "the replication slot was invalidated (PostgreSQL removed WAL it still needed, e.g. "
     "max_slot_wal_keep_size): rows committed since its last confirmed position can no longer "
-    "be streamed. Drop it (SELECT pg_drop_replication_slot('<ZAPSTREAM_RELAY_SLOT>')), start "
-    "the relay (it creates a new slot) and run `zapstream outbox restream --older-than <age>`"
+    "be streamed. Drop it (SELECT pg_drop_replication_slot('<ZAPSTREAM_RELAY_SLOT>')) and "
+    "start the relay again: it creates a new slot and restreams every PENDING row itself"
 )
 
 

@@ -89,6 +89,17 @@ INVALID_ROWS = Counter(
     "max_record_bytes, reduced), refused (Kafka refused the record; its reference is sent)",
     ["reason"],
 )
+SLOT_GAPS = Counter(
+    "zapstream_relay_slot_gaps_total",
+    "Slot gaps the relay found on start or reconnect, by reason: missing (zapstream recreated "
+    "the slot), recreated (a slot of another identity), behind (the slot's confirmed position "
+    "is behind the one recorded); each is followed by a restream",
+    ["reason"],
+)
+SLOT_GAP_RESTREAMED = Counter(
+    "zapstream_relay_slot_gap_restreamed_total",
+    "PENDING jobs the relay restreamed (through outbox_replays) after a slot gap",
+)
 TRANSACTIONS = Counter("zapstream_relay_transactions_total", "Transactions read from the slot")
 ACTIVE = Gauge(
     "zapstream_relay_active",

@@ -18,6 +18,7 @@ from psycopg import errors as pg_errors
 from psycopg import sql
 
 from connectors.cdc.lsn import Lsn
+from connectors.cdc.slot_gap import has_slot_record, record_created
 
 OUTBOX_TABLE = "outbox_jobs"
 COMMANDS_TABLE = "outbox_commands"
@@ -97,8 +98,12 @@ def ensure_replication(dsn: str, *, slot: str, publication: str) -> Lsn:
         ).fetchone()
         if row is None:
             with contextlib.suppress(pg_errors.DuplicateObject):
-                conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
-                _warn_unstreamed(conn, slot)
+                created = conn.execute(
+                    "SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput')",
+                    (slot,),
+                ).fetchone()
+                assert created is not None
+                _record_created(conn, slot, Lsn.parse(str(created[0])))
             row = conn.execute(
                 "SELECT plugin, confirmed_flush_lsn, database, current_database() "
                 "FROM pg_replication_slots WHERE slot_name = %s",
@@ -132,14 +137,30 @@ def _owner_only(publication: str) -> Iterator[None]:
         ) from exc
 
 
-def _warn_unstreamed(conn: psycopg.Connection[tuple[object, ...]], slot: str) -> None:
-    """A new slot starts at the current WAL: PENDING rows committed before it are never streamed."""
+def _record_created(conn: psycopg.Connection[tuple[object, ...]], slot: str, at: Lsn) -> None:
+    """A new slot starts at the current WAL: PENDING rows committed before it are never streamed.
+
+    With migration 0011 the slot's record says a restream is owed; the relay settles it
+    before it streams (:mod:`connectors.cdc.slot_gap`). Without it, an operator must.
+    """
     row = conn.execute("SELECT count(*) FROM outbox_jobs WHERE status = 'PENDING'").fetchone()
     pending = int(str(row[0])) if row else 0
-    if pending:
+    if has_slot_record(conn):
+        # Creating the slot waited for the transactions running then: one committing after
+        # it is streamed by it. So with no PENDING row now, no row can be missing.
+        record_created(conn, slot, at, f"zapstream created the slot at {at}" if pending else None)
+        log.info(
+            "created replication slot %s at %s; %d PENDING outbox rows committed before it "
+            "will be restreamed by the relay",
+            slot,
+            at,
+            pending,
+        )
+    elif pending:
         log.warning(
             "created replication slot %s; %d PENDING outbox rows committed before it will not "
-            "be streamed unless you run `zapstream outbox restream --older-than <age>`",
+            "be streamed unless you run `zapstream outbox restream --older-than <age>` "
+            "(or `zapstream db migrate`, after which the relay restreams them itself)",
             slot,
             pending,
         )

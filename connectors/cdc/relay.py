@@ -52,8 +52,10 @@ Failures are classified once (:mod:`connectors.cdc.failures`):
 - PostgreSQL away (connection refused or closed, SQLSTATE 08/53/57...): the
   relay reconnects with capped, jittered backoff for as long as it takes,
   logging the outage once when it starts and once when it ends. A slot found
-  missing on reconnect is recreated (rows committed while it was missing need
-  ``zapstream outbox restream``; a WARNING says so).
+  missing on reconnect is recreated; on start and on every reconnect a slot gap
+  (the slot new, recreated, or behind the position recorded in ``outbox_relay_slots``)
+  is restreamed by the relay itself, with one line and a metric
+  (:mod:`connectors.cdc.slot_gap`).
 - Kafka away (producer start, or a retriable send error such as a batch that
   expired during the outage): the same backoff; the relay resumes from the
   slot's confirmed position, so what Kafka did not take is produced again.
@@ -91,6 +93,7 @@ from connectors.cdc.publisher import KeyHashPartitioner, Publisher, build_produc
 from connectors.cdc.scheduled_release import ScheduledRelease
 from connectors.cdc.settings import RelaySettings
 from connectors.cdc.shaping import RecordShaper
+from connectors.cdc.slot_gap import GapOutcome
 from connectors.cdc.slot_monitor import SlotMonitor
 from connectors.cdc.source import ReplicationSource
 from connectors.cdc.streaming import Streamer
@@ -124,7 +127,9 @@ class OutboxRelay(Service):
     ``provision`` (makes sure the publication and slot exist, returns the slot's
     confirmed LSN) and ``monitor`` (the :class:`~connectors.cdc.slot_monitor.SlotMonitor`
     exporting the slot's lag and writing heartbeats; by default one on ``postgres.dsn``
-    when the source is the production one, none when a ``source_factory`` is injected).
+    when the source is the production one, none when a ``source_factory`` is injected) and
+    ``resolve_gap`` (finds and restreams a slot gap, :mod:`connectors.cdc.slot_gap`; by
+    default the database's with the production source, none with an injected one).
 
     :meth:`readiness` (``/readyz``) says whether this relay streams the slot now.
     """
@@ -142,6 +147,7 @@ class OutboxRelay(Service):
         clock: Callable[[], float] = time.time,
         position_reader: Callable[[], Awaitable[KafkaPosition | None]] | None = None,
         release: ScheduledRelease | None = None,
+        resolve_gap: Callable[[str | None], Awaitable[GapOutcome]] | None = None,
     ) -> None:
         super().__init__()
         self.settings = settings
@@ -208,6 +214,7 @@ class OutboxRelay(Service):
             transactions=self._eos,
             new_source=source_factory,
             provision=provision,
+            resolve=resolve_gap,
             sleep=self._sleep,
             stopping=stopping,
             kafka_outage=self._kafka_outage,

@@ -2,11 +2,14 @@
 
 A row committed while no replication slot existed is never decoded: before
 the slot was first created, or while an operator had dropped it (the relay
-recreates a missing slot, at the current WAL position). Such jobs stay PENDING
-in ``outbox_jobs`` for ever. :func:`restream` copies every PENDING job older
-than a bound into ``outbox_replays`` (migration 0005), in job id order and in
-one transaction; the publication covers that table, so the relay streams each
-copy as the job's own ``IntentCaptured`` (see
+recreates a missing slot, at the current WAL position). The relay restreams
+such a gap by itself (:mod:`connectors.cdc.slot_gap`, with the same SQL function);
+this command is for what it cannot see: a schema before migration 0011, a slot
+recreated by hand under the same name while no relay ran, or an operator's own
+judgement. :func:`restream` copies every PENDING job older than a bound into
+``outbox_replays`` (migration 0005), in job id order and in one transaction
+(``zapstream_restream_pending``, migration 0011); the publication covers that
+table, so the relay streams each copy as the job's own ``IntentCaptured`` (see
 :func:`~connectors.cdc.outbox_rows.replay_row_to_record`).
 
 Why this design: the relay stays the only writer to Kafka and the replays go
@@ -60,23 +63,19 @@ def restream(
         limit_sql = " LIMIT %(limit)s"
         params["limit"] = limit
     with psycopg.connect(dsn) as conn, conn.transaction():
+        if not dry_run:
+            row = conn.execute(
+                "SELECT replayed, first_job_id, last_job_id FROM zapstream_restream_pending("
+                "now() - %(age)s, %(reason)s, %(actor)s, %(limit)s)",
+                {**params, "limit": limit},
+            ).fetchone()
+            assert row is not None
+            replayed = int(row[0])
+            return RestreamResult(replayed, replayed, row[1], row[2])
         ids = [
             int(job_id)
             for (job_id,) in conn.execute(
                 f"SELECT j.id {_SELECT} ORDER BY j.id{limit_sql} FOR UPDATE SKIP LOCKED", params
             )
         ]
-        if dry_run or not ids:
-            return RestreamResult(len(ids), 0, ids[0] if ids else None, ids[-1] if ids else None)
-        params["ids"] = ids
-        cursor = conn.execute(
-            """INSERT INTO outbox_replays (job_id, reason, actor, instance_id, idempotency_key,
-                   conversation_key, payload, priority, purpose, expires_at, max_attempts,
-                   job_created_at)
-               SELECT j.id, %(reason)s, %(actor)s, j.instance_id, j.idempotency_key,
-                   j.conversation_key, j.payload, j.priority, j.purpose, j.expires_at,
-                   j.max_attempts, j.created_at
-               FROM outbox_jobs j WHERE j.id = ANY(%(ids)s) ORDER BY j.id""",
-            params,
-        )
-        return RestreamResult(len(ids), cursor.rowcount, ids[0], ids[-1])
+        return RestreamResult(len(ids), 0, ids[0] if ids else None, ids[-1] if ids else None)

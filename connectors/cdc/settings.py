@@ -33,6 +33,10 @@ class RelaySettings(SettingsBase):
     """Serve Prometheus ``/metrics`` on this port (see :mod:`connectors.cdc.metrics`); 0: off."""
     slot_metrics_interval_s: float = Field(default=10.0, gt=0)
     """How often the slot's lag and retained WAL are read from PostgreSQL for ``/metrics``."""
+    slot_checkpoint_interval_s: float = Field(default=5.0, gt=0)
+    """While streaming, copy the slot's confirmed position into ``outbox_relay_slots`` this
+    often: on start and on every reconnect, a slot behind it (or new, or recreated) is a gap
+    the relay restreams by itself (docs/guides/deployment.md, "Slot lost")."""
     heartbeat_interval_s: float = Field(default=60.0, ge=0)
     """While streaming, write a non-transactional logical message this often so the slot's
     confirmed position advances on an idle outbox (and an alert can see the relay live);

@@ -48,6 +48,7 @@ from connectors.cdc.replication_messages import PrimaryKeepalive, XLogData, pg_t
 from connectors.cdc.replication_stream import ReplicationError
 from connectors.cdc.settings import RelaySettings
 from connectors.cdc.shaping import RecordShaper
+from connectors.cdc.slot_gap import ReplayedBefore
 from connectors.cdc.source import ReplicationSource
 
 # The relay's log lines keep the logger name they always had: operators filter on it.
@@ -93,6 +94,8 @@ class Streamer:
         self._clock = clock
         self._linger = Linger(publisher.policy)
         self.reported = Lsn(0)
+        self.replayed_before: ReplayedBefore | None = None
+        """After a slot gap: the restream's transaction, until a session streamed up to it."""
         """The LSN last confirmed to PostgreSQL (by any connection)."""
         self.commit_to_ack = LatencyWindow()
         self.commit_to_read = LatencyWindow("commit->read", COMMIT_TO_READ)
@@ -122,11 +125,15 @@ class Streamer:
             oversized_head_bytes=s.rejected_value_max_bytes,
             skip_before=Lsn(0) if eos is None else eos.skip_before,
             start_lsn=confirmed,
+            replayed_before=self.replayed_before,
         )
         self._txn = None
         self._rows_counted = self._stats.intents + self._stats.rejected
         log.info("relay streaming slot %s from %s", s.slot, confirmed)
-        await self._read(source, tracker, self._assembler)
+        try:
+            await self._read(source, tracker, self._assembler)
+        finally:
+            self.replayed_before = self._assembler.replayed_before
         await self.drain(source, at_boundary=self._txn is None)
         # Exactly-once: only what was confirmed is known to be committed in Kafka.
         return self.reported if eos is not None else tracker.confirmed

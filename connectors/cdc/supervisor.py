@@ -7,8 +7,12 @@ unless a source factory is injected) and, depending on the answer:
 
 - the slot is streamed by another relay: :attr:`SlotState.STANDBY`, retrying
   every ``standby_retry_s`` (announced once per standby spell);
-- the slot is missing: recreate it (a WARNING names the restream command for
-  the rows committed meanwhile);
+- the slot is missing: recreate it; the rows committed meanwhile are restreamed
+  before it streams (below);
+- before each connection after provisioning, a recreation or a lost session: settle a slot
+  gap (:mod:`connectors.cdc.slot_gap`: the slot new, of another identity or behind what it
+  last confirmed), restreaming every PENDING job by itself, with one line and
+  ``zapstream_relay_slot_gap_restreamed_total``;
 - PostgreSQL is away: :attr:`SlotState.CONNECTING`, capped, jittered backoff,
   the outage logged once when it starts and once when it ends;
 - streaming: :attr:`SlotState.STREAMING` while the
@@ -41,7 +45,7 @@ from connectors.cdc.failures import (
     refused,
 )
 from connectors.cdc.lsn import Lsn
-from connectors.cdc.metrics import ACTIVE
+from connectors.cdc.metrics import ACTIVE, SLOT_GAP_RESTREAMED, SLOT_GAPS
 from connectors.cdc.provisioning import ProvisioningError, ensure_replication
 from connectors.cdc.publisher import Publisher
 from connectors.cdc.replication_stream import (
@@ -52,6 +56,7 @@ from connectors.cdc.replication_stream import (
     SlotNotFound,
 )
 from connectors.cdc.settings import RelaySettings
+from connectors.cdc.slot_gap import GapOutcome, resolve_gap
 from connectors.cdc.source import ReplicationSource
 from connectors.cdc.streaming import Streamer
 from connectors.cdc.transactions import transactional_id
@@ -82,6 +87,7 @@ class SlotSupervisor:
         transactions: KafkaTransactions | None,
         new_source: Callable[[], ReplicationSource] | None = None,
         provision: Callable[[], Awaitable[Lsn]] | None = None,
+        resolve: Callable[[str | None], Awaitable[GapOutcome]] | None = None,
         sleep: Callable[[float], Awaitable[bool]],
         stopping: Callable[[], bool],
         kafka_outage: OutageLog,
@@ -92,6 +98,11 @@ class SlotSupervisor:
         self._eos = transactions
         self._new_source = new_source or self._replication_stream
         self._provision = provision or self._ensure_replication
+        # Gap recovery needs the database: on by default with the production source only.
+        self._resolve = resolve or (self._resolve_gap if new_source is None else None)
+        self._gap_check_due = True
+        self._streamed_id: str | None = None
+        """The slot identity this relay last settled (None: not yet, or no record)."""
         self._sleep = sleep
         self._stopping = stopping
         self._pg_outage = OutageLog("PostgreSQL", log)
@@ -120,10 +131,56 @@ class SlotSupervisor:
             ensure_replication, s.postgres.dsn, slot=s.slot, publication=s.publication
         )
 
+    async def _resolve_gap(self, streamed_id: str | None) -> GapOutcome:
+        s = self._settings
+        return await asyncio.to_thread(
+            resolve_gap, s.postgres.service_dsn, s.slot, streamed_id=streamed_id
+        )
+
+    async def _settle_gap(self) -> bool:
+        """Restream a slot gap if there is one; False while PostgreSQL is away (retry)."""
+        if self._resolve is None or not self._gap_check_due:
+            return True
+        try:
+            outcome = await self._resolve(self._streamed_id)
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise refused(
+                f"the relay may not keep its slot's record ({exc}): run `zapstream db migrate` "
+                "(it grants zapstream_relay what migration 0011 needs)",
+                dependency="postgres",
+            ) from exc
+        except psycopg.Error as exc:
+            self.set_state(SlotState.CONNECTING)
+            self._pg_failed(exc)
+            await self._sleep(self._backoff.next_delay_s())
+            return False
+        self._gap_check_due = False
+        self._streamed_id = outcome.slot_id
+        gap = outcome.gap
+        if outcome.replayed_before is not None:
+            self._streamer.replayed_before = outcome.replayed_before
+        if gap is not None:
+            SLOT_GAPS.labels(gap.reason.value).inc()
+            SLOT_GAP_RESTREAMED.inc(outcome.restreamed)
+            log.log(
+                logging.WARNING if outcome.restreamed else logging.INFO,
+                "slot gap on %s (%s: %s): restreamed %d PENDING jobs%s",
+                self._settings.slot,
+                gap.reason.value,
+                gap.detail,
+                outcome.restreamed,
+                ""
+                if outcome.first_job_id is None
+                else f" (job ids {outcome.first_job_id}..{outcome.last_job_id})",
+            )
+        return True
+
     async def run(self) -> None:
         """Stream the slot until a stop is requested (or a permanent failure raises)."""
         confirmed = await self._provision_until_ready()
         while confirmed is not None and not self._stopping():
+            if not await self._settle_gap():
+                continue
             source = self._new_source()
             try:
                 await source.start(Lsn(0))
@@ -134,6 +191,7 @@ class SlotSupervisor:
             except SlotNotFound:
                 await source.close()
                 confirmed = await self._recreate_slot(confirmed)
+                self._gap_check_due = True
                 continue
             except ReplicationError as exc:
                 await source.close()
@@ -145,6 +203,7 @@ class SlotSupervisor:
             self._backoff.reset()
             self._announced_standby = False
             confirmed = await self._session(source, confirmed)
+            self._gap_check_due = True  # a reconnect: the slot may have gone meanwhile
 
     async def _provision_until_ready(self) -> Lsn | None:
         """Run provisioning, retrying transient failures; None if a stop came first."""
@@ -175,16 +234,21 @@ class SlotSupervisor:
             )
             self._announced_standby = True
         await self._sleep(self._settings.standby_retry_s)
+        # The relay that has the slot may die before settling a gap its creation owes: check
+        # again before taking the slot over (a read of one row while nothing is owed).
+        self._gap_check_due = True
 
     async def _recreate_slot(self, confirmed: Lsn) -> Lsn | None:
         self.set_state(SlotState.CONNECTING)
         log.warning(
-            "replication slot %s is missing; recreating it. Rows committed while it "
-            "was missing are not streamed: run `zapstream outbox restream --older-than "
-            "<age>` to send them",
+            "replication slot %s is missing; recreating it (the rows committed while it was "
+            "missing are restreamed before it streams)",
             self._settings.slot,
         )
         provisioned = await self._provision_until_ready()
+        # This relay recreated it: the restream owed in its record says what is missing, the
+        # new identity alone is no gap of its own.
+        self._streamed_id = None
         return None if provisioned is None else max(confirmed, provisioned)
 
     async def _session(self, source: ReplicationSource, confirmed: Lsn) -> Lsn:

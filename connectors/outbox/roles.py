@@ -12,7 +12,8 @@ relay      zapstream_relay       the replication connection (REPLICATION, a logi
                                  attribute), catalog reads to check the publication and
                                  slot, the WAL heartbeat; counts PENDING jobs when it
                                  re-creates a dropped slot; releases due SCHEDULED jobs
-                                 into ``outbox_replays``
+                                 into ``outbox_replays``; keeps its slot's record and
+                                 restreams a slot gap (``outbox_relay_slots``)
 worker     zapstream_worker      the job history of late redeliveries (status, version,
                                  attempts of one job; its ATTEMPTING events)
 sink       zapstream_sink        states into ``outbox_jobs``, events into
@@ -38,10 +39,11 @@ on ``outbox_job_events`` that records them (migration 0010) runs as the tables' 
 Why the relay gets no SELECT on the published tables: the walsender decodes the rows
 under the REPLICATION attribute; table SELECT is only needed to copy a table's existing
 rows, which a subscription does and the relay never does. Its scheduled release runs
-``zapstream_release_due`` (migration 0008, SECURITY DEFINER), the one function it may
-EXECUTE. The publication (which only the tables' owner may create or extend) and the slot are
-created by ``db migrate``; the relay re-creates a dropped slot itself (REPLICATION allows
-it).
+``zapstream_release_due`` (migration 0008, SECURITY DEFINER), a function it may
+EXECUTE, with migration 0011's functions that keep its slot's record in
+``outbox_relay_slots`` (which it may read) and restream a gap. The publication (which
+only the tables' owner may create or extend) and the slot are created by ``db migrate``;
+the relay re-creates a dropped slot itself (REPLICATION allows it).
 
 :func:`roles_sql` is the idempotent SQL (create the group roles if missing, reset and
 grant); ``zapstream db roles --print`` prints it for a DBA, and ``zapstream db migrate``
@@ -69,6 +71,7 @@ CONTROLS_VIEW = "zapstream_controls"
 OPTOUTS = "outbox_optouts"
 OPTOUTS_VIEW = "zapstream_optouts"
 MIGRATIONS = "schema_migrations"
+RELAY_SLOTS = "outbox_relay_slots"
 TABLES = (
     JOBS,
     EVENTS,
@@ -79,12 +82,24 @@ TABLES = (
     OPTOUTS,
     OPTOUTS_VIEW,
     MIGRATIONS,
+    RELAY_SLOTS,
 )
 """Every relation the group roles are granted on (reset on each apply)."""
 SEQUENCES = tuple(f"{t}_id_seq" for t in (JOBS, EVENTS, COMMANDS, REPLAYS, CONTROLS, OPTOUTS))
 RELEASE_FUNCTION = "zapstream_release_due(integer)"
 """Migration 0008's scheduled release (SECURITY DEFINER), the relay's only write."""
-FUNCTIONS = (RELEASE_FUNCTION,)
+SLOT_CREATED_FUNCTION = "zapstream_relay_slot_created(text, pg_lsn, text)"
+SLOT_SETTLED_FUNCTION = "zapstream_relay_slot_settled(text, pg_lsn)"
+SLOT_CHECKPOINT_FUNCTION = "zapstream_relay_slot_checkpoint(text)"
+RESTREAM_FUNCTION = "zapstream_restream_pending(timestamptz, text, text, integer)"
+"""Migration 0011's slot record and restream (SECURITY DEFINER): the relay's gap recovery."""
+FUNCTIONS = (
+    RELEASE_FUNCTION,
+    SLOT_CREATED_FUNCTION,
+    SLOT_SETTLED_FUNCTION,
+    SLOT_CHECKPOINT_FUNCTION,
+    RESTREAM_FUNCTION,
+)
 """Functions granted to a group role (EXECUTE; revoked from PUBLIC by their migration)."""
 WRITES = ("INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER")
 """Table privileges beyond reading."""
@@ -165,6 +180,13 @@ COMPONENT_ROLES: tuple[ComponentRole, ...] = (
             # The scheduled release (connectors/cdc/scheduled_release.py), SECURITY DEFINER:
             # no write and no payload read of the relay's own.
             Grant("EXECUTE", RELEASE_FUNCTION),
+            # Its slot's record and the restream of a gap (connectors/cdc/slot_gap.py),
+            # SECURITY DEFINER: it reads the record, it never reads a payload.
+            Grant("SELECT", RELAY_SLOTS),
+            Grant("EXECUTE", SLOT_CREATED_FUNCTION),
+            Grant("EXECUTE", SLOT_SETTLED_FUNCTION),
+            Grant("EXECUTE", SLOT_CHECKPOINT_FUNCTION),
+            Grant("EXECUTE", RESTREAM_FUNCTION),
             _VERSIONS,
         ),
         replication=True,

@@ -3,7 +3,8 @@
 - a 2 MB malformed row is reduced onto ``zapstream.invalid`` and the rows after it flow;
   the relay's ``/metrics`` count it, the rows and their commit->ack latency;
 - rows written after ``db migrate`` but before the relay's first start are delivered;
-- rows written while the slot was dropped are delivered by ``outbox restream``;
+- rows written while the slot was dropped are restreamed by the relay itself, and so are
+  those of a slot dropped under a running relay mid-stream (once each, in order);
 - PostgreSQL and Kafka each cut for 10 s through a TCP proxy mid-stream: nothing lost,
   nothing sent twice, order kept, no process exits;
 - a relay with a missing database or a wrong password exits 2 with one line.
@@ -131,43 +132,130 @@ def test_rows_written_after_migrate_before_the_first_relay_are_delivered(
     _stop_relay(relay)
 
 
-# --- 2. a dropped slot, then `outbox restream` ---------------------------------------------
+# --- 2. a dropped slot: the relay restreams the gap by itself ---------------------------------
 
 
-def test_rows_written_while_the_slot_was_dropped_are_delivered_by_restream(
+GAP_LINE = r"slot gap on zapstream_outbox \(missing: [^)]*\): restreamed (\d+) PENDING jobs"
+
+
+def _gap_metrics(port: int) -> tuple[float, float]:
+    """(gaps found for a missing slot, jobs restreamed) from the relay's ``/metrics``."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    found = re.search(
+        r'^zapstream_relay_slot_gaps_total\{reason="missing"\} ([0-9.e+]+)$', text, re.M
+    )
+    restreamed = metric_value(port, "zapstream_relay_slot_gap_restreamed_total")
+    return (float(found.group(1)) if found else 0.0), restreamed
+
+
+def test_rows_written_while_the_slot_was_dropped_are_restreamed_by_the_relay_itself(
     pipeline: LocalPipeline,
 ) -> None:
     _drop_slot(pipeline.dsn)  # an operator drops the slot while no relay runs
     gap = enqueue_conversations(pipeline.dsn, uuid.uuid4().hex[:8], messages=300, conversations=15)
-    relay = pipeline.start_relay("relay-gap")  # recreates the slot at the current WAL
-    relay.wait_for_log(r"created replication slot .* 300 PENDING", timeout_s=30)
-    arrivals = Arrivals(pipeline)
-    after = enqueue_conversations(pipeline.dsn, uuid.uuid4().hex[:8], messages=30, conversations=3)
-    arrivals.wait_for(after, timeout_s=120)
-    wait_for_status(pipeline.dsn, after, "ACCEPTED", 120)
-    # The gap is real: the rows after it went through, the gap's rows did not.
-    pending_sql = (
-        "SELECT count(*) FROM outbox_jobs WHERE idempotency_key = ANY(%s) AND status = 'PENDING'"
+    metrics_port = find_free_port()
+    relay = pipeline.start_relay(  # recreates the slot at the current WAL, then restreams
+        "relay-gap", env={"ZAPSTREAM_RELAY_METRICS_PORT": str(metrics_port)}
     )
-    assert count_rows(pipeline.dsn, pending_sql, (gap,)) == 300
-    gap_seen = {k for k in gap if any(k in str(m.get("text", "")) for m in arrivals.refresh())}
-    assert not gap_seen
-
-    dry = _zapstream(pipeline, "outbox", "restream", "--older-than", "0s", "--dry-run")
-    assert dry.returncode == 0, dry.stderr
-    assert dry.stdout.startswith("300 PENDING jobs"), dry.stdout
-    done = _zapstream(pipeline, "outbox", "restream", "--older-than", "0s", "--by", "test")
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("restreamed 300 "), done.stdout
-
-    report = arrivals.wait_for(after + gap, timeout_s=180)
-    _print_figures("slot-gap-restream", len(after + gap), report)
+    line = relay.wait_for_log(GAP_LINE, timeout_s=30)
+    print(f"[slot-gap-stopped] relay: {line.group(0)}")
+    assert line.group(1) == "300"
+    after = enqueue_conversations(pipeline.dsn, uuid.uuid4().hex[:8], messages=30, conversations=3)
+    report = Arrivals(pipeline).wait_for(gap + after, timeout_s=180)
+    _print_figures("slot-gap-stopped", len(gap + after), report)
     assert report.ok, report.summary()
-    wait_for_status(pipeline.dsn, gap, "ACCEPTED", 120)
-    # A second restream finds nothing: every job left PENDING.
+    assert _gap_metrics(metrics_port) == (1.0, 300.0)
+    wait_for_status(pipeline.dsn, gap + after, "ACCEPTED", 120)
+    # Nothing left for an operator: the command finds no PENDING job.
     again = _zapstream(pipeline, "outbox", "restream", "--older-than", "0s", "--dry-run")
     assert again.stdout.startswith("0 PENDING"), again.stdout
+    done = _zapstream(pipeline, "outbox", "restream", "--older-than", "0s", "--by", "test")
+    assert done.returncode == 0 and done.stdout.startswith("restreamed 0 "), done
     _stop_relay(relay)
+
+
+def _drop_slot_under_the_relay(dsn: str, timeout_s: float = 30) -> int:
+    """As an operator would: terminate the walsender, drop the slot (again until it goes:
+    the relay reconnects within a second); the attempts it took."""
+    deadline = time.monotonic() + timeout_s
+    attempts = 0
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while True:
+            attempts += 1
+            conn.execute(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+                "WHERE slot_name = %s AND active_pid IS NOT NULL",
+                (SLOT,),
+            )
+            try:
+                conn.execute("SELECT pg_drop_replication_slot(%s)", (SLOT,))
+                return attempts
+            except psycopg.errors.ObjectInUse:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)  # the walsender is still exiting
+
+
+def test_a_slot_dropped_under_a_running_relay_is_recovered_by_the_relay_exactly_once(
+    pipeline: LocalPipeline,
+) -> None:
+    metrics_port = find_free_port()
+    relay = pipeline.start_relay(
+        "relay-slot-drop",
+        env={
+            "ZAPSTREAM_RELAY_METRICS_PORT": str(metrics_port),
+            "ZAPSTREAM_RELAY_SLOT_CHECKPOINT_INTERVAL_S": "1",
+        },
+    )
+    since = relay.log_offset()
+    run = uuid.uuid4().hex[:8]
+    committed = [0]
+
+    def pace(n: int) -> None:
+        committed[0] = n
+        time.sleep(0.05)  # a steady stream (~400 rows/s): the drop lands mid-stream
+
+    keys: list[str] = []
+    writer = threading.Thread(
+        target=lambda: keys.extend(
+            enqueue_conversations(
+                pipeline.dsn,
+                run,
+                messages=4_000,
+                conversations=40,
+                per_transaction=20,
+                after_transaction=pace,
+            )
+        )
+    )
+    writer.start()
+    try:
+        wait_until(lambda: committed[0] >= 1_000, 60, "1,000 rows committed")
+        attempts = _drop_slot_under_the_relay(pipeline.dsn)
+        print(f"[slot-drop] slot dropped at {committed[0]} committed ({attempts} attempts)")
+        line = relay.wait_for_log(GAP_LINE, timeout_s=60, since=since)
+        print(f"[slot-drop] relay: {line.group(0)}")
+        writer.join(timeout=300)
+        assert len(keys) == 4_000
+        report = Arrivals(pipeline).wait_for(keys, timeout_s=240)
+        _print_figures("slot-drop", len(keys), report)
+        gaps, restreamed = _gap_metrics(metrics_port)
+        print(
+            f"[slot-drop] zapstream_relay_slot_gaps_total{{reason=missing}}={gaps} "
+            f"zapstream_relay_slot_gap_restreamed_total={restreamed}"
+        )
+        assert not report.missing, f"{report.summary()}; e.g. {sorted(report.missing)[:5]}"
+        assert report.duplicate_count == 0, f"sent twice: {list(report.duplicates)[:5]}"
+        assert report.order_violations == (), report.order_violations[:5]
+        assert report.accepted_unique == 4_000
+        assert gaps == 1.0 and restreamed == float(line.group(1)) > 0
+        _assert_all_running(pipeline, relay)
+        wait_for_status(pipeline.dsn, keys, "ACCEPTED", 180)
+        _stop_relay(relay)
+    finally:
+        writer.join(timeout=300)
+        if relay.is_running:  # a failed check must not leave it holding the slot
+            relay.terminate(timeout_s=60)
 
 
 # --- 3. a poison row -------------------------------------------------------------------------

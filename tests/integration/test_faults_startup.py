@@ -428,5 +428,5 @@ def test_relay_names_an_invalidated_slot_and_the_recovery(kafka: Namespace, sim_
         assert code == 2
         [line] = lines(err)
         assert "replication slot was invalidated" in line, line
-        assert "pg_drop_replication_slot" in line and "outbox restream" in line
+        assert "pg_drop_replication_slot" in line and "restreams every PENDING row" in line
         assert "wal_level" not in line

@@ -55,7 +55,7 @@ def test_transient(sqlstate: str | None, message: str) -> None:
         (
             "55000",
             'can no longer get changes from replication slot "zapstream_outbox"',
-            "outbox restream",
+            "restreams every PENDING row itself",
         ),
         ("42P01", 'relation "outbox_jobs" does not exist', "zapstream db migrate"),
         ("42601", "syntax error", "refused"),

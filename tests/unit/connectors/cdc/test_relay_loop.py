@@ -26,6 +26,7 @@ from connectors.cdc.relay import OutboxRelay, RelayError
 from connectors.cdc.replication_messages import PrimaryKeepalive, XLogData, to_pg_timestamp
 from connectors.cdc.replication_stream import ReplicationStreamClosed, SlotInUse
 from connectors.cdc.settings import RelaySettings
+from connectors.cdc.slot_gap import GapOutcome
 from streams.kernel.contract import HEADER_JOB_ID, HEADER_LSN, INTENTS, IntentCaptured
 from tests.unit.connectors.cdc.data.pgoutput_capture import PAYLOADS
 
@@ -306,6 +307,7 @@ class Harness:
         clock: Callable[[], float] | None = None,
         producer: Callable[[list[Event]], FakeProducer] = FakeProducer,
         provision: Callable[[], Awaitable[Lsn]] | None = None,
+        resolve_gap: Callable[[str | None], Awaitable[GapOutcome]] | None = None,
         **settings: Any,
     ) -> None:
         self.events: list[Event] = []
@@ -323,6 +325,7 @@ class Harness:
             self.producer,
             source_factory=self._next_source,
             provision=provision or self._provision,
+            resolve_gap=resolve_gap,
             **({} if clock is None else {"clock": clock}),
         )
 
