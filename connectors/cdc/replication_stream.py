@@ -599,6 +599,8 @@ class ReplicationStream(contextlib.AbstractAsyncContextManager["ReplicationStrea
         # publication_names is a string literal holding a comma-separated list
         # of identifiers: quote the identifier, then the literal.
         publication = '"' + self._publication.replace('"', '""') + '"'
+        # Protocol version 1 on every server from 15 to 18; why no streaming, two_phase,
+        # binary or origin: see connectors.cdc.relay's docstring.
         options = [("proto_version", "1"), ("publication_names", publication)]
         if self._messages:
             options.append(("messages", "true"))
