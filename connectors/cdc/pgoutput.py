@@ -1,6 +1,7 @@
 """Sans-IO decoder for PostgreSQL's ``pgoutput`` logical replication plugin.
 
-Scope: protocol version 1 (``proto_version '1'``) as sent by PostgreSQL 15, with
+Scope: protocol version 1 (``proto_version '1'``) as sent by PostgreSQL 15 to 18 (the
+relay asks for nothing else; :mod:`connectors.cdc.relay` says why), with
 tuple values in text format (the default; ``binary 'true'`` is not supported).
 Every XLogData payload of a pgoutput slot is exactly one of the messages below.
 Layouts are documented beside each parser; all integers are big-endian and

