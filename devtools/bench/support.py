@@ -44,6 +44,14 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
 
 
+def machine_cpu_s() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine so far, from /proc/stat."""
+    fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    total = sum(fields[:8])  # without guest time, which user time already counts
+    return (total - idle) / _CLOCK_TICKS, total / _CLOCK_TICKS
+
+
 def proc_status_mib(pid: int, field: str) -> float:
     """A ``kB`` field of /proc/<pid>/status (VmHWM, VmRSS) in MiB; NaN if the process is gone."""
     try:

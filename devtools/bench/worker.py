@@ -18,7 +18,6 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, TextIO
 
 import orjson
@@ -29,6 +28,7 @@ from connectors.cdc.provisioning import ensure_replication
 from devtools.bench.support import (
     cpu_seconds,
     fill_outbox,
+    machine_cpu_s,
     ms,
     percentile,
     proc_status_mib,
@@ -41,7 +41,6 @@ from devtools.stack.local_pipeline import LocalPipeline
 from streams.kernel.contract import INTENTS
 
 SLOT = "zapstream_outbox"
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 MEMORY_HORIZON_S = 20.0
 """The dedup horizon of the memory run (``ZAPSTREAM_WORKER_DEDUP_HORIZON_S``)."""
 BASELINE_APP = "bench-faust-baseline"
@@ -71,14 +70,6 @@ def _relay_into_kafka(pipe: LocalPipeline, *, run: str, start: int, count: int) 
         interval_s=0.2,
     )
     relay.stop()
-
-
-def _machine_busy_s() -> tuple[float, float]:
-    """(busy, total) CPU seconds of the whole machine so far, from /proc/stat."""
-    fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = fields[3] + fields[4]  # idle + iowait
-    total = sum(fields[:8])  # without guest time, which user time already counts
-    return (total - idle) / _CLOCK_TICKS, total / _CLOCK_TICKS
 
 
 def _timed_delivery(
@@ -111,7 +102,7 @@ def _timed_delivery(
         now = time.monotonic()
         if first is None and accepted > 0:
             first = (now, accepted, cpu())
-            machine_first = _machine_busy_s()
+            machine_first = machine_cpu_s()
             others_first = {name: cpu_seconds(pid) for name, pid in others.items()}
             if on_first is not None:
                 on_first()
@@ -121,7 +112,7 @@ def _timed_delivery(
             raise TimeoutError(f"bench: worker delivered {accepted}/{target} in {timeout_s:g} s")
         time.sleep(0.1)
     used = cpu()
-    busy, total = _machine_busy_s()
+    busy, total = machine_cpu_s()
     assert first is not None
     n = accepted - first[1]
     elapsed = now - first[0]

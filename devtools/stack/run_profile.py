@@ -16,7 +16,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+from devtools.bench.support import cpu_seconds, machine_cpu_s
+
 BUSY = 0.9
 """A process using this share of one core, or the machine this share of all its cores, is
 what the run waited on."""
@@ -25,35 +26,22 @@ what the run waited on."""
 def process_cpu_s(pid: int) -> float | None:
     """utime + stime of a live process in seconds (None: the process is gone)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        return cpu_seconds(pid)
     except (FileNotFoundError, ProcessLookupError):
         return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
 
 
 def postgres_cpu_s() -> float:
     """CPU seconds of every ``postgres`` process (the server and its backends) so far; a
     backend that exited meanwhile takes its time with it (a lower bound)."""
     total = 0.0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    for comm in Path("/proc").glob("[0-9]*/comm"):
         try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        if text[text.index("(") + 1 : text.rindex(")")] != "postgres":
-            continue
-        fields = text[text.rindex(")") + 2 :].split()
-        total += (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+            if comm.read_text().strip() == "postgres":
+                total += cpu_seconds(int(comm.parent.name))
+        except (OSError, ValueError):
+            continue  # gone meanwhile
     return total
-
-
-def machine_cpu_s() -> tuple[float, float]:
-    """(busy, total) CPU seconds of the whole machine so far, from /proc/stat."""
-    fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = fields[3] + fields[4]  # idle + iowait
-    total = sum(fields[:8])
-    return (total - idle) / _CLOCK_TICKS, total / _CLOCK_TICKS
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
