@@ -37,6 +37,11 @@ class RelaySettings(SettingsBase):
     """While streaming, copy the slot's confirmed position into ``outbox_relay_slots`` this
     often: on start and on every reconnect, a slot behind it (or new, or recreated) is a gap
     the relay restreams by itself (docs/guides/deployment.md, "Slot lost")."""
+    slot_failover: bool = True
+    """On PostgreSQL 17 and later, create the slot with ``failover`` (and turn it on for an
+    existing slot at start), so standbys with ``sync_replication_slots = on`` keep a copy the
+    relay resumes from after a promotion. False: a promotion loses the slot and the relay
+    restreams the PENDING jobs instead (see the deployment guide's failover section)."""
     heartbeat_interval_s: float = Field(default=60.0, ge=0)
     """While streaming, write a non-transactional logical message this often so the slot's
     confirmed position advances on an idle outbox (and an alert can see the relay live);

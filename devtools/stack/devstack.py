@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import contextlib
 import importlib.util
 import os
 import pwd
@@ -341,6 +342,15 @@ class ManagedProcess(StartStop):
 # --------------------------------------------------------------------------- PostgreSQL
 
 
+def _alive(pid: int) -> bool:
+    """The process exists and is not a zombie (a killed server process reaped by init)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"
+
+
 def _mode_allows_search(st: os.stat_result, uid: int, gids: set[int]) -> bool:
     if st.st_uid == uid:
         return bool(st.st_mode & stat.S_IXUSR)
@@ -369,8 +379,10 @@ class PostgresCluster(StartStop):
         keep: bool = False,
         start_timeout_s: float = 30.0,
         wal_level: str = "logical",
+        settings: Mapping[str, str] | None = None,
     ) -> None:
         self._parent_dir = base_dir
+        self._settings = dict(settings or {})  # -c name=value after the defaults (they win)
         self._port = port if port is not None else find_free_port()
         self.keep = keep
         self._wal_level = wal_level  # "replica" only to test how zapstream refuses it
@@ -417,56 +429,66 @@ class PostgresCluster(StartStop):
         atexit.register(self.stop)
         try:
             self._prepare_dir()
-            self._run(
-                [
-                    str(self._bin / "initdb"),
-                    "-D",
-                    str(self.data_dir),
-                    "--auth=trust",
-                    "-U",
-                    "postgres",
-                    "-E",
-                    "UTF8",
-                    "--locale=C",
-                    "--no-sync",  # throwaway cluster: no need to fsync what initdb writes
-                ],
-                what="initdb",
-                timeout_s=self._start_timeout_s,
-            )
-            options = [
-                "-p", str(self._port),
-                "-k", str(self.cluster_dir),
-                "-c", "listen_addresses=127.0.0.1",
-                "-c", f"wal_level={self._wal_level}",
-                "-c", "max_wal_senders=20",
-                "-c", "max_replication_slots=20",
-                "-c", "fsync=off",
-                "-c", "synchronous_commit=off",
-                "-c", "full_page_writes=off",
-                "-c", "max_connections=200",
-                "-c", "wal_sender_timeout=60s",
-            ]  # fmt: skip
-            self._run(
-                [
-                    str(self._bin / "pg_ctl"),
-                    "-D",
-                    str(self.data_dir),
-                    "-l",
-                    str(self.log_path),
-                    "-w",
-                    "-t",
-                    str(max(1, round(self._start_timeout_s))),
-                    # pg_ctl hands -o to /bin/sh, hence the quoting.
-                    "-o",
-                    shlex.join(options),
-                    "start",
-                ],
-                what="pg_ctl start",
-                timeout_s=self._start_timeout_s + 5,
-            )
+            self._create_data_dir()
+            self._start_server()
         except BaseException:
             self.stop()
             raise
+
+    def _create_data_dir(self) -> None:
+        """initdb (a standby clones its primary instead: :mod:`devtools.stack.postgres_standby`)."""
+        self._run(
+            [
+                str(self._bin / "initdb"),
+                "-D",
+                str(self.data_dir),
+                "--auth=trust",
+                "-U",
+                "postgres",
+                "-E",
+                "UTF8",
+                "--locale=C",
+                "--no-sync",  # throwaway cluster: no need to fsync what initdb writes
+            ],
+            what="initdb",
+            timeout_s=self._start_timeout_s,
+        )
+
+    def _start_server(self) -> None:
+        """pg_ctl start with the throwaway cluster's settings, waiting until it accepts."""
+        options = [
+            "-p", str(self._port),
+            "-k", str(self.cluster_dir),
+            "-c", "listen_addresses=127.0.0.1",
+            "-c", f"wal_level={self._wal_level}",
+            "-c", "max_wal_senders=20",
+            "-c", "max_replication_slots=20",
+            "-c", "fsync=off",
+            "-c", "synchronous_commit=off",
+            "-c", "full_page_writes=off",
+            "-c", "max_connections=200",
+            "-c", "wal_sender_timeout=60s",
+        ]  # fmt: skip
+        for name, value in self._settings.items():
+            options += ["-c", f"{name}={value}"]
+        self._run(
+            [
+                str(self._bin / "pg_ctl"),
+                "-D",
+                str(self.data_dir),
+                "-l",
+                str(self.log_path),
+                "-w",
+                "-t",
+                str(max(1, round(self._start_timeout_s))),
+                # pg_ctl hands -o to /bin/sh, hence the quoting.
+                "-o",
+                shlex.join(options),
+                "start",
+            ],
+            what="pg_ctl start",
+            timeout_s=self._start_timeout_s + 5,
+        )
 
     def stop(self) -> None:
         """Fast shutdown (immediate as fallback), then remove the directory unless ``keep``."""
@@ -480,6 +502,28 @@ class PostgresCluster(StartStop):
                 shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
             atexit.unregister(self.stop)
+
+    def crash(self) -> None:
+        """SIGKILL the postmaster and every server process at once, as a lost machine would.
+
+        The directory stays (a standby may be promoted meanwhile); :meth:`stop` removes it.
+        """
+        pid = int((self.data_dir / "postmaster.pid").read_text().split("\n", 1)[0])
+        children = [
+            int(child)
+            for child in (
+                Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+                if Path(f"/proc/{pid}/task/{pid}/children").exists()
+                else []
+            )
+        ]
+        for victim in (pid, *children):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(_alive(p) for p in (pid, *children)):
+            time.sleep(0.02)
+        (self.data_dir / "postmaster.pid").unlink(missing_ok=True)
 
     def _shutdown(self) -> None:
         pg_ctl = str(self._bin / "pg_ctl")
