@@ -12,12 +12,14 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 from psycopg import errors as pg_errors
-from psycopg import sql
+from psycopg import pq, sql
 
 from connectors.cdc.lsn import Lsn
+from connectors.cdc.primary import refuse_standby
 from connectors.cdc.slot_gap import has_slot_record, record_created
 
 OUTBOX_TABLE = "outbox_jobs"
@@ -37,15 +39,20 @@ class ProvisioningError(RuntimeError):
     retriable = False
 
 
-def ensure_replication(dsn: str, *, slot: str, publication: str) -> Lsn:
+def ensure_replication(dsn: str, *, slot: str, publication: str, failover: bool = True) -> Lsn:
     """Create the insert-only publication and the pgoutput slot if missing.
 
     The publication covers every table of :data:`PUBLISHED_TABLES` that exists
     (``outbox_replays``, ``outbox_controls`` and ``outbox_optouts`` came with later migrations); a
-    publication from an older version gets the missing tables added. Returns the slot's
-    confirmed position. Safe to run from several relays at once.
+    publication from an older version gets the missing tables added. On PostgreSQL 17 and
+    later, with ``failover``, the slot is a failover slot (created so, or altered at start when
+    it predates the setting): standbys with ``sync_replication_slots`` keep a copy of it.
+    Returns the slot's confirmed position. Safe to run from several relays at once.
+
+    Raises :class:`StandbyServer` (transient) when ``dsn`` reaches a standby.
     """
     with psycopg.connect(dsn, autocommit=True) as conn:
+        refuse_standby(conn)
         wal_level = conn.execute("SHOW wal_level").fetchone()
         if wal_level is None or wal_level[0] != "logical":
             level = wal_level[0] if wal_level else "unknown"
@@ -96,10 +103,14 @@ def ensure_replication(dsn: str, *, slot: str, publication: str) -> Lsn:
             "FROM pg_replication_slots WHERE slot_name = %s",
             (slot,),
         ).fetchone()
+        with_failover = failover and _supports_failover(conn)
         if row is None:
             with contextlib.suppress(pg_errors.DuplicateObject):
                 created = conn.execute(
-                    "SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput')",
+                    "SELECT lsn::text FROM pg_create_logical_replication_slot"
+                    "(%s, 'pgoutput', false, false, true)"
+                    if with_failover
+                    else "SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput')",
                     (slot,),
                 ).fetchone()
                 assert created is not None
@@ -121,7 +132,35 @@ def ensure_replication(dsn: str, *, slot: str, publication: str) -> Lsn:
                 f"slot {slot!r} uses plugin {plugin!r}, not pgoutput: drop it or choose another "
                 "name with ZAPSTREAM_RELAY_SLOT"
             )
+        if with_failover:
+            _enable_failover(conn, dsn, slot)
         return Lsn.parse(str(confirmed)) if confirmed else Lsn(0)
+
+
+def _supports_failover(conn: psycopg.Connection[Any]) -> bool:
+    """Failover slots (``pg_replication_slots.failover``) came with PostgreSQL 17."""
+    return conn.info.server_version >= 170000
+
+
+def _enable_failover(conn: psycopg.Connection[Any], dsn: str, slot: str) -> None:
+    """Turn ``failover`` on for a slot created without it (by an older zapstream, by hand).
+
+    ``ALTER_REPLICATION_SLOT`` is a replication command: it needs a replication connection,
+    and a slot no relay streams (an active one is altered by the next relay to start).
+    """
+    row = conn.execute(
+        "SELECT failover, active FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+    ).fetchone()
+    if row is None or row[0] or row[1]:
+        return
+    command = sql.SQL("ALTER_REPLICATION_SLOT {} ( FAILOVER true )").format(sql.Identifier(slot))
+    with psycopg.connect(dsn, autocommit=True, replication="database") as replication:
+        result = replication.pgconn.exec_(command.as_bytes(replication))
+        if result.status != pq.ExecStatus.COMMAND_OK:
+            message = (result.error_message or b"").decode(errors="replace").strip()
+            log.warning("could not make slot %s a failover slot: %s", slot, message)
+            return
+    log.info("slot %s is now a failover slot (standbys with sync_replication_slots copy it)", slot)
 
 
 @contextlib.contextmanager

@@ -126,6 +126,7 @@ from connectors.cdc.transactions import KafkaPosition, read_position
 from streams.kernel.kafka_outage import KafkaOutageWatch
 from streams.kernel.producer_stop import stop_producer
 from streams.kernel.runtime.health import HealthEndpoint
+from streams.kernel.runtime.outage import share_one_line
 from streams.kernel.runtime.service import Service
 
 log = logging.getLogger(__name__)
@@ -242,6 +243,10 @@ class OutboxRelay(Service):
             sleep=self._sleep,
             stopping=stopping,
             kafka_outage=self._kafka_outage,
+        )
+        share_one_line(
+            self._supervisor.pg_outage,
+            *(part.outage for part in (monitor, release) if part is not None),
         )
 
     def _stopping(self) -> bool:

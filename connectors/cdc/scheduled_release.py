@@ -112,7 +112,7 @@ class ScheduledRelease(Service):
         self._query_timeout_s = query_timeout_s
         self._connect = connect or self._connect_dsn
         self._conn = ReopeningConnection(self._open)
-        self._outage = OutageLog(
+        self.outage = OutageLog(
             "PostgreSQL (scheduled release)", log, retrying="retrying each tick"
         )
         self.stats = ReleaseStats()
@@ -154,10 +154,10 @@ class ScheduledRelease(Service):
             async with postgres_deadline(self._query_timeout_s, "the scheduled release", conn):
                 count = await release_due(conn, batch=self._batch)
         except (psycopg.Error, OSError, TimeoutError) as exc:
-            self._outage.failed(classify_exception(exc).problem)
+            self.outage.failed(classify_exception(exc).problem)
             await self._conn.drop()
             return None
-        self._outage.recovered()
+        self.outage.recovered()
         if count:
             self.stats.released += count
             self.stats.batches += 1

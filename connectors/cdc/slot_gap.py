@@ -56,6 +56,7 @@ from typing import Any
 import psycopg
 
 from connectors.cdc.lsn import Lsn
+from connectors.cdc.primary import refuse_standby
 
 log = logging.getLogger("connectors.cdc.relay")
 
@@ -166,6 +167,7 @@ def record_created(conn: psycopg.Connection[Any], slot: str, at: Lsn, reason: st
 def resolve_gap(dsn: str, slot: str, *, streamed_id: str | None) -> GapOutcome:
     """Find a gap and restream it, in one transaction (blocking: run it in a thread)."""
     with psycopg.connect(dsn) as conn:
+        refuse_standby(conn)
         with conn.transaction():
             outcome = _resolve(conn, slot, streamed_id)
         if outcome.restreamed:

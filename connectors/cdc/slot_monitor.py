@@ -128,7 +128,7 @@ class SlotMonitor(Service):
         self._conn = ReopeningConnection(self._open)
         # One query at a time on the connection: the two timers share it.
         self._using = asyncio.Lock()
-        self._outage = OutageLog("PostgreSQL (slot metrics)", log, retrying="retrying each tick")
+        self.outage = OutageLog("PostgreSQL (slot metrics)", log, retrying="retrying each tick")
         self._slot_missing_logged = False
         self._heartbeat_refused = False
         self._checkpoint_refused = False
@@ -197,7 +197,7 @@ class SlotMonitor(Service):
         except (psycopg.Error, OSError, TimeoutError) as exc:
             await self._failed(exc)
             return False
-        self._outage.recovered()
+        self.outage.recovered()
         self.checkpoints += 1
         return True
 
@@ -211,7 +211,7 @@ class SlotMonitor(Service):
         except (psycopg.Error, OSError, TimeoutError) as exc:
             await self._failed(exc)
             return None
-        self._outage.recovered()
+        self.outage.recovered()
         if position is None:
             if not self._slot_missing_logged:
                 log.warning("slot metrics: replication slot %s does not exist (yet)", self._slot)
@@ -247,7 +247,7 @@ class SlotMonitor(Service):
         except (psycopg.Error, OSError, TimeoutError) as exc:
             await self._failed(exc)
             return False
-        self._outage.recovered()
+        self.outage.recovered()
         self.heartbeats += 1
         HEARTBEAT_LAST.set(self._clock())
         return True
@@ -262,5 +262,5 @@ class SlotMonitor(Service):
         )
 
     async def _failed(self, exc: BaseException) -> None:
-        self._outage.failed(classify_exception(exc).problem)
+        self.outage.failed(classify_exception(exc).problem)
         await self._conn.drop()

@@ -129,7 +129,11 @@ class Streamer:
         )
         self._txn = None
         self._rows_counted = self._stats.intents + self._stats.rejected
-        log.info("relay streaming slot %s from %s", s.slot, confirmed)
+        log.info(
+            "relay streaming slot %s from %s",
+            s.slot,
+            confirmed if confirmed else "its confirmed position",
+        )
         try:
             await self._read(source, tracker, self._assembler)
         finally:

@@ -46,6 +46,7 @@ from connectors.cdc.failures import (
 )
 from connectors.cdc.lsn import Lsn
 from connectors.cdc.metrics import ACTIVE, SLOT_GAP_RESTREAMED, SLOT_GAPS
+from connectors.cdc.primary import StandbyServer
 from connectors.cdc.provisioning import ProvisioningError, ensure_replication
 from connectors.cdc.publisher import Publisher
 from connectors.cdc.replication_stream import (
@@ -105,10 +106,12 @@ class SlotSupervisor:
         """The slot identity this relay last settled (None: not yet, or no record)."""
         self._sleep = sleep
         self._stopping = stopping
-        self._pg_outage = OutageLog("PostgreSQL", log)
+        self.pg_outage = OutageLog("PostgreSQL", log)
         self._kafka_outage = kafka_outage
         self._backoff = Backoff(settings.reconnect_initial_s, settings.reconnect_max_s)
         self._announced_standby = False
+        self._history: tuple[str, int] | None = None
+        """The (system id, timeline) of the last session: a change is a promotion."""
         self.state = SlotState.CONNECTING
 
     def set_state(self, state: SlotState) -> None:
@@ -128,7 +131,11 @@ class SlotSupervisor:
     async def _ensure_replication(self) -> Lsn:
         s = self._settings
         return await asyncio.to_thread(
-            ensure_replication, s.postgres.dsn, slot=s.slot, publication=s.publication
+            ensure_replication,
+            s.postgres.dsn,
+            slot=s.slot,
+            publication=s.publication,
+            failover=s.slot_failover,
         )
 
     async def _resolve_gap(self, streamed_id: str | None) -> GapOutcome:
@@ -199,11 +206,38 @@ class SlotSupervisor:
                 self._pg_failed(exc)
                 await self._sleep(self._backoff.next_delay_s())
                 continue
-            self._pg_outage.recovered()
+            self.pg_outage.recovered()
             self._backoff.reset()
             self._announced_standby = False
+            confirmed = self._follow_history(source, confirmed)
             confirmed = await self._session(source, confirmed)
             self._gap_check_due = True  # a reconnect: the slot may have gone meanwhile
+
+    def _follow_history(self, source: ReplicationSource, confirmed: Lsn) -> Lsn:
+        """After a promotion, forget the positions confirmed on the old primary's timeline.
+
+        A promoted standby's WAL goes on from where *it* stopped receiving, so a position the
+        relay confirmed on the old primary may name other transactions there (only with
+        ``synchronized_standby_slots`` is it never ahead of the standby). The slot's own
+        position (the synchronised copy, or a new slot's start) is the truth: replays
+        before it are duplicates the worker drops.
+        """
+        identity = getattr(source, "identity", None)
+        if identity is None:
+            return confirmed
+        history = (identity.system_id, identity.timeline)
+        before, self._history = self._history, history
+        if before is None or before == history:
+            return confirmed
+        log.warning(
+            "PostgreSQL %s (timeline %s -> %s): the relay resumes from slot %s's own position",
+            "was promoted" if before[0] == history[0] else "is another cluster now",
+            before[1],
+            history[1],
+            self._settings.slot,
+        )
+        self._streamer.reported = Lsn(0)
+        return Lsn(0)
 
     async def _provision_until_ready(self) -> Lsn | None:
         """Run provisioning, retrying transient failures; None if a stop came first."""
@@ -220,13 +254,16 @@ class SlotSupervisor:
 
     def _pg_failed(self, exc: BaseException) -> None:
         """Permanent: raise StartRefused. Transient: note the outage (logged once)."""
+        if isinstance(exc, StandbyServer):  # until a promotion, or the DSN reaches the primary
+            self.pg_outage.failed(str(exc))
+            return
         failure = classify_exception(exc)
         if not failure.retriable:
             raise refused(f"PostgreSQL: {failure.problem}", dependency="postgres") from exc
-        self._pg_outage.failed(failure.problem)
+        self.pg_outage.failed(failure.problem)
 
     async def _standby(self) -> None:
-        self._pg_outage.recovered()
+        self.pg_outage.recovered()
         self.set_state(SlotState.STANDBY)
         if not self._announced_standby:
             log.info(
@@ -277,7 +314,7 @@ class SlotSupervisor:
         # PostgreSQL restarted or the connection dropped: what Kafka acknowledged
         # but PostgreSQL did not hear about is replayed from the slot (duplicates
         # the worker drops), nothing is skipped.
-        self._pg_outage.failed(f"replication connection lost: {exc}")
+        self.pg_outage.failed(f"replication connection lost: {exc}")
         if self._eos is None:  # exactly-once: the open transaction goes with its producer
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._settings.drain_timeout_s):

@@ -287,6 +287,10 @@ class ManagedProcess(StartStop):
     def log_tail(self, n: int = 60) -> str:
         return _tail(self.log_path, n)
 
+    def log_since(self, offset: int) -> str:
+        """What the process logged after ``offset`` (a :meth:`log_offset`)."""
+        return self._read_log(offset)
+
     def wait_for_log(
         self, pattern: str, timeout_s: float, *, since: int | None = None
     ) -> re.Match[str]:

@@ -59,6 +59,12 @@ class OutageLog:
     def ongoing(self) -> bool:
         return self._since is not None
 
+    def _covers(self, window_s: float) -> bool:
+        """Ongoing, or its recovery line is less than ``window_s`` old."""
+        if self._since is not None:
+            return True
+        return self._recovered_at is not None and self._clock() - self._recovered_at < window_s
+
     def failed(self, reason: str | BaseException, delay_s: float | None = None) -> None:
         """One failed attempt; the first of an outage is logged (``reason``: one line, masked)."""
         self.attempts += 1
@@ -100,3 +106,21 @@ class OutageLog:
         self._since = None
         self._silent = False
         self.attempts = 0
+
+
+def share_one_line(*outages: OutageLog, window_s: float = 60.0) -> None:
+    """Outages of one dependency that several parts of a process meet: one pair of lines.
+
+    The relay's replication connection, its slot metrics and its scheduled release all lose
+    PostgreSQL when it dies or fails over; whichever notices first writes the lines. Another
+    starting while it is ongoing, or within ``window_s`` of its end (a connection that sat idle
+    through the outage fails at its next use), is counted but quiet (as with ``quiet``).
+    """
+    for outage in outages:
+        others = [other for other in outages if other is not outage]
+        own = outage._quiet
+
+        def quiet(others: list[OutageLog] = others, own: Callable[[], bool] | None = own) -> bool:
+            return any(other._covers(window_s) for other in others) or (own is not None and own())
+
+        outage._quiet = quiet

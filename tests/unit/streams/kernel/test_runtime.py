@@ -17,7 +17,7 @@ from streams.kernel.errors import Failure
 from streams.kernel.failures import StartRefused
 from streams.kernel.runtime.backoff import Backoff
 from streams.kernel.runtime.health import HealthEndpoint
-from streams.kernel.runtime.outage import OutageLog
+from streams.kernel.runtime.outage import OutageLog, share_one_line
 from streams.kernel.runtime.periodic import Periodic
 from streams.kernel.runtime.run import EXIT_REFUSED, run_until_signalled
 from streams.kernel.runtime.service import Service, ServiceState
@@ -224,6 +224,36 @@ def test_outage_log_once_each_way_quiet_and_flapping(caplog: pytest.LogCaptureFi
         "Kafka unavailable, retrying with backoff: broker gone",
     ]
     assert outage.outages == 4 and ended == [5.0, 0.0, 0.0]
+
+
+def test_outages_sharing_one_line_log_only_the_first_to_start(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    log = logging.getLogger("t")
+    now = [0.0]
+    stream = OutageLog("PostgreSQL", log, clock=lambda: now[0])
+    metrics = OutageLog("PostgreSQL (slot metrics)", log, clock=lambda: now[0])
+    share_one_line(stream, metrics, window_s=60)
+    with caplog.at_level(logging.INFO, logger="t"):
+        stream.failed("connection lost")  # the primary died: the stream notices first
+        metrics.failed("connection lost")
+        metrics.recovered()
+        stream.recovered()
+        now[0] = 30.0  # an idle connection fails at its next use, after the recovery: quiet
+        metrics.failed("connection lost")
+        metrics.recovered()
+        now[0] = 100.0
+        metrics.failed("statement timeout")  # alone this time: its own line
+        stream.failed("connection lost")
+        metrics.recovered()
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        "PostgreSQL unavailable, retrying with backoff: connection lost",
+        "PostgreSQL available again after 0.0s and 1 failed attempts",
+        "PostgreSQL (slot metrics) unavailable, retrying with backoff: statement timeout",
+        "PostgreSQL (slot metrics) available again after 0.0s and 1 failed attempts",
+    ]
+    assert (stream.outages, metrics.outages) == (2, 3)  # counted, if quiet
 
 
 def test_backoff_doubles_up_to_its_cap_with_jitter() -> None:
