@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import time
 import uuid
 from collections.abc import Iterator
@@ -51,7 +52,11 @@ def pipeline() -> Iterator[LocalPipeline]:
     """Kafka, the simulator and a PostgreSQL 15 cluster kept on stop (for pg_upgrade)."""
     old = PostgresCluster(keep=True, bin_dir=postgres_bin_dir_for("15"))
     with LocalPipeline(partitions=4, with_sink=False, postgres=old) as p:
-        yield p
+        kept = old.cluster_dir
+        try:
+            yield p
+        finally:  # the upgraded cluster removes it; a test failing before that must too
+            shutil.rmtree(kept, ignore_errors=True)
 
 
 def _keys_on_topic(records: list[TopicRecord]) -> list[str]:
