@@ -384,7 +384,10 @@ class PostgresCluster(StartStop):
         start_timeout_s: float = 30.0,
         wal_level: str = "logical",
         settings: Mapping[str, str] | None = None,
+        bin_dir: Path | None = None,
     ) -> None:
+        """``bin_dir``: the server binaries to run (default: what ``DEVSTACK_POSTGRES`` chooses,
+        :func:`~devtools.stack.postgres_binaries.postgres_bin_dir`)."""
         self._parent_dir = base_dir
         self._settings = dict(settings or {})  # -c name=value after the defaults (they win)
         self._port = port if port is not None else find_free_port()
@@ -392,7 +395,7 @@ class PostgresCluster(StartStop):
         self._wal_level = wal_level  # "replica" only to test how zapstream refuses it
         self._start_timeout_s = start_timeout_s
         self._dir: Path | None = None
-        self._bin = postgres_bin_dir()
+        self._bin = bin_dir if bin_dir is not None else postgres_bin_dir()
 
     def __repr__(self) -> str:
         return f"<PostgresCluster port={self._port} dir={self._dir}>"
@@ -400,6 +403,11 @@ class PostgresCluster(StartStop):
     @property
     def port(self) -> int:
         return self._port
+
+    @property
+    def bin_dir(self) -> Path:
+        """The directory of the server binaries this cluster runs."""
+        return self._bin
 
     @property
     def cluster_dir(self) -> Path:
@@ -441,6 +449,10 @@ class PostgresCluster(StartStop):
 
     def _create_data_dir(self) -> None:
         """initdb (a standby clones its primary instead: :mod:`devtools.stack.postgres_standby`)."""
+        self._initdb()
+
+    def _initdb(self, *options: str) -> None:
+        """initdb with the throwaway cluster's defaults, then ``options``."""
         self._run(
             [
                 str(self._bin / "initdb"),
@@ -453,6 +465,7 @@ class PostgresCluster(StartStop):
                 "UTF8",
                 "--locale=C",
                 "--no-sync",  # throwaway cluster: no need to fsync what initdb writes
+                *options,
             ],
             what="initdb",
             timeout_s=self._start_timeout_s,

@@ -101,9 +101,13 @@ class LocalPipeline:
         own_broker: bool = False,
         per_component_roles: bool = False,
         sasl: bool = False,
-        postgres_settings: dict[str, str] | None = None,
+        postgres: PostgresCluster | None = None,
     ) -> None:
-        """``broker``: ``"tansu"`` or ``"kafka"`` (Apache Kafka, one KRaft node); default
+        """``postgres``: the (not yet started) cluster to run, default a
+        :class:`~devtools.stack.devstack.PostgresCluster` of ``DEVSTACK_POSTGRES``'s version;
+        a test may replace :attr:`postgres` later by a cluster on the same port (an upgrade).
+
+        ``broker``: ``"tansu"`` or ``"kafka"`` (Apache Kafka, one KRaft node); default
         :func:`default_broker` (``DEVSTACK_BROKER``, else Apache Kafka). ``kafka_nodes`` (with
         ``broker="kafka"``): 3 runs :class:`~devtools.stack.kafka_broker.KafkaCluster` (replication
         factor 3, ``min.insync.replicas`` 2; the topics and Faust's changelogs get RF 3).
@@ -138,9 +142,6 @@ class LocalPipeline:
         per component (:attr:`kafka_users`). Each service started here runs as its
         component's user (the relay as ``zapstream-relay`` ...); :meth:`start`'s topics and
         :meth:`kafka_settings` use the ``admin`` component's (``zapstream topics ensure``).
-
-        ``postgres_settings``: server settings of its PostgreSQL (``-c``, over the throwaway
-        defaults: e.g. ``synchronous_commit=on`` for a test with a synchronous standby).
         """
         if sasl and (broker == "tansu" or proxied or tls is not None or kafka_nodes != 1):
             raise ValueError("sasl needs one Apache Kafka node, neither proxied nor TLS")
@@ -183,7 +184,7 @@ class LocalPipeline:
         self.worker_env = dict(worker_env or {})
         self.keep = keep
         # Not under self.dir: mkdtemp makes it 0700, which the postgres OS user cannot enter.
-        self.postgres = PostgresCluster(settings=postgres_settings)
+        self.postgres = postgres if postgres is not None else PostgresCluster()
         self.pg_proxy: TcpProxy | None = None
         self.kafka_proxy: TcpProxy | None = None
         self.kafka: TansuBroker | KafkaBroker | KafkaCluster

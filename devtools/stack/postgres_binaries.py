@@ -58,6 +58,13 @@ def postgres_bin_dir() -> Path:
     return _bin_dir_for(os.environ.get(POSTGRES_ENV, "").strip())
 
 
+def postgres_bin_dir_for(major: str) -> Path:
+    """The ``bin`` directory of ``major`` (``"15"``, ``"18"``), whatever ``DEVSTACK_POSTGRES``
+    says: for a test that needs two versions at once (tests/integration/test_pg_upgrade.py).
+    Accepts what the variable accepts, with the same one-line refusals."""
+    return _bin_dir_for(major.strip())
+
+
 @cache
 def _bin_dir_for(choice: str) -> Path:
     if not choice:

@@ -29,7 +29,7 @@ import pytest
 from connectors.outbox.enqueue import enqueue
 from devtools.stack.delivery_audit import DeliveryReport
 from devtools.stack.dev_runner import DEMO_PURPOSE, demo_key, demo_recipient, demo_text
-from devtools.stack.devstack import ManagedProcess, find_free_port
+from devtools.stack.devstack import ManagedProcess, PostgresCluster, find_free_port
 from devtools.stack.local_pipeline import LocalPipeline
 from devtools.stack.postgres_binaries import postgres_bin_dir, postgres_version
 from devtools.stack.postgres_standby import PHYSICAL_SLOT, StandbyCluster, failover_dsn
@@ -174,9 +174,8 @@ def _assert_delivered_once(what: str, pipeline: LocalPipeline, writer: RetryingW
     assert len(writer.keys) == MESSAGES
     report = Arrivals(pipeline).wait_for(writer.keys, timeout_s=240)
     _print_figures(what, len(writer.keys), report)
-    print(
-        f"[{what}] application transactions retried after the failover: {writer.retried_transactions}"
-    )
+    retried = writer.retried_transactions
+    print(f"[{what}] application transactions retried after the failover: {retried}")
     assert not report.missing, f"{report.summary()}; e.g. {sorted(report.missing)[:5]}"
     assert report.duplicate_count == 0, f"sent twice: {list(report.duplicates)[:5]}"
     assert report.order_violations == (), report.order_violations[:5]
@@ -219,9 +218,8 @@ def _gap_metrics(port: int) -> tuple[float, float]:
 def pipeline() -> Iterator[LocalPipeline]:
     # synchronous_commit=on: with synchronous_standby_names, a commit the application heard
     # about is on the standby too (else PostgreSQL itself may lose it in a failover).
-    with LocalPipeline(
-        partitions=4, with_sink=False, postgres_settings={"synchronous_commit": "on"}
-    ) as p:
+    primary = PostgresCluster(settings={"synchronous_commit": "on"})
+    with LocalPipeline(partitions=4, with_sink=False, postgres=primary) as p:
         yield p
 
 
