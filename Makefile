@@ -98,7 +98,8 @@ TANSU_SMOKE := tests/integration/test_pipeline.py tests/integration/test_relay_c
 	tests/integration/test_worker_crash.py
 RELAY_OUTBOX_SUITES := $(addprefix tests/integration/,test_replication_stream.py \
 	test_faults_relay.py test_relay_crash.py test_relay_large_rows.py test_relay_observability.py \
-	test_pipeline.py test_ops_status.py test_enqueue.py test_commands.py test_retention.py)
+	test_pipeline.py test_ops_status.py test_enqueue.py test_commands.py test_retention.py \
+	test_doctor_failover.py)
 PYTEST := $(BIN)/pytest -q -p no:cacheprovider
 test: setup
 	@smoke_log=$$(mktemp); \

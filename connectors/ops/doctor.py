@@ -12,7 +12,10 @@ the remedy (the setting or command to fix it):
   writes it never does) and per privilege missing, each naming what to run
   (:mod:`connectors.ops.privileges`);
 - the relay's publication and slot: exist, plugin ``pgoutput``, active or not,
-  lag in bytes (``pg_current_wal_lsn() - confirmed_flush_lsn``);
+  lag in bytes (``pg_current_wal_lsn() - confirmed_flush_lsn``); on a standby the slot
+  line is a SKIP, the failover line judges the copy there;
+- failover (:mod:`connectors.ops.failover_checks`): on every host of the DSN, the settings
+  PostgreSQL 17+ needs to keep the relay's slot on a standby across a promotion;
 - Kafka reachable (``ZAPSTREAM_KAFKA_BROKERS``), every topic with the partition
   count ``ZAPSTREAM_KAFKA_PARTITIONS`` says (read without creating anything);
 - the gateway: base URL, route and credentials, with one harmless request
@@ -27,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import enum
 import json
 import sys
 from collections.abc import Awaitable, Callable
@@ -37,6 +39,8 @@ import psycopg
 
 from connectors.cdc.provisioning import COMMANDS_TABLE, OUTBOX_TABLE, WAL_LEVEL_HINT
 from connectors.cdc.settings import RelaySettings
+from connectors.ops.check_result import CheckResult, Status
+from connectors.ops.failover_checks import failover_checks
 from connectors.ops.privileges import infer_component, read_role_facts, role_problems
 from connectors.outbox.migrate import shipped_migrations
 from connectors.outbox.roles import COMPONENTS
@@ -50,26 +54,6 @@ from streams.kernel.topics_check import (
 )
 
 MIGRATE_HINT = "run `zapstream db migrate`"
-
-
-class Status(enum.StrEnum):
-    OK = "OK"
-    FAIL = "FAIL"
-    SKIP = "SKIP"
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class CheckResult:
-    """What one check found; ``remedy`` says what to do when it failed."""
-
-    check: str
-    status: Status
-    detail: str
-    remedy: str = ""
-
-    def line(self) -> str:
-        text = f"{self.status.value:<4} {self.check}: {self.detail}"
-        return f"{text} -> {self.remedy}" if self.remedy else text
 
 
 def _ok(check: str, detail: str) -> CheckResult:
@@ -101,7 +85,7 @@ async def _bounded(
 async def _postgres_checks(
     relay: RelaySettings, timeout_s: float, component: str | None = None
 ) -> list[CheckResult]:
-    names = ("wal_level", "migrations", "publication", "slot", "role")
+    names = ("wal_level", "migrations", "publication", "slot", "role", "failover")
     try:
         conn = await asyncio.wait_for(
             psycopg.AsyncConnection.connect(
@@ -117,13 +101,28 @@ async def _postgres_checks(
         ]
     async with conn:
         version = await _scalar(conn, "SHOW server_version")
-        results = [_ok("postgres", f"reachable (PostgreSQL {version})")]
-        for check in (_wal_level, _migrations, _publication, _slot):
+        standby = bool(await _scalar(conn, "SELECT pg_is_in_recovery()"))
+        role = ", a standby in recovery" if standby else ""
+        results = [_ok("postgres", f"reachable (PostgreSQL {version}{role})")]
+        for check in (_wal_level, _migrations, _publication):
             results.extend(
                 await _bounded(check.__name__.strip("_"), timeout_s, _bind(check, conn, relay))
             )
+        if standby:
+            # The relay streams from the primary; the copy of its slot here is the
+            # failover line's to judge (pg_current_wal_lsn() fails during recovery).
+            results.append(
+                _skip("slot", f"{relay.slot}: this server is a standby, see the failover line")
+            )
+        else:
+            results.extend(await _bounded("slot", timeout_s, _bind(_slot, conn, relay)))
         results.extend(await _bounded("role", timeout_s, lambda: _role_checks(conn, component)))
-        return results
+    # Every host of the DSN, each on a connection of its own (a multi-host DSN reaches
+    # only the primary above).
+    results.extend(
+        await _bounded("failover", timeout_s * 2, lambda: failover_checks(relay, timeout_s))
+    )
+    return results
 
 
 async def _role_checks(
@@ -489,10 +488,10 @@ async def run_doctor(
     ``component``: check the role as this component's (default: the one whose
     ``zapstream_*`` group role it is a member of).
     """
-    # PostgreSQL runs up to six groups of queries in sequence, each bounded; the whole
-    # group gets room.
+    # PostgreSQL runs up to six groups of queries in sequence, each bounded, then the
+    # failover check (up to two bounds); the whole group gets room.
     pg, kafka, gw = await asyncio.gather(
-        _bounded("postgres", timeout_s * 7, lambda: _postgres_checks(relay, timeout_s, component)),
+        _bounded("postgres", timeout_s * 9, lambda: _postgres_checks(relay, timeout_s, component)),
         _bounded("kafka", timeout_s * 2, lambda: _kafka_checks(relay, timeout_s)),
         _bounded(
             "gateway", timeout_s * 2, lambda: _gateway_checks(gateway, timeout_s, instance_id)
