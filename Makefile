@@ -99,7 +99,7 @@ TANSU_SMOKE := tests/integration/test_pipeline.py tests/integration/test_relay_c
 RELAY_OUTBOX_SUITES := $(addprefix tests/integration/,test_replication_stream.py \
 	test_faults_relay.py test_relay_crash.py test_relay_large_rows.py test_relay_observability.py \
 	test_pipeline.py test_ops_status.py test_enqueue.py test_commands.py test_retention.py \
-	test_doctor_failover.py)
+	test_doctor_failover.py test_failover.py)
 PYTEST := $(BIN)/pytest -q -p no:cacheprovider
 test: setup
 	@smoke_log=$$(mktemp); \

@@ -49,6 +49,7 @@ SLOWEST_FIRST = (
     "test_delivery_semantics.py",
     "test_hung_peers.py",
     "test_faults_relay.py",
+    "test_failover.py",
     "test_flow_control.py",
     "test_broker_failures.py",
     "test_kafka_guarantees.py",

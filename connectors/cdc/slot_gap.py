@@ -35,7 +35,7 @@ only the replay carries. So the restream locks ``outbox_jobs`` in SHARE mode (it
 the transactions inserting jobs, and holds new ones for the few milliseconds until it
 commits: every job committed before it is among the replays) and the relay drops the
 slot's own ``outbox_jobs`` rows of the transactions before the restream's
-(:class:`ReplayedBefore`, recognised by its xid, bounded by the WAL position read after
+(:class:`ReplayedBefore`, recognised by its xid, bounded by the WAL insert position read after
 its commit). Only a relay restarted between the restream and streaming past it sends such
 a job twice, once in the wrong order: the worker drops the second.
 
@@ -171,7 +171,10 @@ def resolve_gap(dsn: str, slot: str, *, streamed_id: str | None) -> GapOutcome:
         with conn.transaction():
             outcome = _resolve(conn, slot, streamed_id)
         if outcome.restreamed:
-            row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+            # The insert position, not pg_current_wal_lsn() (the write position): with
+            # synchronous_commit=off the restream's commit record may not be written yet, and
+            # a bound before it would let the slot's copies of the jobs it replays through.
+            row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
             assert row is not None and outcome.replayed_before is not None
             bound = ReplayedBefore(outcome.replayed_before.xid, Lsn.parse(str(row[0])))
             outcome = dataclasses.replace(outcome, replayed_before=bound)

@@ -130,8 +130,15 @@ def _print_figures(what: str, sent: int, report: DeliveryReport) -> None:
     )
 
 
-def _synced_slot(dsn: str) -> tuple[bool, bool] | None:
-    """(synced, temporary) of the relay's slot on the standby, None while it has none."""
+def _synced_slot(primary_dsn: str, dsn: str) -> tuple[bool, bool] | None:
+    """(synced, temporary) of the relay's slot on the standby, None while it has none.
+
+    The standby takes the copy once the slot's catalog xmin passed its own, which moves with
+    the running-transactions record PostgreSQL logs every 15 s: one is logged now, so the
+    copy is ready in a second or two instead.
+    """
+    with psycopg.connect(primary_dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_log_standby_snapshot()")
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute(
             "SELECT synced, temporary FROM pg_replication_slots WHERE slot_name = %s", (SLOT,)
@@ -251,12 +258,15 @@ def test_the_relay_follows_a_promoted_standby_from_its_synchronised_failover_slo
             (SLOT,),
         )
         assert flagged == 1, "the relay creates its slot with failover on 17+"
-        writer = RetryingWriter(dsn, uuid.uuid4().hex[:8], pause_s=0.05)
+        writer = RetryingWriter(dsn, uuid.uuid4().hex[:8], pause_s=0.03)
         writer.start()
         # The standby's copy becomes usable once the slot moved past what the standby has (its
         # sync worker naps up to 30 s while nothing changes): the writer holds until then.
         wait_until(
-            lambda: _synced_slot(standby.dsn()) == (True, False), 120, "the slot synchronised"
+            lambda: _synced_slot(pipeline.dsn, standby.dsn()) == (True, False),
+            120,
+            "the slot synchronised",
+            interval_s=0.5,
         )
         writer.go_on.set()
         print(f"\n[failover] the standby has a synchronised copy of the slot at {writer.committed}")
@@ -265,6 +275,8 @@ def test_the_relay_follows_a_promoted_standby_from_its_synchronised_failover_slo
         print(f"[failover] no primary for {outage_s:.1f} s")
         _assert_delivered_once("failover", pipeline, writer)
         story = _relay_story(relay, since)
+        if "ended the replication stream" in story:  # DEBUG
+            print("DEBUGPG", standby.log_path.read_text()[-5000:])
         _assert_outage_logged_once(story)
         assert "slot gap" not in story, "the synchronised slot resumes: nothing to restream"
         wait_for_status(standby.dsn(), writer.keys, "ACCEPTED", 180)
@@ -281,7 +293,7 @@ def test_a_standby_promoted_without_the_slot_gets_the_gap_restreamed_by_the_rela
         dsn = failover_dsn("postgres", pipeline.postgres, standby)
         metrics_port = find_free_port()
         relay = _start_services(pipeline, dsn, metrics_port)
-        writer = RetryingWriter(dsn, uuid.uuid4().hex[:8], pause_s=0.05)
+        writer = RetryingWriter(dsn, uuid.uuid4().hex[:8], pause_s=0.03)
         writer.go_on.set()
         writer.start()
         since = relay.log_offset()
@@ -290,6 +302,8 @@ def test_a_standby_promoted_without_the_slot_gets_the_gap_restreamed_by_the_rela
         line = relay.wait_for_log(GAP_LINE, timeout_s=60, since=since)
         _assert_delivered_once("no-slot-failover", pipeline, writer)
         story = _relay_story(relay, since)
+        if "ended the replication stream" in story:  # DEBUG
+            print("DEBUGPG", standby.log_path.read_text()[-5000:])
         _assert_outage_logged_once(story)
         gaps, restreamed = _gap_metrics(metrics_port)
         print(
