@@ -136,9 +136,7 @@ def _ensure_slot(dsn: str, args: argparse.Namespace) -> int:
     from streams.kernel.failures import StartRefused
 
     try:
-        ensure_replication(
-            dsn, slot=slot, publication=publication, failover=relay.slot_failover
-        )
+        ensure_replication(dsn, slot=slot, publication=publication, failover=relay.slot_failover)
     except ProvisioningError as exc:
         raise StartRefused(f"cannot create the replication slot: {exc}") from exc
     print(f"publication {publication} and replication slot {slot} (pgoutput) ready")

@@ -67,6 +67,7 @@ class KafkaTransactions:
         self.skip_before = Lsn(0)
         """Transactions whose commit starts before it are in Kafka already."""
         self._system_id: str | None = None
+        self._timeline: int | None = None
 
     async def begin_session(
         self, publisher: Publisher, source: ReplicationSource, confirmed: Lsn
@@ -105,7 +106,10 @@ class KafkaTransactions:
             return None
         identity = getattr(source, "identity", None)
         self._system_id = getattr(identity, "system_id", None)
-        resume = resume_point(stored, slot=s.slot, system_id=self._system_id)
+        self._timeline = getattr(identity, "timeline", None)
+        resume = resume_point(
+            stored, slot=s.slot, system_id=self._system_id, timeline=self._timeline
+        )
         self.skip_before = resume if resume is not None else Lsn(0)
         self.open = False
         publisher.kafka_ok = True
@@ -175,7 +179,7 @@ class KafkaTransactions:
         if tracker.records_outstanding or tracker.pending_transactions:
             publisher.fail(RelayError("a Kafka transaction would commit records not acknowledged"))
             return False
-        position = KafkaPosition(lsn, s.slot, self._system_id)
+        position = KafkaPosition(lsn, s.slot, self._system_id, self._timeline)
         try:
             await publisher.producer.send_offsets_to_transaction(
                 {position_partition(s): (0, position.metadata())}, transactional_id(s)

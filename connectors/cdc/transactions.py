@@ -81,11 +81,21 @@ class KafkaPosition:
     system_id: str | None
     """PostgreSQL's system identifier (IDENTIFY_SYSTEM): a position read against another
     database (restored, replaced) is not used."""
+    timeline: int | None = None
+    """The WAL timeline it was written on (IDENTIFY_SYSTEM): after a promotion the new
+    primary's WAL may reuse positions past where the standby stopped receiving, so a position
+    from another timeline is not used. None: written by a relay before it was kept."""
 
     def metadata(self) -> str:
         """The offset metadata text (Kafka keeps up to ``offset.metadata.max.bytes``, 4096)."""
         return orjson.dumps(
-            {"v": _VERSION, "lsn": str(self.lsn), "slot": self.slot, "system": self.system_id}
+            {
+                "v": _VERSION,
+                "lsn": str(self.lsn),
+                "slot": self.slot,
+                "system": self.system_id,
+                "timeline": self.timeline,
+            }
         ).decode()
 
     @classmethod
@@ -97,21 +107,29 @@ class KafkaPosition:
             data = orjson.loads(text)
             if not isinstance(data, dict) or data.get("v") != _VERSION:
                 return None
-            system = data.get("system")
+            system, timeline = data.get("system"), data.get("timeline")
             return cls(
                 Lsn.parse(str(data["lsn"])),
                 str(data["slot"]),
                 None if system is None else str(system),
+                None if timeline is None else int(timeline),
             )
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
             return None
 
 
-def resume_point(stored: KafkaPosition | None, *, slot: str, system_id: str | None) -> Lsn | None:
+def resume_point(
+    stored: KafkaPosition | None,
+    *,
+    slot: str,
+    system_id: str | None,
+    timeline: int | None = None,
+) -> Lsn | None:
     """The LSN up to which Kafka already holds the slot's records; None: nothing known.
 
-    A position stored for another slot, or by a relay streaming another database
-    (system identifiers differ), says nothing about this WAL: None, with a warning.
+    A position stored for another slot, by a relay streaming another database (system
+    identifiers differ), or on another timeline (a standby was promoted since) says nothing
+    certain about this WAL: None, with a warning.
     """
     if stored is None:
         return None
@@ -130,6 +148,16 @@ def resume_point(stored: KafkaPosition | None, *, slot: str, system_id: str | No
             stored.lsn,
             stored.system_id,
             system_id,
+        )
+        return None
+    if stored.timeline is not None and timeline is not None and stored.timeline != timeline:
+        log.warning(
+            "exactly-once: the stored Kafka position %s was written on timeline %s, now %s (a "
+            "promotion); not used: rows produced since the last confirmation may be produced "
+            "again, and the worker drops them",
+            stored.lsn,
+            stored.timeline,
+            timeline,
         )
         return None
     return stored.lsn

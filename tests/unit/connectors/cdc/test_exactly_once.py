@@ -136,6 +136,19 @@ def test_resume_point_only_for_the_same_slot_and_database() -> None:
     assert resume_point(stored, slot="s", system_id="sys-2") is None
 
 
+def test_resume_point_not_across_a_promotion() -> None:
+    """A promoted standby keeps the system id but starts a timeline whose WAL may reuse
+    positions past where it stopped receiving: Kafka's position from before is not used."""
+    lsn = Lsn.parse("0/2000")
+    on_1 = KafkaPosition(lsn, "s", "sys-1", timeline=1)
+    assert KafkaPosition.parse(on_1.metadata()) == on_1
+    assert resume_point(on_1, slot="s", system_id="sys-1", timeline=1) == lsn
+    assert resume_point(on_1, slot="s", system_id="sys-1", timeline=2) is None
+    # A position written before the timeline was kept still counts (as before).
+    unknown = KafkaPosition(lsn, "s", "sys-1")
+    assert resume_point(unknown, slot="s", system_id="sys-1", timeline=2) == lsn
+
+
 def test_a_transaction_is_in_kafka_when_its_commit_starts_before_the_position() -> None:
     resume = Lsn.parse("0/2030")  # the end of the last committed transaction
     assert already_in_kafka(Lsn.parse("0/2000"), resume)

@@ -22,9 +22,10 @@ from aiokafka.errors import TopicAuthorizationFailedError
 
 from connectors.cdc.lsn import Lsn
 from connectors.cdc.pgoutput import Begin, Column, Commit, Insert, PgOutputDecoder, Relation
+from connectors.cdc.primary import STANDBY_HINT, StandbyServer
 from connectors.cdc.relay import OutboxRelay, RelayError
 from connectors.cdc.replication_messages import PrimaryKeepalive, XLogData, to_pg_timestamp
-from connectors.cdc.replication_stream import ReplicationStreamClosed, SlotInUse
+from connectors.cdc.replication_stream import ReplicationStreamClosed, SlotInUse, SystemIdentity
 from connectors.cdc.settings import RelaySettings
 from connectors.cdc.slot_gap import GapOutcome
 from streams.kernel.contract import HEADER_JOB_ID, HEADER_LSN, INTENTS, IntentCaptured
@@ -193,6 +194,8 @@ class FakeSource:
         self.slot_in_use = slot_in_use
         self.reads = 0
         self.closed = False
+        self.identity: SystemIdentity | None = None
+        """What IDENTIFY_SYSTEM answered (a test sets it; None: not asked)."""
 
     def push(self, *messages: XLogData | PrimaryKeepalive | Exception) -> None:
         for message in messages:
@@ -593,3 +596,54 @@ async def test_standby_retries_while_the_slot_is_in_use() -> None:
         await asyncio.wait_for(task, DEADLINE_S)
     assert h.sources[0].closed and h.sources[1].closed
     assert h.sources[2].flushes == [t1.end_lsn]
+
+
+async def test_after_a_promotion_positions_of_the_old_timeline_are_forgotten(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Without synchronized_standby_slots the relay may have confirmed WAL the standby never
+    got; the promoted standby's new transactions may then end below that position. They must
+    be confirmed as they are acknowledged, not held behind the old timeline's position."""
+    h = Harness(sources=2)
+    first, second = h.sources
+    first.identity = SystemIdentity("sys-1", 1, SLOT_CONFIRMED, "app")
+    second.identity = SystemIdentity("sys-1", 2, SLOT_CONFIRMED, "app")
+    t1, t5, t3 = Txn(1), Txn(5), Txn(3)  # t3: the new primary's, below t5's end
+    async with h.running() as task:
+        first.push(relation_message(), *t1.messages(), *t5.messages())
+        await until(lambda: len(h.producer.sent) == 2, "two sends")
+        h.producer.ack(*t1.job_ids, *t5.job_ids)
+        await until(lambda: first.flushes == [t5.end_lsn], "t5 confirmed")
+        first.push(ReplicationStreamClosed("server closed the connection"))
+        second.push(relation_message(), *t3.messages())
+        await until(lambda: len(h.producer.sent) == 3, "t3 sent")
+        h.producer.ack(*t3.job_ids)
+        await until(lambda: second.flushes == [t3.end_lsn], "t3 confirmed on timeline 2")
+        h.relay.request_stop()
+        await asyncio.wait_for(task, DEADLINE_S)
+    assert "PostgreSQL was promoted (timeline 1 -> 2)" in caplog.text
+
+
+async def test_a_standby_is_waited_out_with_one_line_naming_target_session_attrs(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A DSN reaching a standby (a failover under way, no target_session_attrs) is transient:
+    retried until a primary answers, logged once, never a refusal."""
+    refusals = [3]
+
+    async def provision() -> Lsn:
+        if refusals[0]:
+            refusals[0] -= 1
+            raise StandbyServer(f"PostgreSQL at db2:5432 {STANDBY_HINT}")
+        return SLOT_CONFIRMED
+
+    h = Harness(provision=provision, reconnect_initial_s=0.001, reconnect_max_s=0.001)
+    t1 = Txn(1)
+    async with h.running() as task:
+        h.source.push(relation_message(), *t1.messages())
+        await until(lambda: len(h.producer.sent) == 1, "t1 sent once a primary answered")
+        h.relay.request_stop()
+        await asyncio.wait_for(task, DEADLINE_S)
+    lines = [r.getMessage() for r in caplog.records if "is a standby" in r.getMessage()]
+    assert len(lines) == 1 and "target_session_attrs=read-write" in lines[0], lines
+    assert refusals == [0]
