@@ -154,12 +154,21 @@ def _enable_failover(conn: psycopg.Connection[Any], dsn: str, slot: str) -> None
     if row is None or row[0] or row[1]:
         return
     command = sql.SQL("ALTER_REPLICATION_SLOT {} ( FAILOVER true )").format(sql.Identifier(slot))
-    with psycopg.connect(dsn, autocommit=True, replication="database") as replication:
-        result = replication.pgconn.exec_(command.as_bytes(replication))
-        if result.status != pq.ExecStatus.COMMAND_OK:
+    try:
+        with psycopg.connect(dsn, autocommit=True, replication="database") as replication:
+            result = replication.pgconn.exec_(command.as_bytes(replication))
             message = (result.error_message or b"").decode(errors="replace").strip()
-            log.warning("could not make slot %s a failover slot: %s", slot, message)
-            return
+            altered = result.status == pq.ExecStatus.COMMAND_OK
+    except psycopg.Error as exc:  # e.g. `db migrate` as an owner without REPLICATION
+        altered, message = False, str(exc).strip()
+    if not altered:
+        log.warning(
+            "could not make slot %s a failover slot (%s); the relay tries again at its next "
+            "start (`zapstream doctor` shows the slot's failover flag)",
+            slot,
+            message.splitlines()[0] if message else "no reason given",
+        )
+        return
     log.info("slot %s is now a failover slot (standbys with sync_replication_slots copy it)", slot)
 
 

@@ -26,7 +26,9 @@ import httpx
 import psycopg
 import pytest
 
+from connectors.cdc.provisioning import ensure_replication
 from connectors.outbox.enqueue import enqueue
+from connectors.outbox.migrate import migrate
 from devtools.stack.delivery_audit import DeliveryReport
 from devtools.stack.dev_runner import DEMO_PURPOSE, demo_key, demo_recipient, demo_text
 from devtools.stack.devstack import ManagedProcess, PostgresCluster, find_free_port
@@ -317,3 +319,30 @@ GAP_LINE = r"slot gap on zapstream_outbox \(missing: [^)]*\): restreamed (\d+) P
 def _assert_all_running(pipeline: LocalPipeline) -> None:
     dead = [(p.name, p.returncode) for p in pipeline.processes if not p.is_running]
     assert not dead, f"processes exited: {dead}"
+
+
+def test_a_slot_created_without_failover_becomes_a_failover_slot_at_the_relays_start(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A slot from before ZAPSTREAM_RELAY_SLOT_FAILOVER (or made by hand) is altered; a role
+    without REPLICATION (``db migrate`` as the tables' owner) gets a warning, not a crash."""
+    if _server_major() < 17:
+        pytest.skip("failover slots need PostgreSQL 17+ (make test runs this on 18 in phase 3)")
+    with PostgresCluster() as cluster:
+        dsn = cluster.create_database("app")
+        migrate(dsn)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (SLOT,))
+            conn.execute("CREATE ROLE no_replication LOGIN")
+
+        def failover_flag() -> int:
+            query = "SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s AND failover"
+            return count_rows(dsn, query, (SLOT,))
+
+        ensure_replication(dsn, slot=SLOT, publication=SLOT, failover=False)
+        assert failover_flag() == 0, "ZAPSTREAM_RELAY_SLOT_FAILOVER=false leaves it alone"
+        ensure_replication(dsn.replace("postgres@", "no_replication@"), slot=SLOT, publication=SLOT)
+        assert failover_flag() == 0
+        assert "could not make slot zapstream_outbox a failover slot" in caplog.text
+        ensure_replication(dsn, slot=SLOT, publication=SLOT)
+        assert failover_flag() == 1
