@@ -26,7 +26,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import psycopg
 
@@ -43,6 +43,20 @@ DEMO_PURPOSE = "demo"
 
 def demo_recipient(conversation: int) -> str:
     return f"+55 11 9{conversation:08d}"
+
+
+def enqueue_demo_message(
+    conn: psycopg.Connection[Any], key: str, instance: str, conversation: int
+) -> None:
+    """Enqueue the demo message ``key`` (idempotent: a key already there is left as it is)."""
+    enqueue(
+        conn,
+        instance_id=instance,
+        to=demo_recipient(conversation),
+        text=demo_text(key),
+        idempotency_key=key,
+        purpose=DEMO_PURPOSE,
+    )
 
 
 def enqueue_demo(
@@ -71,14 +85,7 @@ def enqueue_demo(
                     conversation = i % conversations
                     instance = f"inst-{conversation % instances:02d}"
                     key = demo_key(run, instance, conversation, i // conversations)
-                    enqueue(
-                        conn,
-                        instance_id=instance,
-                        to=demo_recipient(conversation),
-                        text=demo_text(key),
-                        idempotency_key=key,
-                        purpose=DEMO_PURPOSE,
-                    )
+                    enqueue_demo_message(conn, key, instance, conversation)
                     chunk.append(key)
             now = time.time()
             committed.update((k, now) for k in chunk)

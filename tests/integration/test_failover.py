@@ -27,10 +27,9 @@ import psycopg
 import pytest
 
 from connectors.cdc.provisioning import ensure_replication
-from connectors.outbox.enqueue import enqueue
 from connectors.outbox.migrate import migrate
 from devtools.stack.delivery_audit import DeliveryReport
-from devtools.stack.dev_runner import DEMO_PURPOSE, demo_key, demo_recipient, demo_text
+from devtools.stack.dev_runner import demo_key, enqueue_demo_message
 from devtools.stack.devstack import ManagedProcess, PostgresCluster, find_free_port
 from devtools.stack.local_pipeline import LocalPipeline
 from devtools.stack.postgres_binaries import postgres_bin_dir, postgres_version
@@ -98,14 +97,7 @@ class RetryingWriter(threading.Thread):
                         conn = psycopg.connect(self.dsn, connect_timeout=2)
                     with conn.transaction():
                         for key, instance, conversation in chunk:
-                            enqueue(
-                                conn,
-                                instance_id=instance,
-                                to=demo_recipient(conversation),
-                                text=demo_text(key),
-                                idempotency_key=key,
-                                purpose=DEMO_PURPOSE,
-                            )
+                            enqueue_demo_message(conn, key, instance, conversation)
                     break
                 except psycopg.OperationalError:
                     if time.monotonic() > deadline:
