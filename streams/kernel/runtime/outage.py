@@ -51,6 +51,7 @@ class OutageLog:
         self._clock = clock
         self._since: float | None = None
         self._silent = False
+        self._shared = False  # share_one_line: a quiet start may be announced later
         self._recovered_at: float | None = None
         self.attempts = 0
         self.outages = 0
@@ -71,6 +72,17 @@ class OutageLog:
         if self._on_failed is not None:
             self._on_failed()
         if self._since is not None:
+            if self._silent and self._shared and not (self._quiet is not None and self._quiet()):
+                # It started quiet while a sibling's line said it; that outage has ended and
+                # this one goes on: an operator must still hear of it.
+                self._silent = False
+                self._log.warning(
+                    "%s unavailable for %.0fs, %s: %s",
+                    self.what,
+                    self._clock() - self._since,
+                    self._retrying,
+                    _one_line(reason),
+                )
             return
         self._since = self._clock()
         self.outages += 1
@@ -83,7 +95,7 @@ class OutageLog:
         self._silent = flapping or (self._quiet is not None and self._quiet())
         if self._silent:
             return
-        text = reason if isinstance(reason, str) else (str(reason) or type(reason).__name__)
+        text = _one_line(reason)
         when = "" if delay_s is None else f" (next try in {delay_s:.1f}s)"
         self._log.warning("%s unavailable, %s%s: %s", self.what, self._retrying, when, text)
 
@@ -108,13 +120,19 @@ class OutageLog:
         self.attempts = 0
 
 
+def _one_line(reason: str | BaseException) -> str:
+    return reason if isinstance(reason, str) else (str(reason) or type(reason).__name__)
+
+
 def share_one_line(*outages: OutageLog, window_s: float = 60.0) -> None:
     """Outages of one dependency that several parts of a process meet: one pair of lines.
 
     The relay's replication connection, its slot metrics and its scheduled release all lose
     PostgreSQL when it dies or fails over; whichever notices first writes the lines. Another
     starting while it is ongoing, or within ``window_s`` of its end (a connection that sat idle
-    through the outage fails at its next use), is counted but quiet (as with ``quiet``).
+    through the outage fails at its next use), is counted but quiet (as with ``quiet``). A
+    quiet one that outlasts them (every other over for ``window_s``) is announced at its next
+    failed attempt, with how long it has lasted, and its end is logged too.
     """
     for outage in outages:
         others = [other for other in outages if other is not outage]
@@ -124,3 +142,4 @@ def share_one_line(*outages: OutageLog, window_s: float = 60.0) -> None:
             return any(other._covers(window_s) for other in others) or (own is not None and own())
 
         outage._quiet = quiet
+        outage._shared = True

@@ -256,6 +256,38 @@ def test_outages_sharing_one_line_log_only_the_first_to_start(
     assert (stream.outages, metrics.outages) == (2, 3)  # counted, if quiet
 
 
+def test_a_quiet_shared_outage_that_outlasts_the_announced_one_is_announced_late(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The slot metrics notice first and recover; the replication connection, quiet since it
+    failed meanwhile, stays down: an operator must still hear of it, once."""
+    log = logging.getLogger("t")
+    now = [0.0]
+    stream = OutageLog("PostgreSQL", log, clock=lambda: now[0])
+    metrics = OutageLog("PostgreSQL (slot metrics)", log, clock=lambda: now[0])
+    share_one_line(stream, metrics, window_s=60)
+    with caplog.at_level(logging.INFO, logger="t"):
+        metrics.failed("hung")
+        now[0] = 1.0
+        stream.failed("connection lost")  # quiet: the metrics' line says it
+        now[0] = 5.0
+        metrics.recovered()
+        now[0] = 30.0
+        stream.failed("connection refused")  # still within the window of that recovery
+        now[0] = 70.0
+        stream.failed("connection refused")  # the window passed: said now, once
+        now[0] = 80.0
+        stream.failed("connection refused")
+        stream.recovered()
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        "PostgreSQL (slot metrics) unavailable, retrying with backoff: hung",
+        "PostgreSQL (slot metrics) available again after 5.0s and 1 failed attempts",
+        "PostgreSQL unavailable for 69s, retrying with backoff: connection refused",
+        "PostgreSQL available again after 79.0s and 4 failed attempts",
+    ]
+
+
 def test_backoff_doubles_up_to_its_cap_with_jitter() -> None:
     backoff = Backoff(initial_s=1, max_s=4, rng=random.Random(7))
     delays = [backoff.next_delay_s() for _ in range(5)]
