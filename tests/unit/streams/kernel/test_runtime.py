@@ -226,14 +226,24 @@ def test_outage_log_once_each_way_quiet_and_flapping(caplog: pytest.LogCaptureFi
     assert outage.outages == 4 and ended == [5.0, 0.0, 0.0]
 
 
-def test_outages_sharing_one_line_log_only_the_first_to_start(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
+def _relay_outages(now: list[float]) -> tuple[OutageLog, OutageLog]:
+    """The relay's replication and slot-metrics outages, sharing one line, on a fake clock."""
     log = logging.getLogger("t")
-    now = [0.0]
     stream = OutageLog("PostgreSQL", log, clock=lambda: now[0])
     metrics = OutageLog("PostgreSQL (slot metrics)", log, clock=lambda: now[0])
     share_one_line(stream, metrics, window_s=60)
+    return stream, metrics
+
+
+def _messages(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records]
+
+
+def test_outages_sharing_one_line_log_only_the_first_to_start(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    now = [0.0]
+    stream, metrics = _relay_outages(now)
     with caplog.at_level(logging.INFO, logger="t"):
         stream.failed("connection lost")  # the primary died: the stream notices first
         metrics.failed("connection lost")
@@ -246,8 +256,7 @@ def test_outages_sharing_one_line_log_only_the_first_to_start(
         metrics.failed("statement timeout")  # alone this time: its own line
         stream.failed("connection lost")
         metrics.recovered()
-    lines = [r.getMessage() for r in caplog.records]
-    assert lines == [
+    assert _messages(caplog) == [
         "PostgreSQL unavailable, retrying with backoff: connection lost",
         "PostgreSQL available again after 0.0s and 1 failed attempts",
         "PostgreSQL (slot metrics) unavailable, retrying with backoff: statement timeout",
@@ -261,11 +270,8 @@ def test_a_quiet_shared_outage_that_outlasts_the_announced_one_is_announced_late
 ) -> None:
     """The slot metrics notice first and recover; the replication connection, quiet since it
     failed meanwhile, stays down: an operator must still hear of it, once."""
-    log = logging.getLogger("t")
     now = [0.0]
-    stream = OutageLog("PostgreSQL", log, clock=lambda: now[0])
-    metrics = OutageLog("PostgreSQL (slot metrics)", log, clock=lambda: now[0])
-    share_one_line(stream, metrics, window_s=60)
+    stream, metrics = _relay_outages(now)
     with caplog.at_level(logging.INFO, logger="t"):
         metrics.failed("hung")
         now[0] = 1.0
@@ -279,8 +285,7 @@ def test_a_quiet_shared_outage_that_outlasts_the_announced_one_is_announced_late
         now[0] = 80.0
         stream.failed("connection refused")
         stream.recovered()
-    lines = [r.getMessage() for r in caplog.records]
-    assert lines == [
+    assert _messages(caplog) == [
         "PostgreSQL (slot metrics) unavailable, retrying with backoff: hung",
         "PostgreSQL (slot metrics) available again after 5.0s and 1 failed attempts",
         "PostgreSQL unavailable for 69s, retrying with backoff: connection refused",
