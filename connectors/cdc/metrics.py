@@ -92,8 +92,9 @@ INVALID_ROWS = Counter(
 SLOT_GAPS = Counter(
     "zapstream_relay_slot_gaps_total",
     "Slot gaps the relay found on start or reconnect, by reason: missing (zapstream recreated "
-    "the slot), recreated (a slot of another identity), behind (the slot's confirmed position "
-    "is behind the one recorded); each is followed by a restream",
+    "the slot), recreated (a slot of another identity), each followed by a restream; behind "
+    "(the slot's confirmed position is behind the one recorded: the slot itself streams that "
+    "part again, nothing is restreamed)",
     ["reason"],
 )
 SLOT_GAP_RESTREAMED = Counter(

@@ -543,6 +543,8 @@ class ReplicationStream(contextlib.AbstractAsyncContextManager["ReplicationStrea
         # already buffered, since PQgetResult would block otherwise.
         reason = "the server ended the replication stream"
         sqlstate = None
+        with contextlib.suppress(psycopg.OperationalError):
+            pgconn.consume_input()  # the ErrorResponse saying why often follows in this read
         if not pgconn.is_busy():
             result = pgconn.get_result()
             if result is not None and result.status == pq.ExecStatus.FATAL_ERROR:

@@ -13,8 +13,11 @@ slot confirmed while a relay streamed it (copied from ``confirmed_flush_lsn`` ev
   and wrote a restream owed into the record before anything streamed it;
 - ``recreated``: the record's identity is not the one this relay streamed before (another
   zapstream process recreated the slot meanwhile);
-- ``behind``: the slot's ``confirmed_flush_lsn`` is behind the recorded position (a slot
-  restored from an older copy: a standby's, a backup's);
+- ``behind``: the slot's ``confirmed_flush_lsn`` is behind the recorded position (a standby's
+  synchronised copy promoted before it caught up, a slot after a PostgreSQL crash, whose
+  position is saved at checkpoints). No row is missing: the slot decodes again from its own
+  position everything committed since, and the worker drops what it already handled. So it
+  is reported (a line, the metric), never restreamed;
 - no record but a slot: a slot from before migration 0011; adopted, no gap;
 - no slot: nothing yet (replays written now would never be decoded); the relay creates
   the slot, which owes the restream.
@@ -42,8 +45,7 @@ a job twice, once in the wrong order: the worker drops the second.
 The restream is ``zapstream_restream_pending`` (the function ``zapstream outbox restream``
 uses), run with the record's update in one transaction under an advisory lock, so two
 relays (the active one and a standby) settle a gap once, and a crash before the commit
-leaves it owed. A behind slot after a PostgreSQL crash is a false alarm (the slot's
-confirmed position is saved at checkpoints), settled by a harmless restream.
+leaves it owed.
 """
 
 from __future__ import annotations
@@ -200,7 +202,7 @@ def _resolve(conn: psycopg.Connection[Any], slot: str, streamed_id: str | None) 
     if gap is None and record is not None:
         return GapOutcome(record.slot_id, None)
     outcome = GapOutcome(None, gap)
-    if gap is not None:
+    if gap is not None and gap.reason is not GapReason.BEHIND:
         replay = conn.execute(
             "SELECT replayed, first_job_id, last_job_id, "
             "pg_current_xact_id()::text::bigint %% 4294967296 "

@@ -57,7 +57,7 @@ from connectors.cdc.replication_stream import (
     SlotNotFound,
 )
 from connectors.cdc.settings import RelaySettings
-from connectors.cdc.slot_gap import GapOutcome, resolve_gap
+from connectors.cdc.slot_gap import GapOutcome, GapReason, resolve_gap
 from connectors.cdc.source import ReplicationSource
 from connectors.cdc.streaming import Streamer
 from connectors.cdc.transactions import transactional_id
@@ -166,7 +166,15 @@ class SlotSupervisor:
         gap = outcome.gap
         if outcome.replayed_before is not None:
             self._streamer.replayed_before = outcome.replayed_before
-        if gap is not None:
+        if gap is not None and gap.reason is GapReason.BEHIND:
+            SLOT_GAPS.labels(gap.reason.value).inc()
+            log.info(
+                "slot %s is behind its record (%s): it streams again from its own position "
+                "(records the worker drops); nothing to restream",
+                self._settings.slot,
+                gap.detail,
+            )
+        elif gap is not None:
             SLOT_GAPS.labels(gap.reason.value).inc()
             SLOT_GAP_RESTREAMED.inc(outcome.restreamed)
             log.log(

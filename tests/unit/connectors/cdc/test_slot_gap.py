@@ -117,7 +117,15 @@ async def test_the_relay_restreams_a_gap_before_streaming_and_checks_again_after
         "slot gap on zapstream_outbox (missing: zapstream created the slot at 0/9000): "
         "restreamed 3 PENDING jobs (job ids 10..12)"
     )
-    assert len(lines) == 2
+    assert len(lines) == 1
+    behind_lines = [
+        r.getMessage() for r in caplog.records if "is behind its record" in r.getMessage()
+    ]
+    assert behind_lines == [
+        "slot zapstream_outbox is behind its record (the slot confirmed 0/10, behind 0/5000 "
+        "recorded): it streams again from its own position (records the worker drops); nothing "
+        "to restream"
+    ]
 
 
 def test_replayed_before_covers_the_transactions_before_the_restream_only() -> None:
