@@ -65,6 +65,9 @@ from connectors.cdc.transactions import transactional_id
 # The relay's log lines keep the logger name they always had: operators filter on it.
 log = logging.getLogger("connectors.cdc.relay")
 
+PG_FLAP_WINDOW_S = 30.0
+"""A PostgreSQL failure this soon after the relay's recovery line continues that outage."""
+
 
 class SlotState(enum.Enum):
     """Where this relay stands with the slot (``/readyz``'s reason while not streaming)."""
@@ -106,7 +109,9 @@ class SlotSupervisor:
         """The slot identity this relay last settled (None: not yet, or no record)."""
         self._sleep = sleep
         self._stopping = stopping
-        self.pg_outage = OutageLog("PostgreSQL", log)
+        # A failover or a restart often drops the new connection again within seconds (the
+        # promoted server settling, an HA manager's checks): one outage, not a line per drop.
+        self.pg_outage = OutageLog("PostgreSQL", log, flap_window_s=PG_FLAP_WINDOW_S)
         self._kafka_outage = kafka_outage
         self._backoff = Backoff(settings.reconnect_initial_s, settings.reconnect_max_s)
         self._announced_standby = False

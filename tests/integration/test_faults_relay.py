@@ -367,7 +367,7 @@ def test_postgres_and_kafka_cut_for_10s_mid_stream_lose_and_duplicate_nothing(
     print(f"[cuts] PostgreSQL cut at {committed[0]} committed")
     time.sleep(CUT_S)  # the fault's duration, not a wait for an outcome
     pipeline.pg_proxy.restore()
-    relay.wait_for_log(r"PostgreSQL available again", timeout_s=60)
+    relay.wait_for_log(r"PostgreSQL(?: \([a-z ]+\))? available again", timeout_s=60)
 
     resumed_at = committed[0]
     wait_until(lambda: committed[0] >= resumed_at + 200, 120, "200 more rows committed")

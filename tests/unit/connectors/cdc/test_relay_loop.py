@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from datetime import UTC, datetime
@@ -647,3 +648,24 @@ async def test_a_standby_is_waited_out_with_one_line_naming_target_session_attrs
     lines = [r.getMessage() for r in caplog.records if "is a standby" in r.getMessage()]
     assert len(lines) == 1 and "target_session_attrs=read-write" in lines[0], lines
     assert refusals == [0]
+
+
+async def test_a_connection_dropped_again_just_after_a_recovery_is_the_same_outage(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A promoted server (or an HA manager's checks) may drop the new connection again within
+    seconds: the operator reads one outage, not a pair of lines per drop."""
+    h = Harness(sources=3, reconnect_initial_s=0.001, reconnect_max_s=0.001)
+    first, second, third = h.sources
+    t1, t2 = Txn(1), Txn(2)
+    first.push(relation_message(), *t1.messages(), ReplicationStreamClosed("server closed"))
+    second.push(ReplicationStreamClosed("the server ended the replication stream"))
+    third.push(relation_message(), *t2.messages())
+    with caplog.at_level(logging.INFO, logger="connectors.cdc.relay"):
+        async with h.running() as task:
+            await until(lambda: len(h.producer.sent) == 2, "t1 and t2 sent")
+            h.relay.request_stop()
+            await asyncio.wait_for(task, DEADLINE_S)
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("PostgreSQL unavailable" in m for m in messages) == 1, messages
+    assert sum("PostgreSQL available again" in m for m in messages) == 1, messages
