@@ -22,8 +22,6 @@ class StandbyServer(psycopg.OperationalError):
     the old primary's standby, or a single host may still be recovering; a promotion ends it.
     """
 
-    sqlstate = None
-
 
 STANDBY_HINT = (
     "is a standby (in recovery), where the relay can neither keep its slot nor its record: "

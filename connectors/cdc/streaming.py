@@ -94,9 +94,9 @@ class Streamer:
         self._clock = clock
         self._linger = Linger(publisher.policy)
         self.reported = Lsn(0)
+        """The LSN last confirmed to PostgreSQL (by any connection)."""
         self.replayed_before: ReplayedBefore | None = None
         """After a slot gap: the restream's transaction, until a session streamed up to it."""
-        """The LSN last confirmed to PostgreSQL (by any connection)."""
         self.commit_to_ack = LatencyWindow()
         self.commit_to_read = LatencyWindow("commit->read", COMMIT_TO_READ)
         # The connection being streamed (set by stream()).

@@ -10,9 +10,9 @@ unless a source factory is injected) and, depending on the answer:
 - the slot is missing: recreate it; the rows committed meanwhile are restreamed
   before it streams (below);
 - before each connection after provisioning, a recreation or a lost session: settle a slot
-  gap (:mod:`connectors.cdc.slot_gap`: the slot new, of another identity or behind what it
-  last confirmed), restreaming every PENDING job by itself, with one line and
-  ``zapstream_relay_slot_gap_restreamed_total``;
+  gap (:mod:`connectors.cdc.slot_gap`): a slot new or of another identity has every PENDING
+  job restreamed, with one line and ``zapstream_relay_slot_gap_restreamed_total``; a slot
+  behind what it last confirmed is only reported (it streams that part again itself);
 - PostgreSQL is away: :attr:`SlotState.CONNECTING`, capped, jittered backoff,
   the outage logged once when it starts and once when it ends;
 - streaming: :attr:`SlotState.STREAMING` while the
@@ -171,16 +171,17 @@ class SlotSupervisor:
         gap = outcome.gap
         if outcome.replayed_before is not None:
             self._streamer.replayed_before = outcome.replayed_before
-        if gap is not None and gap.reason is GapReason.BEHIND:
-            SLOT_GAPS.labels(gap.reason.value).inc()
+        if gap is None:
+            return True
+        SLOT_GAPS.labels(gap.reason.value).inc()
+        if gap.reason is GapReason.BEHIND:
             log.info(
                 "slot %s is behind its record (%s): it streams again from its own position "
                 "(records the worker drops); nothing to restream",
                 self._settings.slot,
                 gap.detail,
             )
-        elif gap is not None:
-            SLOT_GAPS.labels(gap.reason.value).inc()
+        else:
             SLOT_GAP_RESTREAMED.inc(outcome.restreamed)
             log.log(
                 logging.WARNING if outcome.restreamed else logging.INFO,
