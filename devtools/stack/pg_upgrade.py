@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from devtools.stack.devstack import DevStackError, PostgresCluster, find_free_port
-from devtools.stack.postgres_binaries import postgres_version
+from devtools.stack.postgres_binaries import postgres_major
 
 TRANSFER_MODES = ("link", "copy", "clone")
 """``pg_upgrade``'s ways of moving the relation files (``--link``, ``--copy``, ``--clone``)."""
@@ -42,14 +42,6 @@ def checksum_options(controldata: str, new_major: int) -> list[str]:
     if int(found.group(1)) != 0:
         return ["--data-checksums"]
     return ["--no-data-checksums"] if new_major >= 17 else []
-
-
-def major_version(version: str) -> int:
-    """18 from ``PostgreSQL 18.1`` (what :func:`postgres_version` returns)."""
-    found = re.match(r"PostgreSQL (\d+)", version)
-    if found is None:
-        raise DevStackError(f"not a PostgreSQL version: {version!r}")
-    return int(found.group(1))
 
 
 class UpgradedCluster(PostgresCluster):
@@ -102,7 +94,7 @@ class UpgradedCluster(PostgresCluster):
                 f"pg_controldata {self.source_data_dir} failed: "
                 + ("timed out" if controldata is None else controldata.stderr.strip())
             )
-        new_major = major_version(postgres_version(self.bin_dir))
+        new_major = postgres_major(self.bin_dir)
         self._initdb(*checksum_options(controldata.stdout, new_major))
         self._run(
             [

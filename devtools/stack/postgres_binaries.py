@@ -96,6 +96,19 @@ def postgres_version(bin_dir: Path) -> str:
     return f"PostgreSQL {match.group(1) if match else out.strip()}"
 
 
+def major_version(version: str) -> int:
+    """18 from ``PostgreSQL 18.1`` (what :func:`postgres_version` returns)."""
+    found = re.match(r"PostgreSQL (\d+)", version)
+    if found is None:
+        raise PostgresBinariesError(f"not a PostgreSQL version: {version!r}")
+    return int(found.group(1))
+
+
+def postgres_major(bin_dir: Path) -> int:
+    """The major version of the server in ``bin_dir`` (15, 18)."""
+    return major_version(postgres_version(bin_dir))
+
+
 def _checked(bin_dir: Path, what: str) -> Path:
     missing = [tool for tool in _SERVER_TOOLS if not (bin_dir / tool).is_file()]
     if missing:

@@ -25,7 +25,7 @@ from connectors.cdc.provisioning import COMMANDS_TABLE, OUTBOX_TABLE
 from connectors.cdc.settings import RelaySettings
 from connectors.outbox.migrate import migrate
 from devtools.stack.devstack import PostgresCluster, find_free_port
-from devtools.stack.postgres_binaries import postgres_bin_dir, postgres_version
+from devtools.stack.postgres_binaries import postgres_bin_dir, postgres_major
 from devtools.stack.postgres_standby import PHYSICAL_SLOT, StandbyCluster, failover_dsn
 from tests.integration.support import wait_until, zapstream
 
@@ -43,15 +43,12 @@ class Nodes:
     standby: StandbyCluster
 
 
-def _major() -> int:
-    return int(postgres_version(postgres_bin_dir()).split()[1].split(".")[0])
-
-
 @pytest.fixture(scope="module")
 def nodes() -> Iterator[Nodes]:
-    if _major() < 17:
+    major = postgres_major(postgres_bin_dir())
+    if major < 17:
         pytest.skip(
-            f"failover slots need PostgreSQL 17+, this run has {_major()} "
+            f"failover slots need PostgreSQL 17+, this run has {major} "
             "(make test runs this module on 18: DEVSTACK_POSTGRES=18)"
         )
     with PostgresCluster() as primary:

