@@ -10,6 +10,7 @@ import asyncio
 import re
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -91,6 +92,46 @@ def enqueue_conversations(
         after_transaction=after_transaction,
     )
     return keys
+
+
+class PacedWriter(threading.Thread):
+    """The application, in the background: :func:`enqueue_conversations`, pausing
+    ``pause_s`` after each transaction so a fault lands mid-stream. :attr:`committed` counts
+    the rows committed so far; :attr:`keys` holds every key once the writer is done."""
+
+    def __init__(
+        self,
+        dsn: str,
+        run: str,
+        *,
+        messages: int,
+        conversations: int,
+        per_transaction: int,
+        pause_s: float,
+    ) -> None:
+        super().__init__(name=f"writer-{run}")
+        self._args = (dsn, run)
+        self._shape = {
+            "messages": messages,
+            "conversations": conversations,
+            "per_transaction": per_transaction,
+        }
+        self._pause_s = pause_s
+        self.committed = 0
+        self.keys: list[str] = []
+
+    def run(self) -> None:
+        self.keys.extend(
+            enqueue_conversations(*self._args, **self._shape, after_transaction=self._pace)
+        )
+
+    def _pace(self, committed: int) -> None:
+        self.committed = committed
+        time.sleep(self._pause_s)
+
+    def reached(self, rows: int) -> Callable[[], bool]:
+        """A :func:`wait_until` predicate: ``rows`` rows committed."""
+        return lambda: self.committed >= rows
 
 
 def wait_for_status(dsn: str, keys: list[str], status: str, timeout_s: float) -> None:

@@ -18,7 +18,6 @@ import os
 import re
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -34,6 +33,7 @@ from devtools.stack.devstack import ManagedProcess, PostgresCluster, find_free_p
 from devtools.stack.local_pipeline import REPO_ROOT, LocalPipeline
 from tests.integration.support import (
     Arrivals,
+    PacedWriter,
     count_rows,
     enqueue_conversations,
     metric_value,
@@ -208,31 +208,21 @@ def test_a_slot_dropped_under_a_running_relay_is_recovered_by_the_relay_exactly_
         },
     )
     since = relay.log_offset()
-    run = uuid.uuid4().hex[:8]
-    committed = [0]
-
-    def pace(n: int) -> None:
-        committed[0] = n
-        time.sleep(0.05)  # a steady stream (~400 rows/s): the drop lands mid-stream
-
-    keys: list[str] = []
-    writer = threading.Thread(
-        target=lambda: keys.extend(
-            enqueue_conversations(
-                pipeline.dsn,
-                run,
-                messages=4_000,
-                conversations=40,
-                per_transaction=20,
-                after_transaction=pace,
-            )
-        )
+    # A steady stream (~400 rows/s): the drop lands mid-stream.
+    writer = PacedWriter(
+        pipeline.dsn,
+        uuid.uuid4().hex[:8],
+        messages=4_000,
+        conversations=40,
+        per_transaction=20,
+        pause_s=0.05,
     )
+    keys = writer.keys
     writer.start()
     try:
-        wait_until(lambda: committed[0] >= 1_000, 60, "1,000 rows committed")
+        wait_until(writer.reached(1_000), 60, "1,000 rows committed")
         attempts = _drop_slot_under_the_relay(pipeline.dsn)
-        print(f"[slot-drop] slot dropped at {committed[0]} committed ({attempts} attempts)")
+        print(f"[slot-drop] slot dropped at {writer.committed} committed ({attempts} attempts)")
         line = relay.wait_for_log(GAP_LINE, timeout_s=60, since=since)
         print(f"[slot-drop] relay: {line.group(0)}")
         writer.join(timeout=300)
@@ -340,39 +330,28 @@ def test_postgres_and_kafka_cut_for_10s_mid_stream_lose_and_duplicate_nothing(
 ) -> None:
     assert pipeline.pg_proxy is not None and pipeline.kafka_proxy is not None
     relay = pipeline.start_relay("relay-cuts")
-    run = uuid.uuid4().hex[:8]
-    committed = [0]
-
-    def pace(n: int) -> None:
-        committed[0] = n
-        time.sleep(0.1)  # a steady stream (~200 rows/s), so both cuts land mid-stream
-
-    keys: list[str] = []
-    writer = threading.Thread(
-        target=lambda: keys.extend(
-            enqueue_conversations(
-                pipeline.dsn,
-                run,
-                messages=6_000,
-                conversations=60,
-                per_transaction=20,
-                after_transaction=pace,
-            )
-        )
+    # A steady stream (~200 rows/s), so both cuts land mid-stream.
+    writer = PacedWriter(
+        pipeline.dsn,
+        uuid.uuid4().hex[:8],
+        messages=6_000,
+        conversations=60,
+        per_transaction=20,
+        pause_s=0.1,
     )
+    keys = writer.keys
     writer.start()
-    wait_until(lambda: committed[0] >= 800, 60, "800 rows committed")
+    wait_until(writer.reached(800), 60, "800 rows committed")
 
     pipeline.pg_proxy.cut()
-    print(f"[cuts] PostgreSQL cut at {committed[0]} committed")
+    print(f"[cuts] PostgreSQL cut at {writer.committed} committed")
     time.sleep(CUT_S)  # the fault's duration, not a wait for an outcome
     pipeline.pg_proxy.restore()
     relay.wait_for_log(r"PostgreSQL(?: \([a-z ]+\))? available again", timeout_s=60)
 
-    resumed_at = committed[0]
-    wait_until(lambda: committed[0] >= resumed_at + 200, 120, "200 more rows committed")
+    wait_until(writer.reached(writer.committed + 200), 120, "200 more rows committed")
     pipeline.kafka_proxy.cut()
-    print(f"[cuts] Kafka cut at {committed[0]} committed")
+    print(f"[cuts] Kafka cut at {writer.committed} committed")
     time.sleep(CUT_S)
     pipeline.kafka_proxy.restore()
 

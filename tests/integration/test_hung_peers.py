@@ -29,10 +29,9 @@ import asyncio
 import datetime as dt
 import re
 import socket
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import psycopg
 import pytest
@@ -46,7 +45,7 @@ from devtools.stack.devstack import ManagedProcess
 from devtools.stack.local_pipeline import LocalPipeline
 from streams.kernel.postgres import PostgresSilent, postgres_deadline
 from streams.kernel.settings import PostgresSettings
-from tests.integration.support import Arrivals, enqueue_conversations, wait_for_status, wait_until
+from tests.integration.support import Arrivals, PacedWriter, wait_for_status, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -327,32 +326,19 @@ def test_each_edge_blackholed_for_30s_is_detected_logged_once_and_loses_nothing(
             ),
         }
 
-        run = uuid.uuid4().hex[:8]
-        committed = [0]
-
-        def pace(n: int) -> None:
-            committed[0] = n
-            time.sleep(0.1)  # a steady stream (~50 rows/s), so every blackhole lands mid-stream
-
-        def reached(rows: int) -> Callable[[], bool]:
-            return lambda: committed[0] >= rows
-
-        keys: list[str] = []
-        writer = threading.Thread(
-            target=lambda: keys.extend(
-                enqueue_conversations(
-                    pipeline.dsn,
-                    run,
-                    messages=MESSAGES,
-                    conversations=40,
-                    per_transaction=5,
-                    after_transaction=pace,
-                )
-            )
+        # A steady stream (~50 rows/s), so every blackhole lands mid-stream.
+        writer = PacedWriter(
+            pipeline.dsn,
+            uuid.uuid4().hex[:8],
+            messages=MESSAGES,
+            conversations=40,
+            per_transaction=5,
+            pause_s=0.1,
         )
+        keys = writer.keys
         writer.start()
         try:
-            wait_until(lambda: committed[0] >= 300, 60, "300 rows committed")
+            wait_until(writer.reached(300), 60, "300 rows committed")
             recovered = {
                 "relay-pg": (relay, r"PostgreSQL(?: \([a-z ]+\))? available again"),
                 "sink-pg": (sink, r"postgres available again"),
@@ -367,7 +353,7 @@ def test_each_edge_blackholed_for_30s_is_detected_logged_once_and_loses_nothing(
                 edge.arm()
                 silenced_at = time.time()
                 proxy.blackhole()
-                print(f"[hung] {edge.name} blackholed at {committed[0]} committed")
+                print(f"[hung] {edge.name} blackholed at {writer.committed} committed")
                 try:
                     edge.detect(proxy, silenced_at, BLACKHOLE_S)
                 finally:
@@ -379,7 +365,8 @@ def test_each_edge_blackholed_for_30s_is_detected_logged_once_and_loses_nothing(
                 edge.count()
                 if name != "gateway":
                     # The next edge goes silent mid-stream too, once this one flows again.
-                    wait_until(reached(committed[0] + 150), 60, "150 more rows committed")
+                    more = writer.reached(writer.committed + 150)
+                    wait_until(more, 60, "150 more rows committed")
         finally:
             writer.join(timeout=600)
         assert len(keys) == MESSAGES, f"{len(keys)} of {MESSAGES} enqueued"
